@@ -1,0 +1,178 @@
+"""Score one checkpoint on the test set: tokenized BLEU (the paper's) and sacreBLEU, both labelled.
+
+- ``fairseq-generate DATA --user-dir ... --path checkpointN.pt --gen-subset test --beam 5 --lenpen 1.2
+  --post-process <manifest post_process>`` gives hypotheses in the data's tokenized form (the
+  sentencepiece pieces are joined back; for IWSLT/WMT that is Moses-tokenized text).
+- Tokenized BLEU: fairseq's own scorer (``fairseq.scoring.bleu.Scorer``, used exactly as
+  ``fairseq-score`` uses it) on the hypotheses against the manifest's ``tok`` references; both
+  sides lowercased when the manifest says ``lowercase`` (IWSLT), both compound-split as fairseq's
+  ``compound_split_bleu.sh`` does when it says ``compound_split`` (WMT).
+- sacreBLEU: hypotheses detokenized with sacremoses' Moses detokenizer against the ``raw``
+  references, lowercase-insensitive when the data is lowercased (the signature then says ``case:lc``).
+
+CLI: ``python -m fairseq_lnpos.experiments.evaluate --data DIR --path ckpt.pt [--out epoch.json]``
+or ``... score --hyp FILE --ref-tok FILE [--ref-raw FILE] [--lowercase] [--compound-split]``.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+USER_DIR = Path(__file__).resolve().parents[1]
+COMPOUND = re.compile(r"(\S)-(\S)")  # fairseq examples/translation/compound_split_bleu.sh
+
+
+def console_script(name):
+    """A fairseq console script of the running interpreter's environment."""
+    cand = Path(sys.executable).parent / name
+    return str(cand) if cand.exists() else name
+
+
+def compound_split(line):
+    return COMPOUND.sub(r"\1 ##AT##-##AT## \2", line)
+
+
+def tok_bleu(hyps, refs, lowercase=False, split_compounds=False):
+    """Tokenized corpus BLEU (0-100) with fairseq's C scorer, as ``fairseq-score --sys --ref`` does."""
+    from fairseq.data import dictionary
+    from fairseq.scoring import bleu
+
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    d = dictionary.Dictionary()
+    scorer = bleu.Scorer(bleu.BleuConfig(pad=d.pad(), eos=d.eos(), unk=d.unk()))
+    for h, r in zip(hyps, refs):
+        if lowercase:
+            h, r = h.lower(), r.lower()
+        if split_compounds:
+            h, r = compound_split(h), compound_split(r)
+        scorer.add(d.encode_line(r), d.encode_line(h))
+    return scorer.score(order=4)
+
+
+def detokenize(lines, lang):
+    from sacremoses import MosesDetokenizer
+
+    md = MosesDetokenizer(lang=lang)
+    # aggressive hyphen splitting (WMT) writes "@-@"; the Moses detokenizer does not undo it
+    return [md.detokenize(re.sub(r" @(\S)@ ", r"\1", line).split()) for line in lines]
+
+
+def sacre_bleu(detok_hyps, raw_refs, lowercase=False):
+    """(score, signature) of sacreBLEU on detokenized hypotheses against raw references."""
+    from sacrebleu.metrics import BLEU
+
+    if len(detok_hyps) != len(raw_refs):
+        raise ValueError(f"{len(detok_hyps)} hypotheses but {len(raw_refs)} references")
+    metric = BLEU(lowercase=lowercase)
+    return metric.corpus_score(detok_hyps, [raw_refs]).score, str(metric.get_signature())
+
+
+def generate_cmd(data_dir, checkpoint, manifest, beam=5, lenpen=1.2, subset="test", extra=()):
+    return [
+        console_script("fairseq-generate"), str(data_dir), "--user-dir", str(USER_DIR),
+        "--path", str(checkpoint), "--gen-subset", subset,
+        "--source-lang", manifest["source_lang"], "--target-lang", manifest["target_lang"],
+        "--beam", str(beam), "--lenpen", str(lenpen),
+        "--post-process", manifest["post_process"], "--max-tokens", "8192",
+        *extra,
+    ]
+
+
+def parse_generate(text):
+    """Hypotheses from fairseq-generate's output, in sentence order (the ``D-<id>`` lines)."""
+    hyps = {}
+    for line in text.splitlines():
+        if line.startswith("D-"):
+            head, _score, *hyp = line.split("\t")
+            hyps[int(head[2:])] = hyp[0] if hyp else ""
+    return [hyps[i] for i in sorted(hyps)]
+
+
+def read_lines(path):
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def score_hyps(hyps, manifest, subset="test"):
+    """Both BLEUs of tokenized hypotheses, with the settings the manifest prescribes."""
+    refs_tok = read_lines(manifest["refs"]["tok"][subset])
+    if len(hyps) != len(refs_tok):
+        raise ValueError(
+            f"fairseq-generate gave {len(hyps)} hypotheses for {len(refs_tok)} references in "
+            f"{manifest['refs']['tok'][subset]}: the data dir and its text files do not match"
+        )
+    lc, cs = bool(manifest.get("lowercase")), bool(manifest.get("compound_split"))
+    out = {"bleu_tok": round(tok_bleu(hyps, refs_tok, lc, cs), 2), "n_sentences": len(hyps),
+           "bleu_tok_settings": f"fairseq bleu, lowercase={lc}, compound_split={cs}"}
+    raw = manifest["refs"].get("raw", {}).get(subset)
+    if raw:
+        score, sig = sacre_bleu(detokenize(hyps, manifest["target_lang"]), read_lines(raw), lc)
+        out.update(sacrebleu=round(score, 2), sacrebleu_signature=sig)
+    return out
+
+
+def evaluate_checkpoint(data_dir, checkpoint, manifest, beam=5, lenpen=1.2, extra=(), hyp_out=None,
+                        env=None, log=None, runner=None):
+    """Run fairseq-generate on ``checkpoint`` and score it; returns a dict (see score_hyps).
+
+    ``runner(cmd, **popen_kwargs)`` runs the command (the grid passes one that it can interrupt)."""
+    cmd = generate_cmd(data_dir, checkpoint, manifest, beam, lenpen, extra=extra)
+    if runner is None:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    else:
+        proc = runner(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if log is not None:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(proc.stderr)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        raise RuntimeError(f"fairseq-generate failed on {checkpoint} (exit {proc.returncode}): {tail[0]}")
+    hyps = parse_generate(proc.stdout)
+    if hyp_out is not None:
+        tmp = Path(str(hyp_out) + ".tmp")
+        tmp.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        os.replace(tmp, hyp_out)
+    return score_hyps(hyps, manifest)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="evaluate", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("checkpoint", help="generate with a checkpoint and score it")
+    c.add_argument("--data", required=True)
+    c.add_argument("--path", required=True)
+    c.add_argument("--beam", type=int, default=5)
+    c.add_argument("--lenpen", type=float, default=1.2)
+    c.add_argument("--hyp-out")
+    s = sub.add_parser("score", help="score a file of tokenized hypotheses")
+    s.add_argument("--hyp", required=True)
+    s.add_argument("--ref-tok", required=True)
+    s.add_argument("--ref-raw")
+    s.add_argument("--lang", default="en", help="target language for the Moses detokenizer")
+    s.add_argument("--lowercase", action="store_true")
+    s.add_argument("--compound-split", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        if a.cmd == "checkpoint":
+            from ..data.manifest import read_manifest
+
+            res = evaluate_checkpoint(a.data, a.path, read_manifest(a.data), a.beam, a.lenpen,
+                                      hyp_out=a.hyp_out)
+        else:
+            hyps = read_lines(a.hyp)
+            res = {"bleu_tok": round(tok_bleu(hyps, read_lines(a.ref_tok), a.lowercase,
+                                              a.compound_split), 2)}
+            if a.ref_raw:
+                score, sig = sacre_bleu(detokenize(hyps, a.lang), read_lines(a.ref_raw), a.lowercase)
+                res.update(sacrebleu=round(score, 2), sacrebleu_signature=sig)
+    except (OSError, ValueError, RuntimeError) as e:
+        sys.exit(f"evaluate: {e}")
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""The paper's experiment grid as data: one row per named run.
+
+Every value the paper gives is in ``RUNS`` or ``DATASETS`` below; every value it does not give is an
+explicit default in ``DATASETS`` / ``Run`` with the reason next to it (see "Defaults" below).
+``grid.py`` turns a row into a fairseq-train command line, ``report.py`` puts the paper's value next
+to the measured one. A new run is one more line in ``RUNS``.
+
+Sources: Xiong et al. ICML 2020 (Sec. 3.2, Sec. 4, App. A, App. H) as summarised in
+../shared/reference/paper-facts.md.
+
+Defaults (the paper is silent; our rule: add nothing fairseq does not do by default):
+- weight decay 0, gradient clipping off (``--clip-norm 0``), no embedding sharing: fairseq's
+  defaults, i.e. exactly the flags the paper lists and nothing else.  (fairseq's own IWSLT recipe uses
+  dropout 0.3, weight decay 1e-4 and shared decoder embeddings; the paper states dropout 0.1.)
+- epochs: IWSLT 15 (the paper's Fig. 2 and text compare checkpoints up to the 15th epoch);
+  App. H's fixed-lr run 27 epochs (as stated); WMT 20 (not stated; the decay at epoch 6 lies well
+  inside).
+- WMT dropout 0.1 (Transformer base; not stated by the paper).
+- RAdam: betas (0.9, 0.98), eps 1e-8, lr_max 5e-4 like the Adam runs ("everything else unchanged");
+  linear decay from lr_max to 0 over the whole run, which fairseq expresses as
+  ``polynomial_decay --power 1`` with ``--total-num-update`` = updates per epoch x epochs
+  (computed from the data dir at launch).
+- WMT Pre-LN step decay: factor 0.1 at epoch 6 (the factor is not stated; 0.1 as for IWSLT), then
+  inverse square root (``--inverse-sqrt-after-decay``).
+- SGD: fairseq's ``sgd`` without momentum ("vanilla" in the paper).
+- "No warm-up" is ``--warmup-updates 1`` (the paper's T_warmup = 1): the first update runs at lr_max.
+- Decoding: beam 5, length penalty 1.2 for both datasets (the paper states it; it does not say
+  whether checkpoints were averaged: we do not average).
+"""
+from dataclasses import asdict, dataclass, field, fields, replace
+
+# Dataset-level settings. `batch_tokens` is the effective batch of one update (tokens), the same
+# whatever the number of GPUs: grid.py picks --max-tokens/--update-freq to reach it.
+DATASETS = {
+    "iwslt14": dict(
+        arch_suffix="iwslt_de_en", default_data="data-bin/iwslt14.de-en", source_lang="de",
+        target_lang="en", max_tokens=4096, batch_tokens=4096, max_epoch=15, dropout=0.1,
+    ),
+    "wmt14": dict(
+        arch_suffix="wmt_en_de", default_data="data-bin/wmt14_en_de", source_lang="en",
+        target_lang="de", max_tokens=8192, batch_tokens=8192 * 16, max_epoch=20, dropout=0.1,
+    ),
+}
+
+SCHEDULES = ("inverse_sqrt", "step_decay", "linear", "fixed")
+OPTIMIZERS = ("adam", "sgd", "radam")
+LN_KINDS = ("postln", "preln", "deepnorm")
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    dataset: str                 # key of DATASETS
+    ln: str                      # postln | preln | deepnorm (arch transformer_<ln>_<suffix>)
+    optimizer: str               # adam | sgd | radam
+    lr: float                    # lr_max
+    warmup: int = 0              # warm-up updates; 0 = none (emitted as the paper's T_warmup = 1)
+    schedule: str = "inverse_sqrt"
+    decay_epoch: int = 0         # step_decay: multiply the lr by decay_factor at this epoch
+    decay_factor: float = 0.1
+    inverse_sqrt_after_decay: bool = False
+    figure: str = "misc"         # which figure the run is drawn in (report.py)
+    paper_bleu: float = None     # the paper's reported test BLEU, where it gives one number
+    paper_valid_loss: float = None
+    paper_note: str = ""         # what the paper says about this run, in words
+    # Filled from DATASETS when None (see with_defaults).
+    max_epoch: int = None
+    dropout: float = None
+    max_tokens: int = None       # per GPU and forward pass
+    batch_tokens: int = None     # per update, all GPUs and --update-freq together
+    # fairseq defaults, written out so that they are visible in every command.
+    adam_betas: str = "(0.9, 0.98)"
+    adam_eps: float = 1e-8
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    clip_norm: float = 0.0
+    label_smoothing: float = 0.1
+    task: str = "translation"    # "translation_lnpos" adds per-layer gradient-norm logging
+    extra: tuple = field(default_factory=tuple)  # further fairseq-train flags for this row
+
+    def with_defaults(self):
+        ds = DATASETS[self.dataset]
+        filled = {k: ds[k] for k in ("max_epoch", "dropout", "max_tokens", "batch_tokens")
+                  if getattr(self, k) is None}
+        return replace(self, **filled)
+
+    @property
+    def warmup_label(self):
+        return f"{self.warmup}" if self.warmup > 1 else "none"
+
+    def as_dict(self):
+        d = asdict(self)
+        d["extra"] = list(self.extra)
+        return d
+
+
+def _iwslt(name, ln, opt, lr, **kw):
+    return Run(name=name, dataset="iwslt14", ln=ln, optimizer=opt, lr=lr, **kw)
+
+
+def _wmt(name, ln, opt, lr, **kw):
+    return Run(name=name, dataset="wmt14", ln=ln, optimizer=opt, lr=lr, **kw)
+
+
+ABOUT_34 = "about 34 (Adam, warm-up 4000)"
+RUNS = [
+    # --- IWSLT14 Post-LN warm-up study, Adam (Sec. 3.2, Fig. 2) -------------------------------
+    _iwslt("iwslt-postln-adam-lr5e-4-wu4000", "postln", "adam", 5e-4, warmup=4000, figure="warmup",
+           paper_bleu=34.0, paper_note=ABOUT_34 + "; also the Pre-LN comparison baseline (Sec. 4)"),
+    _iwslt("iwslt-postln-adam-lr5e-4-wu500", "postln", "adam", 5e-4, warmup=500, figure="warmup",
+           paper_bleu=31.16, paper_note="31.16"),
+    _iwslt("iwslt-postln-adam-lr5e-4-nowu", "postln", "adam", 5e-4, figure="warmup",
+           paper_note="8.45 for Adam without warm-up; lr_max not stated"),
+    _iwslt("iwslt-postln-adam-lr1e-3-wu4000", "postln", "adam", 1e-3, warmup=4000, figure="warmup",
+           paper_note=ABOUT_34 + "; lr_max not stated"),
+    _iwslt("iwslt-postln-adam-lr1e-3-wu500", "postln", "adam", 1e-3, warmup=500, figure="warmup",
+           paper_bleu=2.77, paper_note="2.77"),
+    _iwslt("iwslt-postln-adam-lr1e-3-nowu", "postln", "adam", 1e-3, figure="warmup",
+           paper_note="8.45 for Adam without warm-up; lr_max not stated"),
+    # --- IWSLT14 Post-LN warm-up study, SGD ---------------------------------------------------
+    _iwslt("iwslt-postln-sgd-lr5e-3-wu4000", "postln", "sgd", 5e-3, warmup=4000, figure="warmup",
+           paper_note="trains, well below Adam"),
+    _iwslt("iwslt-postln-sgd-lr5e-3-nowu", "postln", "sgd", 5e-3, figure="warmup",
+           paper_note="just above 0 after 15 epochs"),
+    _iwslt("iwslt-postln-sgd-lr1e-3-wu4000", "postln", "sgd", 1e-3, warmup=4000, figure="warmup",
+           paper_note="trains, well below Adam"),
+    _iwslt("iwslt-postln-sgd-lr1e-3-nowu", "postln", "sgd", 1e-3, figure="warmup",
+           paper_note="just above 0 after 15 epochs"),
+    # --- App. H: Post-LN at a fixed small lr, no warm-up --------------------------------------
+    _iwslt("iwslt-postln-adam-lr1e-4-fixed", "postln", "adam", 1e-4, schedule="fixed", max_epoch=27,
+           figure="warmup", paper_valid_loss=4.3, paper_note="valid loss about 4.3 after 27 epochs"),
+    # --- RAdam, no warm-up, linear decay (Sec. 4) ---------------------------------------------
+    _iwslt("iwslt-postln-radam-lr5e-4-linear", "postln", "radam", 5e-4, schedule="linear",
+           figure="radam", paper_note="trains Post-LN without warm-up"),
+    _iwslt("iwslt-preln-radam-lr5e-4-linear", "preln", "radam", 5e-4, schedule="linear",
+           figure="radam", paper_note="about as good as Pre-LN with Adam"),
+    # --- Pre-LN without warm-up (Sec. 4); its Post-LN baseline is the first row -----------------
+    _iwslt("iwslt-preln-adam-lr5e-4-step8", "preln", "adam", 5e-4, schedule="step_decay",
+           decay_epoch=8, figure="main", paper_bleu=34.0, paper_valid_loss=4.0,
+           paper_note="about 34; 9th epoch matches Post-LN's 15th; valid loss about 4"),
+    # --- WMT14 En-De (Sec. 4) -----------------------------------------------------------------
+    _wmt("wmt-preln-adam-lr7e-4-step6", "preln", "adam", 7e-4, schedule="step_decay", decay_epoch=6,
+         inverse_sqrt_after_decay=True, figure="wmt"),
+    _wmt("wmt-preln-adam-lr1.5e-3-step6", "preln", "adam", 1.5e-3, schedule="step_decay",
+         decay_epoch=6, inverse_sqrt_after_decay=True, figure="wmt"),
+    _wmt("wmt-postln-adam-lr7e-4-wu4000", "postln", "adam", 7e-4, warmup=4000, figure="wmt"),
+    _wmt("wmt-postln-adam-lr1.5e-3-wu4000", "postln", "adam", 1.5e-3, warmup=4000, figure="wmt"),
+    # --- DeepNorm (Wang et al. 2022): not in the paper ----------------------------------------
+    _iwslt("iwslt-deepnorm-adam-lr5e-4-nowu", "deepnorm", "adam", 5e-4, figure="deepnorm",
+           paper_note="not in the paper"),
+    _iwslt("iwslt-deepnorm-adam-lr1e-3-nowu", "deepnorm", "adam", 1e-3, figure="deepnorm",
+           paper_note="not in the paper"),
+    _iwslt("iwslt-deepnorm-adam-lr5e-4-wu4000", "deepnorm", "adam", 5e-4, warmup=4000,
+           figure="deepnorm", paper_note="not in the paper"),
+]
+
+BY_NAME = {r.name: r for r in RUNS}
+assert len(BY_NAME) == len(RUNS), "duplicate run names"
+
+
+class RunTableError(ValueError):
+    pass
+
+
+def select(only=None):
+    """Runs named in ``only`` (a list of names or glob patterns), in table order; all when None."""
+    import fnmatch
+
+    if not only:
+        return list(RUNS)
+    chosen = []
+    for pat in only:
+        hits = [r for r in RUNS if fnmatch.fnmatchcase(r.name, pat)]
+        if not hits:
+            raise RunTableError(
+                f"unknown run {pat!r}: `scripts/grid.sh list` shows the names (globs like 'iwslt-*' work)"
+            )
+        chosen += [r for r in hits if r not in chosen]
+    return [r for r in RUNS if r in chosen]
+
+
+def coerce(run, key, value):
+    """Return ``run`` with field ``key`` set from the string ``value`` (for --set key=value)."""
+    known = {f.name: f for f in fields(Run)}
+    if key not in known or key == "name":
+        raise RunTableError(f"--set: unknown field {key!r}; fields are {', '.join(sorted(known))}")
+    cur = getattr(run, key)
+    try:
+        if key == "extra":
+            import shlex
+            new = tuple(shlex.split(value))
+        elif isinstance(cur, bool):
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(value)
+            new = value.lower() in ("true", "1", "yes")
+        elif key in ("max_epoch", "max_tokens", "batch_tokens", "warmup", "decay_epoch"):
+            new = int(value)
+        elif key in ("dataset", "ln", "optimizer", "schedule", "figure", "paper_note", "task",
+                     "adam_betas"):
+            new = value
+        else:
+            new = None if value == "" else float(value)
+    except ValueError:
+        raise RunTableError(f"--set {key}={value}: not a valid value for {key}") from None
+    if key == "dataset" and new not in DATASETS:
+        raise RunTableError(f"--set dataset: one of {', '.join(DATASETS)}")
+    if key == "schedule" and new not in SCHEDULES:
+        raise RunTableError(f"--set schedule: one of {', '.join(SCHEDULES)}")
+    if key == "optimizer" and new not in OPTIMIZERS:
+        raise RunTableError(f"--set optimizer: one of {', '.join(OPTIMIZERS)}")
+    return replace(run, **{key: new})
