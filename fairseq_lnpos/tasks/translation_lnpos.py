@@ -1,0 +1,133 @@
+"""``--task translation_lnpos``: fairseq's ``translation`` plus per-layer gradient-norm logging.
+
+fairseq's trainer calls ``task.train_step`` once per micro-batch (``--update-freq``), then
+divides the summed gradients by the sample size (``optimizer.multiply_grads``; for fp16/bf16
+optimizers this only updates a pending factor that also holds 1/loss-scale) and then calls
+``optimizer.clip_grad_norm``. That call is the first place where the gradient of the mean loss
+of the whole update is final, so on logging updates the task wraps it: norms are taken from
+the parameters' ``.grad`` times the optimizer's pending ``_multiply_factor`` (1 when absent),
+before clipping changes anything. On other updates the wrapper only compares two integers.
+"""
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+from fairseq import metrics
+from fairseq.dataclass import FairseqDataclass  # noqa: F401  (keeps fairseq's import order)
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+from omegaconf import II
+
+from fairseq_lnpos.gradnorm import GradNormPlan, finite_or_none
+
+logger = logging.getLogger(__name__)
+
+JSONL_NAME = "grad_norms.jsonl"
+TAG_PREFIX = "gnorm/"
+
+
+@dataclass
+class TranslationLnposConfig(TranslationConfig):
+    log_grad_norms: bool = field(
+        default=False,
+        metadata={
+            "help": "log per-layer gradient norms of the mean loss (before clipping) as "
+            "gnorm/<stack>/<layer>/<sublayer> in the train log lines and TensorBoard, and to "
+            "grad_norms.jsonl in --save-dir"
+        },
+    )
+    grad_norm_interval: int = field(
+        default=0,
+        metadata={"help": "log gradient norms every N updates (0: use --log-interval)"},
+    )
+    # taken from the rest of the config (not command-line options of the task)
+    log_interval: int = II("common.log_interval")
+    save_dir: str = II("checkpoint.save_dir")
+    distributed_rank: int = II("distributed_training.distributed_rank")
+
+
+class GradNormLogger:
+    """Wraps an optimizer's ``clip_grad_norm`` to record norms on every ``interval``-th update."""
+
+    def __init__(self, interval, jsonl_path=None):
+        if interval < 1:
+            raise ValueError(f"--grad-norm-interval must be >= 1 (got {interval})")
+        self.interval = interval
+        self.jsonl_path = jsonl_path
+        self.update_num = 0  # fairseq's update counter before the step being computed
+        self.model = None
+        self.plan = None
+        self.last = None  # (group norms, per-parameter norms) of the last logged update
+
+    def is_logging_update(self):
+        return (self.update_num + 1) % self.interval == 0
+
+    def attach(self, optimizer, model, update_num):
+        self.update_num = update_num
+        if model is not self.model:
+            self.model, self.plan = model, None
+        if getattr(optimizer, "_lnpos_gradnorm_logger", None) is self:
+            return
+        original = optimizer.clip_grad_norm
+
+        def clip_grad_norm(max_norm, *args, **kwargs):
+            if not self.is_logging_update():
+                return original(max_norm, *args, **kwargs)
+            norms = self.measure(getattr(optimizer, "_multiply_factor", 1.0))
+            result = original(max_norm, *args, **kwargs)  # raises on fp16 overflow: nothing logged
+            self.record(norms, optimizer)
+            return result
+
+        optimizer.clip_grad_norm = clip_grad_norm
+        optimizer._lnpos_gradnorm_logger = self
+
+    def measure(self, scale=1.0):
+        if self.plan is None:
+            self.plan = GradNormPlan(self.model)
+        return self.plan.compute(scale)
+
+    def record(self, norms, optimizer=None):
+        groups, params = norms
+        self.last = norms
+        for i, (g, v) in enumerate(groups.items()):
+            # priority after fairseq's own stats; no rounding (the log line prints 6 digits)
+            metrics.log_scalar(TAG_PREFIX + g, v, weight=1, priority=1000 + i, round=None)
+        if self.jsonl_path is None:
+            return
+        rec = {"update": self.update_num + 1, "time": round(time.time(), 3)}
+        if optimizer is not None:
+            try:
+                rec["lr"] = optimizer.get_lr()
+            except Exception:  # an optimizer without param groups yet
+                pass
+        rec["norms"] = {g: finite_or_none(v) for g, v in groups.items()}
+        os.makedirs(os.path.dirname(self.jsonl_path) or ".", exist_ok=True)
+        with open(self.jsonl_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
+@register_task("translation_lnpos", dataclass=TranslationLnposConfig)
+class TranslationLnposTask(TranslationTask):
+    """fairseq's translation task; ``--log-grad-norms`` adds per-layer gradient norms."""
+
+    cfg: TranslationLnposConfig
+
+    def __init__(self, cfg, src_dict, tgt_dict):
+        super().__init__(cfg, src_dict, tgt_dict)
+        self.grad_norm_logger = None
+        if getattr(cfg, "log_grad_norms", False):
+            interval = cfg.grad_norm_interval or cfg.log_interval
+            rank0 = (getattr(cfg, "distributed_rank", 0) or 0) == 0
+            path = os.path.join(cfg.save_dir, JSONL_NAME) if rank0 and cfg.save_dir else None
+            self.grad_norm_logger = GradNormLogger(interval, path)
+            logger.info(
+                f"logging per-layer gradient norms every {interval} updates"
+                + (f" to {path} and the train log" if path else "")
+            )
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        if self.grad_norm_logger is not None:
+            self.grad_norm_logger.attach(optimizer, model, update_num)
+        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
