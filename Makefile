@@ -1,0 +1,36 @@
+# Set-up commands: `make demo` (the main job) and `make test` (the full test suite).
+# Both create the virtualenv .venv if it is missing.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch: an install the virtualenv already has is kept (e.g. VENV_FLAGS=--system-site-packages
+# on a cluster whose Python has a CUDA torch); otherwise pip installs TORCH_SPEC.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+VENV_FLAGS ?=
+PYTEST_ARGS ?=
+DEMO_ARGS ?=
+
+.PHONY: venv demo test bench clean-venv
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	@# upstream fairseq 0.12.2 (Python < 3.11) does not resolve with pip >= 24.1 (omegaconf 2.0 metadata)
+	$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || $(PY) -m pip install -q "pip<24.1"
+	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(PY) -m pip install -e '.[test]'
+	touch $@
+
+demo: venv
+	$(PY) -m fairseq_lnpos.demo $(DEMO_ARGS)
+
+test: venv
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+bench: venv
+	$(PY) -m fairseq_lnpos.bench
+
+clean-venv:
+	rm -rf $(VENV)

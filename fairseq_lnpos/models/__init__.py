@@ -1,0 +1,1 @@
+"""Architectures. fairseq's --user-dir also imports every module here by itself."""

@@ -1,0 +1,59 @@
+"""Named architectures: {postln, preln, deepnorm} x {base, iwslt_de_en, wmt_en_de, tiny}.
+
+A variant fixes where LayerNorm sits (and, for DeepNorm, the model class); a size fills in
+fairseq's defaults for dimensions and depth, which the command line can override as usual.
+Post-LN and Pre-LN are fairseq's own ``transformer`` model: Pre-LN is exactly
+``--encoder-normalize-before --decoder-normalize-before`` (fairseq then adds the final
+LayerNorm of each stack itself), Post-LN is the same model without them.
+"""
+from fairseq.models import register_model_architecture
+from fairseq.models.transformer import base_architecture, transformer_iwslt_de_en, transformer_wmt_en_de
+
+from ..errors import check
+from . import deepnorm  # noqa: F401  (registers the transformer_deepnorm model)
+
+
+def tiny_architecture(args):
+    """A CPU size for demos and tests: 6+6 layers, d 128, FFN 512, 4 heads."""
+    for side in ("encoder", "decoder"):
+        for key, value in (("embed_dim", 128), ("ffn_embed_dim", 512), ("attention_heads", 4), ("layers", 6)):
+            if not hasattr(args, f"{side}_{key}"):
+                setattr(args, f"{side}_{key}", value)
+    base_architecture(args)
+
+
+SIZES = {
+    "": base_architecture,
+    "_iwslt_de_en": transformer_iwslt_de_en,
+    "_wmt_en_de": transformer_wmt_en_de,
+    "_tiny": tiny_architecture,
+}
+
+# variant -> (fairseq model name, LayerNorm before the sublayer?)
+VARIANTS = {
+    "postln": ("transformer", False),
+    "preln": ("transformer", True),
+    "deepnorm": ("transformer_deepnorm", False),
+}
+
+ARCHS = {}  # arch name -> variant
+
+
+def register_variant(variant, model, normalize_before):
+    for size, fill_defaults in SIZES.items():
+        name = f"transformer_{variant}{size}"
+
+        def arch(args, fill_defaults=fill_defaults, name=name):
+            # The variant is what the name says: it overrides --{encoder,decoder}-normalize-before.
+            args.encoder_normalize_before = args.decoder_normalize_before = normalize_before
+            fill_defaults(args)
+            for side in ("encoder", "decoder"):
+                layers = getattr(args, f"{side}_layers")
+                check(layers >= 1, f"--{side}-layers must be at least 1 for {name}, got {layers}")
+
+        register_model_architecture(model, name)(arch)
+        ARCHS[name] = variant
+
+
+for _variant, (_model, _before) in VARIANTS.items():
+    register_variant(_variant, _model, _before)

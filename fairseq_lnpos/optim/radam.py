@@ -1,0 +1,70 @@
+"""`--optimizer radam`: fairseq's optimizer wrapper around :class:`torch.optim.RAdam`.
+
+Takes Adam's option names (``--adam-betas``, ``--adam-eps``) so that switching a run between
+``adam`` and ``radam`` changes only ``--optimizer``. Works under fairseq's ``--fp16``/``--bf16``
+(FP16Optimizer keeps fp32 master weights); ``--memory-efficient-fp16`` is refused by fairseq
+because torch's RAdam keeps its state in the parameters' dtype.
+"""
+import ast
+from dataclasses import dataclass, field
+from typing import Any, List
+
+import torch
+from fairseq.dataclass import FairseqDataclass
+from fairseq.optim import FairseqOptimizer, register_optimizer
+from omegaconf import II, OmegaConf
+
+from ..errors import check
+
+
+@dataclass
+class RAdamConfig(FairseqDataclass):
+    adam_betas: Any = field(default="(0.9, 0.999)", metadata={"help": "betas for RAdam"})
+    adam_eps: float = field(default=1e-8, metadata={"help": "epsilon for RAdam"})
+    weight_decay: float = field(default=0.0, metadata={"help": "weight decay"})
+    decoupled_weight_decay: bool = field(
+        default=False, metadata={"help": "AdamW-style decoupled weight decay (torch.optim.RAdam)"}
+    )
+    lr: List[float] = II("optimization.lr")
+
+
+def parse_betas(betas):
+    if isinstance(betas, str):
+        try:
+            betas = ast.literal_eval(betas)
+        except (ValueError, SyntaxError):
+            betas = None
+    elif betas is not None and not isinstance(betas, (tuple, list)):
+        betas = OmegaConf.to_container(betas)
+    ok = (
+        isinstance(betas, (tuple, list))
+        and len(betas) == 2
+        and all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in betas)
+    )
+    check(ok, f"--adam-betas must be two numbers in [0, 1) such as '(0.9, 0.98)', got {betas!r}")
+    return tuple(float(b) for b in betas)
+
+
+@register_optimizer("radam", dataclass=RAdamConfig)
+class FairseqRAdam(FairseqOptimizer):
+    def __init__(self, cfg: RAdamConfig, params):
+        super().__init__(cfg)
+        self._optimizer = torch.optim.RAdam(params, **self.optimizer_config)
+
+    @property
+    def optimizer_config(self):
+        lr = self.cfg.lr[0] if isinstance(self.cfg.lr, (list, tuple)) or OmegaConf.is_list(self.cfg.lr) else self.cfg.lr
+        check(lr > 0, f"--lr must be positive, got {lr}")
+        check(self.cfg.adam_eps > 0, f"--adam-eps must be positive, got {self.cfg.adam_eps}")
+        check(self.cfg.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.cfg.weight_decay}")
+        return {
+            "lr": lr,
+            "betas": parse_betas(self.cfg.adam_betas),
+            "eps": self.cfg.adam_eps,
+            "weight_decay": self.cfg.weight_decay,
+            "decoupled_weight_decay": self.cfg.decoupled_weight_decay,
+        }
+
+    @property
+    def supports_flat_params(self):
+        return True

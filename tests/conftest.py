@@ -1,0 +1,81 @@
+"""Shared fixtures: a toy parallel corpus binarized by fairseq, and in-process model building
+through fairseq's own command-line parser (the path fairseq-train takes)."""
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+USER_DIR = str(REPO / "fairseq_lnpos")
+SHARED = REPO.parent / "shared"
+BIN = Path(sys.executable).parent
+
+
+def fairseq_cmd(tool, *args):
+    """Command line for a fairseq console script of this interpreter's environment."""
+    return [str(BIN / tool), *map(str, args)]
+
+
+def run(cmd, **kw):
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    return subprocess.run(cmd, **kw)
+
+
+def write_toy_corpus(folder, n_train=400, seed=0):
+    """Source: random words; target: the same sentence word-mapped and reversed."""
+    rng = random.Random(seed)
+    src_vocab = [f"s{i}" for i in range(40)]
+    mapping = {w: f"t{i}" for i, w in enumerate(src_vocab)}
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", 40), ("test", 40)):
+        src, tgt = [], []
+        for _ in range(n):
+            words = [rng.choice(src_vocab) for _ in range(rng.randint(3, 8))]
+            src.append(" ".join(words))
+            tgt.append(" ".join(mapping[w] for w in reversed(words)))
+        (folder / f"{split}.de").write_text("\n".join(src) + "\n")
+        (folder / f"{split}.en").write_text("\n".join(tgt) + "\n")
+    return folder
+
+
+def binarize(text_dir, bin_dir):
+    text_dir = Path(text_dir)
+    result = run(fairseq_cmd(
+        "fairseq-preprocess", "--source-lang", "de", "--target-lang", "en",
+        "--trainpref", text_dir / "train", "--validpref", text_dir / "valid", "--testpref", text_dir / "test",
+        "--destdir", bin_dir, "--joined-dictionary", "--workers", "1",
+    ))
+    assert result.returncode == 0, result.stderr
+    return Path(bin_dir)
+
+
+@pytest.fixture(scope="session")
+def toy_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("toy")
+    return binarize(write_toy_corpus(root / "text"), root / "bin")
+
+
+def parse_train_args(data, arch, *extra):
+    from fairseq import options
+
+    parser = options.get_training_parser()
+    argv = [str(data), "--user-dir", USER_DIR, "--task", "translation", "-s", "de", "-t", "en",
+            "--arch", arch, *map(str, extra)]
+    return options.parse_args_and_arch(parser, argv)
+
+
+def build_model(data, arch, *extra, seed=1):
+    """Build a model exactly as fairseq-train does, seeded."""
+    import torch
+    from fairseq import tasks
+
+    args = parse_train_args(data, arch, *extra)
+    task = tasks.setup_task(args)
+    torch.manual_seed(seed)
+    model = task.build_model(args)
+    model.eval()
+    return model, task, args
