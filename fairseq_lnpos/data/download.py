@@ -1,0 +1,144 @@
+"""Resumable, verified downloads (urllib only) and archive extraction.
+
+A download goes to ``<file>.part`` and resumes from its size with an HTTP Range request; the
+finished file is verified against the sha256 recorded in ``SHA256SUMS`` (next to this module)
+and only then renamed to its final name. A file already in place is verified, not fetched again.
+"""
+import hashlib
+import sys
+import tarfile
+import urllib.request
+from pathlib import Path
+
+from fairseq_lnpos.errors import LnposError
+
+CHECKSUMS = Path(__file__).with_name("SHA256SUMS")
+CHUNK = 1 << 20
+
+
+class DataError(LnposError):
+    """Bad input data: the message is one line that names the file and says what to do."""
+
+
+def recorded_sha256(name, checksums=CHECKSUMS):
+    """The sha256 recorded for file ``name`` in SHA256SUMS (``<hex>  <name>`` lines), or None."""
+    if not Path(checksums).is_file():
+        return None
+    for line in Path(checksums).read_text(encoding="utf-8").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and not line.startswith("#") and parts[1].lstrip("*") == name:
+            return parts[0].lower()
+    return None
+
+
+def sha256_of(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify(path, name=None, expected=None, log=print):
+    """Check ``path`` against the recorded (or given) sha256; raise DataError on a mismatch.
+
+    Where no checksum is recorded the computed one is printed with the place to record it.
+    """
+    path = Path(path)
+    name = name or path.name
+    expected = expected or recorded_sha256(name)
+    actual = sha256_of(path)
+    if expected is None:
+        log(f"note: no sha256 recorded for {name}; computed {actual}. If this copy is the official one, "
+            f"record it as the line '{actual}  {name}' in {CHECKSUMS}")
+        return actual
+    if actual != expected:
+        raise DataError(
+            f"{path}: sha256 {actual} does not match the recorded {expected}: "
+            f"delete it and download it again (or pass a correct copy)"
+        )
+    log(f"verified {path} (sha256 {actual[:12]}...)")
+    return actual
+
+
+def download(url, dest, name=None, log=print, opener=urllib.request.urlopen):
+    """Fetch ``url`` to ``dest`` (resuming ``dest.part``), verify it, return ``dest``.
+
+    Does nothing but verify when ``dest`` already exists.
+    """
+    dest = Path(dest)
+    if dest.is_file():
+        log(f"{dest} exists, not downloading again")
+        verify(dest, name, log=log)
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    start = part.stat().st_size if part.exists() else 0
+    req = urllib.request.Request(url, headers={"Range": f"bytes={start}-"} if start else {})
+    try:
+        resp = opener(req)
+    except OSError as e:  # URLError, HTTPError and socket errors are all OSErrors
+        if start and getattr(e, "code", None) == 416:  # the .part file is already complete
+            resp = None
+        else:
+            raise DataError(f"cannot download {url} ({e}): check the network, or download it yourself "
+                            f"and pass the file with --archive / the folder with --orig") from e
+    if resp is not None:
+        with resp:
+            status = getattr(resp, "status", 200)
+            mode = "ab" if start and status == 206 else "wb"
+            if mode == "wb" and start:
+                log(f"server ignored the resume request; downloading {url} from the start")
+                start = 0
+            total = resp.headers.get("Content-Length")
+            total = int(total) + start if total else None
+            done, next_report = start, start
+            log(f"downloading {url} -> {dest}" + (f" (resuming at {start} bytes)" if start else ""))
+            with open(part, mode) as f:
+                for block in iter(lambda: resp.read(CHUNK), b""):
+                    f.write(block)
+                    done += len(block)
+                    if done >= next_report:
+                        log(f"  {done >> 20} MiB" + (f" of {total >> 20} MiB" if total else ""))
+                        next_report = done + (50 << 20)
+            if total is not None and done < total:
+                raise DataError(f"{part}: download stopped at {done} of {total} bytes: run again to resume")
+    try:
+        verify(part, name or dest.name, log=log)
+    except DataError:
+        bad = part.with_name(part.name + ".bad")
+        part.replace(bad)
+        raise DataError(f"{url}: downloaded file's sha256 does not match the recorded one "
+                        f"(kept as {bad}); delete it and run again") from None
+    part.replace(dest)
+    return dest
+
+
+def extract(archive, dest_dir, log=print):
+    """Extract a tar(.gz) archive into ``dest_dir`` via a temporary sibling folder."""
+    archive, dest_dir = Path(archive), Path(dest_dir)
+    tmp = dest_dir.with_name("." + dest_dir.name + ".extracting")
+    if tmp.exists():
+        _rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        with tarfile.open(archive) as tar:
+            if sys.version_info >= (3, 12):
+                tar.extractall(tmp, filter="data")
+            else:
+                for member in tar.getmembers():
+                    if member.name.startswith("/") or ".." in Path(member.name).parts:
+                        raise DataError(f"{archive}: unsafe path {member.name} in the archive")
+                tar.extractall(tmp)
+    except (tarfile.TarError, EOFError, OSError) as e:
+        _rmtree(tmp)
+        raise DataError(f"{archive}: not a readable tar archive ({e}): delete it and download it again") from e
+    log(f"extracted {archive} -> {dest_dir}")
+    tmp.replace(dest_dir)
+    return dest_dir
+
+
+def _rmtree(path):
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

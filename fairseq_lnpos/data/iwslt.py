@@ -1,0 +1,175 @@
+"""IWSLT14 German-English, step for step as fairseq's examples/translation/prepare-iwslt14.sh.
+
+    python -m fairseq_lnpos.data.iwslt [--archive de-en.tgz | --orig DIR] [--out DIR] [--bin DIR]
+
+Steps (fairseq's order): train.tags.de-en.{de,en}: drop lines containing <url>, <talkid> or
+<keywords>, strip the <title>/<description> tags (their text stays as a training line); Moses
+tokenizer per language; clean-corpus-n (ratio 1.5, 1..175 tokens); lowercase; valid = every 23rd
+line, train = the rest. Dev/test XML: the <seg id=...> lines without the seg tags and the spaces
+around them, the typographic apostrophe mapped to ', tokenized and lowercased; test = TED
+dev2010 + TEDX dev2012 + TED tst2010..2012. Then joint BPE (sentencepiece instead of subword-nmt)
+and fairseq-preprocess --joined-dictionary.
+"""
+import argparse
+import re
+import sys
+from functools import partial
+from pathlib import Path
+
+from fairseq_lnpos.data import bpe, moses
+from fairseq_lnpos.data.download import DataError, download, extract, verify
+from fairseq_lnpos.data.pipeline import (
+    binarize, check_parallel, counts_of, default_workers, log, manifest_fields, map_lines, raw_segments,
+    read_lines, read_stamp, require_files, run_stage, summary, write_lines, xml_segments,
+)
+
+URL = "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"
+ARCHIVE = "de-en.tgz"
+SRC, TGT, PAIR = "de", "en", "de-en"
+TEST_SETS = ("IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010",
+             "IWSLT14.TED.tst2011", "IWSLT14.TED.tst2012")  # concatenated in this order
+DROP_TAGS = ("<url>", "<talkid>", "<keywords>")
+STRIP_TAGS = re.compile(r"</?(title|description)>")
+
+
+def train_tag_filter(lines):
+    """grep -v '<url>' | grep -v '<talkid>' | grep -v '<keywords>' | sed (strip title/description tags)."""
+    return [STRIP_TAGS.sub("", l) for l in lines if not any(t in l for t in DROP_TAGS)]
+
+
+def tok_lc(line, lang):
+    return moses.lowercase(moses.tokenize(line, lang))
+
+
+def orig_files(orig):
+    train = [orig / f"train.tags.{PAIR}.{l}" for l in (SRC, TGT)]
+    xml = [orig / f"{name}.{PAIR}.{l}.xml" for name in TEST_SETS for l in (SRC, TGT)]
+    return train, xml
+
+
+def locate_orig(args, out):
+    """The folder holding train.tags.* and the XML files: --orig, an extracted --archive, or a download."""
+    if args.orig:
+        orig = Path(args.orig)
+        if not orig.is_dir():
+            raise DataError(f"--orig {orig}: not a folder: pass the extracted de-en folder of {ARCHIVE}")
+        if (orig / PAIR).is_dir() and not (orig / f"train.tags.{PAIR}.{SRC}").exists():
+            orig = orig / PAIR
+    else:
+        archive = Path(args.archive) if args.archive else out / "orig" / ARCHIVE
+        dest = out / "orig" / "extracted"
+        if args.archive and not archive.is_file():
+            raise DataError(f"--archive {archive}: no such file: pass a local copy of {URL}")
+        stamp = read_stamp(dest, ".extracted.json")
+        if stamp is None or stamp.get("archive") != str(archive.resolve()):
+            if args.archive:
+                log(f"[orig] verifying {archive}")
+                sha = verify(archive, ARCHIVE)
+            else:
+                download(URL, archive)
+                sha = None
+            if dest.exists():
+                import shutil
+                shutil.rmtree(dest)
+            extract(archive, dest)
+            import json
+            (dest / ".extracted.json").write_text(json.dumps({"archive": str(archive.resolve()), "sha256": sha}))
+        else:
+            log(f"[orig] {archive} already extracted in {dest}: skipped")
+        orig = dest / PAIR if (dest / PAIR).is_dir() else dest
+    train, xml = orig_files(orig)
+    require_files(train + xml, f"{orig} should be the de-en folder of fairseq's {ARCHIVE} "
+                               f"(train.tags.de-en.{{de,en}} and the ten IWSLT14.TED*.xml files)")
+    return orig
+
+
+def build_raw(orig, tmp):
+    """raw/test.{de,en}: the untokenized test sentences (sacreBLEU references)."""
+    n = None
+    for lang in (SRC, TGT):
+        lines = []
+        for name in TEST_SETS:
+            lines += raw_segments(read_lines(orig / f"{name}.{PAIR}.{lang}.xml"))
+        write_lines(tmp / f"test.{lang}", lines)
+        log(f"  raw/test.{lang}: {len(lines)} lines")
+        n = len(lines) if n is None else n
+    return n
+
+
+def build_tok(orig, tmp, workers, max_len=175, ratio=1.5, valid_every=23):
+    """tok/{train,valid,test}.{de,en}: tokenized, lowercased text (the references of tokenized BLEU)."""
+    # training text
+    side = {}
+    for lang in (SRC, TGT):
+        path = orig / f"train.tags.{PAIR}.{lang}"
+        lines = read_lines(path)
+        kept = train_tag_filter(lines)
+        log(f"  {path.name}: {len(lines)} lines, {len(lines) - len(kept)} tag lines dropped")
+        side[lang] = map_lines(partial(moses.tokenize, lang=lang), kept, workers, label=f"tokenize {lang}")
+    check_parallel(side[SRC], side[TGT], str(orig / f"train.tags.{PAIR}.{SRC}") + " (without tag lines)",
+                   str(orig / f"train.tags.{PAIR}.{TGT}") + " (without tag lines)")
+    pairs = [(moses.squeeze(s), moses.squeeze(t)) for s, t in zip(side[SRC], side[TGT])]
+    pairs = [(s, t) for s, t in pairs if moses.keep_pair(s, t, 1, max_len, ratio)]
+    log(f"  clean-corpus-n (ratio {ratio}, 1..{max_len}): {len(pairs)} of {len(side[SRC])} pairs kept")
+    counts = {}
+    for i, lang in enumerate((SRC, TGT)):
+        text = [moses.lowercase(p[i]) for p in pairs]
+        valid = [l for n, l in enumerate(text, 1) if n % valid_every == 0]
+        train = [l for n, l in enumerate(text, 1) if n % valid_every != 0]
+        write_lines(tmp / f"train.{lang}", train)
+        write_lines(tmp / f"valid.{lang}", valid)
+        counts["train"], counts["valid"] = len(train), len(valid)
+    # dev/test text
+    test = {SRC: [], TGT: []}
+    for name in TEST_SETS:
+        segs = {}
+        for lang in (SRC, TGT):
+            segs[lang] = map_lines(partial(tok_lc, lang=lang),
+                                   xml_segments(read_lines(orig / f"{name}.{PAIR}.{lang}.xml")), workers)
+            test[lang] += segs[lang]
+        check_parallel(segs[SRC], segs[TGT], str(orig / f"{name}.{PAIR}.{SRC}.xml"),
+                       str(orig / f"{name}.{PAIR}.{TGT}.xml"))
+        log(f"  {name}: {len(segs[SRC])} segments")
+    for lang in (SRC, TGT):
+        write_lines(tmp / f"test.{lang}", test[lang])
+    counts["test"] = len(test[SRC])
+    log(f"  tok: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return counts
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="prepare-iwslt14.sh", description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--archive", help=f"a local copy of {ARCHIVE} (no download)")
+    src.add_argument("--orig", help=f"the extracted de-en folder of {ARCHIVE} (no download)")
+    p.add_argument("--out", default="data-bin/iwslt14.de-en.text", help="text folder (default: %(default)s)")
+    p.add_argument("--bin", default="data-bin/iwslt14.de-en", help="binarized folder (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=default_workers(), help="processes (default: %(default)s)")
+    p.add_argument("--bpe-size", type=int, default=10000, help="joint BPE vocabulary (default: %(default)s)")
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    out, bin_dir = Path(args.out), Path(args.bin)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        orig = locate_orig(args, out)
+        files = [str(p) for group in orig_files(orig) for p in group]
+        inputs = {Path(f).name: (Path(f).stat().st_size, int(Path(f).stat().st_mtime)) for f in files}
+        p_raw = run_stage(out / "raw", {"inputs": inputs, "v": 1}, partial(build_raw, orig))
+        p_tok = run_stage(out / "tok", {"inputs": inputs, "v": 1}, lambda tmp: build_tok(orig, tmp, args.workers))
+        p_bpe = run_stage(out / "bpe", {"tok": p_tok, "vocab": args.bpe_size, "v": 1},
+                          lambda tmp: bpe.build(out / "tok", tmp, args.bpe_size, args.workers, SRC, TGT))
+        counts = counts_of(out / "tok", TGT)
+        binarize(out / "bpe", bin_dir, SRC, TGT, args.workers, {"bpe": p_bpe, "raw": p_raw, "out": str(out.resolve()), "v": 1},
+                 manifest_fields("iwslt14.de-en", out, SRC, TGT, counts, lowercase=True, compound_split=False))
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    summary("iwslt14.de-en", counts, out, bin_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
