@@ -10,6 +10,7 @@ before clipping changes anything. On other updates the wrapper only compares two
 """
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
+from fairseq_lnpos.errors import check
 from fairseq_lnpos.gradnorm import GradNormPlan, finite_or_none
 
 logger = logging.getLogger(__name__)
@@ -48,12 +50,29 @@ class TranslationLnposConfig(TranslationConfig):
     distributed_rank: int = II("distributed_training.distributed_rank")
 
 
+def pending_grad_scale(optimizer):
+    """The factor fairseq still has to apply to ``.grad`` at ``clip_grad_norm`` time.
+
+    fp16/bf16 optimizers (``FP16Optimizer``, ``MemoryEfficientFP16Optimizer``) keep
+    1/(loss scale * sample size) in ``_multiply_factor``; ``--amp`` unscales inside
+    ``clip_grad_norm`` (its ``multiply_grads`` already divided by the sample size);
+    fp32 optimizers have multiplied the gradients in place.
+    """
+    factor = getattr(optimizer, "_multiply_factor", None)
+    if factor is not None:
+        return factor
+    scaler = getattr(optimizer, "_grad_scaler", None)
+    if scaler is not None:
+        return 1.0 / float(scaler.get_scale())
+    return 1.0
+
+
 class GradNormLogger:
     """Wraps an optimizer's ``clip_grad_norm`` to record norms on every ``interval``-th update."""
 
     def __init__(self, interval, jsonl_path=None):
-        if interval < 1:
-            raise ValueError(f"--grad-norm-interval must be >= 1 (got {interval})")
+        check(interval >= 1, f"--grad-norm-interval must be at least 1 (got {interval}); "
+              "0 means --log-interval")
         self.interval = interval
         self.jsonl_path = jsonl_path
         self.update_num = 0  # fairseq's update counter before the step being computed
@@ -75,9 +94,11 @@ class GradNormLogger:
         def clip_grad_norm(max_norm, *args, **kwargs):
             if not self.is_logging_update():
                 return original(max_norm, *args, **kwargs)
-            norms = self.measure(getattr(optimizer, "_multiply_factor", 1.0))
+            norms = self.measure(pending_grad_scale(optimizer))
             result = original(max_norm, *args, **kwargs)  # raises on fp16 overflow: nothing logged
-            self.record(norms, optimizer)
+            amp_overflow = hasattr(optimizer, "_grad_scaler") and not math.isfinite(float(result))
+            if not amp_overflow:  # --amp retries the same update after an overflow
+                self.record(norms, optimizer)
             return result
 
         optimizer.clip_grad_norm = clip_grad_norm
