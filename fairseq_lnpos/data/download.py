@@ -132,7 +132,8 @@ def extract(archive, dest_dir, log=print):
                 tar.extractall(tmp)
     except (tarfile.TarError, EOFError, OSError) as e:
         _rmtree(tmp)
-        raise DataError(f"{archive}: not a readable tar archive ({e}): delete it and download it again") from e
+        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        raise DataError(f"{archive}: not a readable tar archive ({reason}): delete it and download it again") from e
     log(f"extracted {archive} -> {dest_dir}")
     tmp.replace(dest_dir)
     return dest_dir
