@@ -1,0 +1,150 @@
+"""RAdam through fairseq's optimizer wrapper, and the warm-up / step schedules."""
+import math
+
+import pytest
+import torch
+from fairseq.optim import build_optimizer
+from fairseq.optim.lr_scheduler import build_lr_scheduler
+from omegaconf import OmegaConf
+
+import fairseq_lnpos  # noqa: F401  (registers radam and the schedulers)
+from fairseq_lnpos.errors import LnposError
+
+
+def cfg(**kw):
+    return OmegaConf.create(kw)
+
+
+def quadratic_params(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(5, 3, generator=g)), torch.nn.Parameter(torch.randn(3, generator=g))]
+
+
+def loss(params, step):
+    return sum(((p - step * 0.1) ** 2).sum() + p.pow(4).sum() * 0.01 for p in params)
+
+
+@pytest.mark.parametrize("weight_decay,decoupled", [(0.0, False), (0.01, False), (0.01, True)])
+def test_radam_matches_torch_radam_step_for_step(weight_decay, decoupled):
+    ours, ref = quadratic_params(), quadratic_params()
+    opt = build_optimizer(cfg(_name="radam", lr=[3e-3], adam_betas="(0.9, 0.98)", adam_eps=1e-8,
+                              weight_decay=weight_decay, decoupled_weight_decay=decoupled), ours)
+    torch_opt = torch.optim.RAdam(ref, lr=3e-3, betas=(0.9, 0.98), eps=1e-8, weight_decay=weight_decay,
+                                  decoupled_weight_decay=decoupled)
+    for step in range(12):
+        for params, o in ((ours, opt), (ref, torch_opt)):
+            o.zero_grad()
+            loss(params, step).backward()
+            o.step()
+        for a, b in zip(ours, ref):
+            assert torch.equal(a, b), step
+    assert not torch.equal(ours[0], quadratic_params()[0])
+
+
+def test_radam_under_fairseq_fp16_wrapper_follows_fp32_radam():
+    from fairseq.optim.fp16_optimizer import FP16Optimizer
+
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    base = quadratic_params()
+    half = [torch.nn.Parameter(p.detach().to(torch.bfloat16)) for p in base]
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        "unused-data-dir", "--user-dir", fairseq_lnpos.USER_DIR, "--arch", "transformer_preln_tiny", "--bf16",
+        "--optimizer", "radam", "--lr", "1e-2", "--adam-betas", "(0.9, 0.98)", "--fp16-init-scale", "1",
+    ])
+    c = convert_namespace_to_omegaconf(args)
+    opt = FP16Optimizer.build_optimizer(c, half)
+    ref = torch.optim.RAdam(base, lr=1e-2, betas=(0.9, 0.98), eps=1e-8)
+    for step in range(5):
+        opt.zero_grad(); ref.zero_grad()
+        opt.backward(loss(half, step)); loss(base, step).backward()
+        opt.step(); ref.step()
+    for h, b in zip(half, base):
+        assert torch.allclose(h.float(), b, atol=2e-2)
+    assert not torch.allclose(half[0].float(), quadratic_params()[0].to(torch.bfloat16).float(), atol=1e-3)
+
+
+@pytest.mark.parametrize("betas", ["(0.9,)", "(1.5, 0.9)", "nonsense"])
+def test_radam_rejects_bad_betas(betas):
+    with pytest.raises(LnposError, match="--adam-betas"):
+        build_optimizer(cfg(_name="radam", lr=[1e-3], adam_betas=betas, adam_eps=1e-8,
+                            weight_decay=0.0, decoupled_weight_decay=False), quadratic_params())
+
+
+def schedule(name, lr=1e-3, **kw):
+    opt = build_optimizer(cfg(_name="radam", lr=[lr], adam_betas="(0.9, 0.98)", adam_eps=1e-8,
+                              weight_decay=0.0, decoupled_weight_decay=False), quadratic_params())
+    sched = build_lr_scheduler(cfg(_name=name, lr=[lr], **kw), opt)
+    return opt, sched
+
+
+def rates(opt, sched, updates, epoch_of=lambda u: 1):
+    """The rate each update runs at, calling the scheduler as fairseq's trainer does."""
+    sched.step_update(0)  # Trainer builds the scheduler, then step_update(0)
+    out, epoch = [], 0
+    for u in range(1, updates + 1):
+        if epoch_of(u) != epoch:
+            epoch = epoch_of(u)
+            sched.step_begin_epoch(epoch)
+            sched.step_update(u - 1)  # Trainer.lr_step_begin_epoch
+        out.append(opt.get_lr())
+        sched.step_update(u)
+    return out
+
+
+@pytest.mark.parametrize("warmup", [4000, 500, 10])
+def test_warmup_first_update_at_lr_over_t_and_lr_max_at_t(warmup):
+    opt, sched = schedule("warmup_inverse_sqrt", lr=5e-4, warmup_updates=warmup, decay_anchor=None)
+    r = rates(opt, sched, warmup + 100)
+    assert r[0] == pytest.approx(5e-4 / warmup)
+    assert r[warmup - 1] == pytest.approx(5e-4)
+    assert max(r) == pytest.approx(5e-4)
+    assert r[warmup + 99] == pytest.approx(5e-4 * math.sqrt(warmup / (warmup + 100)))
+
+
+@pytest.mark.parametrize("warmup", [0, 1])
+def test_no_warmup_starts_at_lr_max(warmup):
+    opt, sched = schedule("warmup_inverse_sqrt", lr=1e-3, warmup_updates=warmup, decay_anchor=None)
+    r = rates(opt, sched, 4)
+    assert r == pytest.approx([1e-3, 1e-3 / math.sqrt(2), 1e-3 / math.sqrt(3), 1e-3 / 2])
+
+
+def test_decay_anchor_shifts_the_inverse_sqrt():
+    opt, sched = schedule("warmup_inverse_sqrt", lr=1e-3, warmup_updates=1, decay_anchor=100)
+    r = rates(opt, sched, 400)
+    assert r[399] == pytest.approx(1e-3 * math.sqrt(100 / 400))
+
+
+def test_negative_warmup_is_an_error():
+    with pytest.raises(LnposError, match="--warmup-updates must be >= 0"):
+        schedule("warmup_inverse_sqrt", warmup_updates=-5, decay_anchor=None)
+
+
+def test_step_decay_multiplies_by_factor_from_epoch_k():
+    opt, sched = schedule("step_decay", lr=5e-4, decay_epoch=8, decay_factor=0.1, inverse_sqrt_after_decay=False)
+    r = rates(opt, sched, 100, epoch_of=lambda u: (u - 1) // 10 + 1)
+    assert r[:70] == pytest.approx([5e-4] * 70)  # epochs 1-7
+    assert r[70:] == pytest.approx([5e-5] * 30)  # epochs 8-10
+
+
+def test_step_decay_then_inverse_sqrt_and_resume():
+    opt, sched = schedule("step_decay", lr=1e-3, decay_epoch=6, decay_factor=0.1, inverse_sqrt_after_decay=True)
+    r = rates(opt, sched, 100, epoch_of=lambda u: (u - 1) // 10 + 1)
+    assert r[49] == pytest.approx(1e-3)
+    assert r[50] == pytest.approx(1e-4 * math.sqrt(50 / 51))
+    assert r[99] == pytest.approx(1e-4 * math.sqrt(50 / 100))
+    # a run resumed from a checkpoint continues the same curve
+    opt2, sched2 = schedule("step_decay", lr=1e-3, decay_epoch=6, decay_factor=0.1, inverse_sqrt_after_decay=True)
+    sched2.load_state_dict(sched.state_dict())
+    sched2.step_update(99)
+    assert opt2.get_lr() == pytest.approx(r[99])
+
+
+def test_linear_decay_is_fairseqs_polynomial_decay():
+    opt, sched = schedule("polynomial_decay", lr=1e-3, warmup_updates=0, force_anneal=None, end_learning_rate=0.0,
+                          power=1.0, total_num_update=100)
+    r = rates(opt, sched, 100)
+    assert r[0] == pytest.approx(1e-3)
+    assert r[50] == pytest.approx(1e-3 * (1 - 50 / 100))
+    assert r[99] == pytest.approx(1e-5)
