@@ -1,0 +1,105 @@
+"""The synthetic corpus: deterministic, the translation rules hold, disjoint splits, IWSLT layout and manifest."""
+import contextlib
+import io
+import random
+from pathlib import Path
+
+import pytest
+
+from fairseq_lnpos.data import moses, synthetic as syn
+from fairseq_lnpos.data.manifest import read_manifest
+
+
+def lines(path):
+    return Path(path).read_text(encoding="utf-8").splitlines()
+
+
+def test_lexicon_is_fixed_and_one_to_one():
+    lex, pos = syn.lexicon()
+    assert syn.lexicon() == (lex, pos)
+    assert len(set(lex.values())) == len(lex) and not set(lex.values()) & set(lex)
+    assert 150 <= len(lex) <= 400  # "a few hundred words" per side, both sides together under 1000
+
+
+def test_same_seed_same_corpus_other_seed_other():
+    a, b, c = syn.generate(300, 20, 20, 5), syn.generate(300, 20, 20, 5), syn.generate(300, 20, 20, 6)
+    assert a == b and a != c
+
+
+def test_rules_lengths_and_disjoint_splits():
+    lex, pos = syn.lexicon()
+    inv = {v: k for k, v in lex.items()}
+    data = syn.generate(2000, 200, 200, 3)
+    sub = 0
+    for src, tgt in data["train"]:
+        assert 4 <= len(tgt) <= 12 and len(src) == len(tgt)
+        back = [inv[w] for w in src]
+        assert sorted(back) == sorted(tgt)  # word by word, only reordered
+        for i in range(len(tgt) - 1):  # adjective before noun in English -> after it in the source
+            if pos[tgt[i]] == "A":
+                assert pos[tgt[i + 1]] == "N"
+        assert not any(pos[back[i]] == "A" and pos[back[i + 1]] == "N" for i in range(len(back) - 1))
+        if syn.THAT in tgt:  # subordinate clause: its verb last in the source
+            sub += 1
+            assert pos[back[-1]] == "V" and pos[tgt[-1]] != "V"
+    assert 0.2 < sub / len(data["train"]) < 0.5
+    train = {" ".join(t) for _, t in data["train"]}
+    valid = {" ".join(t) for _, t in data["valid"]}
+    test = {" ".join(t) for _, t in data["test"]}
+    assert not (train & valid) and not (train & test) and not (valid & test)
+
+
+def test_translation_is_a_function_of_the_source():
+    lex, pos = syn.lexicon()
+    g = syn.Grammar(random.Random(0))
+    seen = {}
+    for _ in range(3000):
+        tgt = g.sentence()
+        src = tuple(syn.to_source(tgt, lex, pos))
+        assert seen.setdefault(src, tgt) == tgt
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    root = tmp_path_factory.mktemp("synthetic")
+    argv = ["--out", str(root / "text"), "--bin", str(root / "bin"), "--seed", "7", "--train", "500",
+            "--valid", "50", "--test", "60", "--workers", "1"]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert syn.main(argv) == 0, buf.getvalue()
+    return root / "text", root / "bin", argv
+
+
+def test_layout_refs_and_manifest(made):
+    out, bin_dir, _ = made
+    for split, n in (("train", 500), ("valid", 50), ("test", 60)):
+        for lang in ("de", "en"):
+            assert len(lines(out / "tok" / f"{split}.{lang}")) == n
+            assert (bin_dir / f"{split}.de-en.{lang}.bin").is_file()
+    raw, tok = lines(out / "raw" / "test.en"), lines(out / "tok" / "test.en")
+    # the raw references through the IWSLT steps (Moses tokenizer, lowercase) give the tokenized ones
+    assert [moses.lowercase(moses.tokenize(l, "en")) for l in raw] == tok
+    assert raw[0][0].isupper() and raw[0].endswith(".") and not raw[0].endswith(" .")
+    # every word is one BPE piece
+    assert all(len(b.split()) == len(t.split()) for b, t in zip(lines(out / "bpe" / "train.en"),
+                                                                lines(out / "tok" / "train.en")))
+    m = read_manifest(bin_dir)
+    assert (m["dataset"], m["lowercase"], m["post_process"]) == ("synthetic", True, "sentencepiece")
+    assert m["counts"] == {"train": 500, "valid": 50, "test": 60}
+    assert Path(m["refs"]["tok"]["test"]) == (out / "tok" / "test.en").resolve()
+
+
+def test_rerun_skips_and_new_seed_rebuilds(made, capsys):
+    out, bin_dir, argv = made
+    assert syn.main(argv) == 0
+    assert capsys.readouterr().out.count("skipped") == 4
+    first = lines(out / "tok" / "train.en")
+    assert syn.main(argv[:5] + ["8"] + argv[6:]) == 0
+    assert lines(out / "tok" / "train.en") != first
+    assert read_manifest(bin_dir)["counts"]["train"] == 500
+
+
+def test_bad_size_is_one_line_error(tmp_path, capsys):
+    assert syn.main(["--out", str(tmp_path / "o"), "--bin", str(tmp_path / "b"), "--train", "0"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --train 0: give at least 1 sentence pair"
