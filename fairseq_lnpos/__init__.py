@@ -11,7 +11,7 @@ from .errors import LnposError, install_excepthook
 allow_fairseq_checkpoints()
 install_excepthook()
 
-from . import models, optim  # noqa: E402,F401
+from . import models, optim, tasks  # noqa: E402,F401
 from .models import archs  # noqa: E402,F401
 
 USER_DIR = os.path.dirname(os.path.abspath(__file__))
