@@ -1,6 +1,5 @@
 """IWSLT14 preparation end to end on a small de-en.tgz built here, its bad inputs, and the real dev/test XML."""
 import json
-import os
 from pathlib import Path
 
 import pytest

@@ -5,6 +5,8 @@ finished file is verified against the sha256 recorded in ``SHA256SUMS`` (next to
 and only then renamed to its final name. A file already in place is verified, not fetched again.
 """
 import hashlib
+import json
+import shutil
 import sys
 import tarfile
 import urllib.request
@@ -140,6 +142,26 @@ def extract(archive, dest_dir, log=print):
 
 
 def _rmtree(path):
-    import shutil
-
     shutil.rmtree(path, ignore_errors=True)
+
+
+def extract_once(archive, dest_dir, name=None, check=True, log=print):
+    """Verify (with ``check``) and extract ``archive`` into ``dest_dir`` unless this very file
+    (path, size, mtime) was extracted there before."""
+    archive, dest_dir = Path(archive), Path(dest_dir)
+    st = archive.stat()
+    key = {"archive": str(archive.resolve()), "size": st.st_size, "mtime": int(st.st_mtime)}
+    stamp = dest_dir / ".extracted.json"
+    try:
+        if json.loads(stamp.read_text()) == key:
+            log(f"[orig] {archive} already extracted in {dest_dir}: skipped")
+            return dest_dir
+    except (OSError, ValueError):
+        pass
+    if check:
+        log(f"[orig] verifying {archive}")
+        verify(archive, name, log=log)
+    _rmtree(dest_dir)
+    extract(archive, dest_dir, log=log)
+    stamp.write_text(json.dumps(key))
+    return dest_dir

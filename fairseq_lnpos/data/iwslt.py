@@ -17,10 +17,10 @@ from functools import partial
 from pathlib import Path
 
 from fairseq_lnpos.data import bpe, moses
-from fairseq_lnpos.data.download import DataError, download, extract, verify
+from fairseq_lnpos.data.download import DataError, download, extract_once
 from fairseq_lnpos.data.pipeline import (
     binarize, check_parallel, counts_of, default_workers, log, manifest_fields, map_lines, raw_segments,
-    read_lines, read_stamp, require_files, run_stage, summary, write_lines, xml_segments,
+    read_lines, require_files, run_stage, summary, write_lines, xml_segments,
 )
 
 URL = "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"
@@ -60,22 +60,9 @@ def locate_orig(args, out):
         dest = out / "orig" / "extracted"
         if args.archive and not archive.is_file():
             raise DataError(f"--archive {archive}: no such file: pass a local copy of {URL}")
-        stamp = read_stamp(dest, ".extracted.json")
-        if stamp is None or stamp.get("archive") != str(archive.resolve()):
-            if args.archive:
-                log(f"[orig] verifying {archive}")
-                sha = verify(archive, ARCHIVE)
-            else:
-                download(URL, archive)
-                sha = None
-            if dest.exists():
-                import shutil
-                shutil.rmtree(dest)
-            extract(archive, dest)
-            import json
-            (dest / ".extracted.json").write_text(json.dumps({"archive": str(archive.resolve()), "sha256": sha}))
-        else:
-            log(f"[orig] {archive} already extracted in {dest}: skipped")
+        if not args.archive:
+            download(URL, archive, ARCHIVE)  # verified; a complete file is not fetched again
+        extract_once(archive, dest, ARCHIVE, check=bool(args.archive))
         orig = dest / PAIR if (dest / PAIR).is_dir() else dest
     train, xml = orig_files(orig)
     require_files(train + xml, f"{orig} should be the de-en folder of fairseq's {ARCHIVE} "

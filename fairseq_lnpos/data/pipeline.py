@@ -13,7 +13,6 @@ import multiprocessing
 import os
 import re
 import shutil
-import sys
 import time
 from pathlib import Path
 

@@ -13,17 +13,15 @@ tokenized training text; then the training pairs are cleaned on BPE pieces (rati
 pieces; fairseq's order) and binarized with fairseq-preprocess --joined-dictionary.
 """
 import argparse
-import json
-import shutil
 import sys
 from functools import partial
 from pathlib import Path
 
 from fairseq_lnpos.data import bpe, moses
-from fairseq_lnpos.data.download import DataError, download, extract, verify
+from fairseq_lnpos.data.download import DataError, download, extract_once
 from fairseq_lnpos.data.pipeline import (
     binarize, check_parallel, count_lines, default_workers, log, manifest_fields, map_lines, raw_segments,
-    read_lines, read_stamp, run_stage, summary, write_lines, xml_segments,
+    read_lines, run_stage, summary, write_lines, xml_segments,
 )
 
 SRC, TGT = "en", "de"
@@ -82,17 +80,9 @@ def locate_orig(args, out):
     for name, url in ARCHIVES.items():
         dest = orig / name.replace(".tgz", "")
         archive = given.get(name, orig / name)
-        stamp = read_stamp(dest, ".extracted.json")
-        if stamp is not None and stamp.get("archive") == str(archive.resolve()):
-            log(f"[orig] {name} already extracted: skipped")
-            continue
-        if name in given:
-            verify(archive, name)
-        else:
-            download(url, archive, name)
-        shutil.rmtree(dest, ignore_errors=True)
-        extract(archive, dest)
-        (dest / ".extracted.json").write_text(json.dumps({"archive": str(archive.resolve())}))
+        if name not in given:
+            download(url, archive, name)  # verified; a complete file is not fetched again
+        extract_once(archive, dest, name, check=name in given)
     return orig
 
 
