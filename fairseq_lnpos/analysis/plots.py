@@ -1,0 +1,120 @@
+"""PNG figures from fig3.json, laid out like Fig. 3 of Xiong et al. (2020).
+
+Per statistic one figure, rows = encoder / decoder (the paper does not say which stack its
+layers are), columns = (a) W1 per layer, (b) W2 per layer, then one bar chart per architecture
+of the last layer's W2 by depth ((c) Post-LN, (d) Pre-LN in the paper; more columns for more
+architectures). ``lemma2.png``: ||x||^2 / d at every LayerNorm input with the lemma's bounds.
+
+    python -m fairseq_lnpos.analysis.plots analysis-out/fig3.json   # redraw
+"""
+import json
+import sys
+from pathlib import Path
+
+STATS = {"mean_grad": ("mean", "fig3.png", "norm of the gradient averaged over batches (paper)"),
+         "batch_norm": ("batch_norm_mean", "fig3_per_batch.png", "mean per-batch gradient norm")}
+COLORS = ["tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown"]
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_fig3(result, out, stat="mean_grad"):
+    plt = _plt()
+    key, filename, what = STATS[stat]
+    per_layer, last = result["per_layer"], result["last_w2"]
+    labels = list(dict.fromkeys(list(per_layer) + list(last)))
+    color = {label: COLORS[i % len(COLORS)] for i, label in enumerate(labels)}
+    ncols = 2 + len(last)
+    fig, axes = plt.subplots(2, ncols, figsize=(3.1 * ncols, 5.6), squeeze=False)
+    letters = "abcdefghij"
+    for row, stack in enumerate(("encoder", "decoder")):
+        for col, w in enumerate(("fc1", "fc2")):
+            ax = axes[row][col]
+            for label, stacks in per_layer.items():
+                e = stacks[stack][w]
+                ys = e[key]
+                xs = list(range(1, len(ys) + 1))
+                err = e["std"] if stat == "mean_grad" else None
+                ax.errorbar(xs, ys, yerr=err, marker="o", ms=3, capsize=2, color=color[label], label=label)
+            ax.set_xlabel("layer")
+            ax.set_title(f"({letters[col]}) {'W1' if w == 'fc1' else 'W2'} of FFN, {stack}", fontsize=9)
+            ax.set_ylim(bottom=0)
+            if row == 0 and col == 0:
+                ax.legend(fontsize=7)
+        for j, (label, stacks) in enumerate(last.items()):
+            ax = axes[row][2 + j]
+            e = stacks[stack]
+            xs = range(len(e["depths"]))
+            err = e["std"] if stat == "mean_grad" else None
+            ax.bar(xs, e[key], yerr=err, color=color[label], alpha=0.8, capsize=2)
+            ax.set_xticks(list(xs))
+            ax.set_xticklabels([f"{d}-{d}" for d in e["depths"]], fontsize=7)
+            ax.set_title(f"({letters[2 + j]}) {label}: last-layer W2, {stack}", fontsize=9)
+            if label.lower().startswith("post") and stat == "mean_grad":
+                ax.axhline(result["paper"]["post_ln_last_w2"], ls="--", lw=0.8, color="gray")
+                ax.text(0, result["paper"]["post_ln_last_w2"], " paper ~1.6", fontsize=6, va="bottom")
+    s = result["settings"]
+    fig.suptitle(
+        f"Gradient norm at initialization ({what}); {s['seeds']} seeds, K={s['batches']} batches of "
+        f"<= {s['tokens']} tokens.\nRows: encoder / decoder (the paper does not say which stack its "
+        f"layers are). Data: {s['data_desc']}", fontsize=8)
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.08, top=0.86, wspace=0.3, hspace=0.45)
+    path = Path(out) / filename
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def plot_lemma2(result, out):
+    if not result["lemma2"]:
+        return None
+    plt = _plt()
+    labels = list(result["lemma2"])
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), squeeze=False)
+    for col, stack in enumerate(("encoder", "decoder")):
+        ax = axes[0][col]
+        for i, label in enumerate(labels):
+            e = result["lemma2"][label][stack]
+            c = COLORS[i % len(COLORS)]
+            if "stream" in e:
+                st = e["stream"]
+                ax.plot(st["layers_applied"], st["mean"], "o-", ms=3, color=c, label=f"{label}: x_l (stream)")
+                ax.fill_between(st["layers_applied"], st["lemma_lower"], st["lemma_upper"], color=c, alpha=0.12,
+                                label=f"{label}: Lemma 2 bounds")
+            else:
+                pts = e["points"]
+                xs = [p["layer"] + (0.5 if p["ln"] != "self_attn_ln" else 0.0) + (0.25 if p["ln"] ==
+                      "encoder_attn_ln" else 0.0) for p in pts if p["layer"] is not None]
+                ys = [p["mean"] for p in pts if p["layer"] is not None]
+                ax.plot([x + 1 for x in xs], ys, "s-", ms=3, color=c, label=f"{label}: LN inputs")
+                ax.axhline(1.5, ls="--", lw=0.8, color=c)
+        ax.set_xlabel("layers applied")
+        ax.set_ylabel("E ||x||^2 / d")
+        ax.set_title(f"Lemma 2, {stack} (eval mode, depth {result['lemma2'][labels[0]][stack]['depth']})",
+                     fontsize=9)
+        ax.legend(fontsize=6)
+    fig.subplots_adjust(left=0.08, right=0.99, bottom=0.14, top=0.9, wspace=0.25)
+    path = Path(out) / "lemma2.png"
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def plot_all(result, out):
+    paths = [plot_fig3(result, out, stat) for stat in STATS]
+    lemma = plot_lemma2(result, out)
+    return paths + ([lemma] if lemma else [])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m fairseq_lnpos.analysis.plots OUT/fig3.json")
+    src = Path(sys.argv[1])
+    print("\n".join(str(p) for p in plot_all(json.loads(src.read_text()), src.parent)))

@@ -1,0 +1,125 @@
+"""Means and spreads over seeds of the per-model records of init_grad; the layout of fig3.json."""
+import statistics
+
+STACKS = ("encoder", "decoder")
+PAPER = {
+    "post_ln_last_w2": 1.6,
+    "note": "Fig. 3c/d: Post-LN's last-layer W2 gradient norm stays around 1.6 for 6..14 layers; "
+            "Pre-LN's decreases with depth. Lemma 2: Post-LN E||x^{post,5}||^2 = 1.5 d before every "
+            "LN; Pre-LN (1 + l/2) d <= E||x_l||^2 <= (1 + 3l/2) d.",
+}
+
+
+def _mean_std(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def _labels(records):
+    seen = []
+    for r in records:
+        if r["label"] not in seen:
+            seen.append(r["label"])
+    return seen
+
+
+def summarize(records, settings, args):
+    labels = _labels(records)
+    per_layer, last_w2, ratio, lemma2 = {}, {}, {}, {}
+    for label in labels:
+        mine = [r for r in records if r["label"] == label]
+        full = [r for r in mine if r["full"]]
+        if full:
+            per_layer[label] = {}
+            for stack in STACKS:
+                per_layer[label][stack] = {}
+                for w in ("fc1", "fc2"):
+                    depth = full[0]["depth"]
+                    entry = {"mean": [], "std": [], "batch_norm_mean": [], "seeds": len(full)}
+                    for layer in range(depth):
+                        m, s = _mean_std([r["mean_grad"][stack][w][layer] for r in full])
+                        b, _ = _mean_std([r["batch_norm"][stack][w][layer] for r in full])
+                        entry["mean"].append(m)
+                        entry["std"].append(s)
+                        entry["batch_norm_mean"].append(b)
+                    per_layer[label][stack][w] = entry
+        sweep = [r for r in mine if r["depth_requested"] is not None]
+        depths = sorted({r["depth"] for r in sweep})
+        if sweep:
+            last_w2[label], ratio[label] = {}, {}
+            for stack in STACKS:
+                entry = {"depths": depths, "mean": [], "std": [], "batch_norm_mean": [], "seeds": []}
+                for depth in depths:
+                    at = [r for r in sweep if r["depth"] == depth]
+                    m, s = _mean_std([r["mean_grad"][stack]["fc2"][depth - 1] for r in at])
+                    b, _ = _mean_std([r["batch_norm"][stack]["fc2"][depth - 1] for r in at])
+                    entry["mean"].append(m)
+                    entry["std"].append(s)
+                    entry["batch_norm_mean"].append(b)
+                    entry["seeds"].append(len(at))
+                last_w2[label][stack] = entry
+                ratio[label][stack] = (
+                    entry["mean"][-1] / entry["mean"][0] if len(depths) > 1 and entry["mean"][0] else None)
+        with_lemma = [r for r in mine if r.get("lemma2")]
+        if with_lemma:
+            lemma2[label] = {stack: _lemma2(with_lemma, stack) for stack in STACKS}
+    return {
+        "paper": PAPER,
+        "settings": dict(settings, archs=labels, depths=list(args.depths), layers_depth=args.layers_depth,
+                         seeds=args.seeds, lemma2=not args.no_lemma2),
+        "per_layer": per_layer,
+        "last_w2": last_w2,
+        "ratio_last_w2": ratio,
+        "lemma2": lemma2,
+        "models": [{k: v for k, v in r.items() if k != "settings_key"} for r in records],
+    }
+
+
+def _lemma2(records, stack):
+    points = records[0]["lemma2"][stack]
+    depth = records[0]["depth"]
+    pre = bool(records[0].get("normalize_before"))
+    out = {"depth": depth, "normalize_before": pre, "points": []}
+    for i, p in enumerate(points):
+        m, s = _mean_std([r["lemma2"][stack][i]["sq_norm_over_d"] for r in records])
+        out["points"].append({"layer": p["layer"], "ln": p["ln"], "mean": m, "std": s})
+    if pre:
+        # the stream entering layer l (l layers applied) is the input of its first LN; after the
+        # last layer it is the input of the stack's final LN
+        stream = [p for p in out["points"] if p["ln"] == "self_attn_ln"] + \
+                 [p for p in out["points"] if p["ln"] == "final_ln"]
+        x0 = stream[0]["mean"] if stream else None
+        ls = list(range(len(stream)))
+        out["stream"] = {
+            "layers_applied": ls, "mean": [p["mean"] for p in stream],
+            "lemma_lower": [1 + l / 2 for l in ls], "lemma_upper": [1 + 1.5 * l for l in ls],
+            "lower_from_x0": [x0 + l / 2 for l in ls], "upper_from_x0": [x0 + 1.5 * l for l in ls],
+        }
+    else:
+        ffn = [p["mean"] for p in out["points"] if p["ln"] == "ffn_ln"]
+        out["before_ffn_ln"] = {"mean": ffn, "lemma": 1.5}
+    return out
+
+
+def headline(result):
+    lines = []
+    for label, stacks in result["last_w2"].items():
+        for stack, e in stacks.items():
+            vals = ", ".join(f"{d}: {m:.3f}±{s:.3f}" for d, m, s in zip(e["depths"], e["mean"], e["std"]))
+            r = result["ratio_last_w2"][label][stack]
+            rtxt = f"; {e['depths'][-1]}/{e['depths'][0]} ratio {r:.2f}" if r is not None else ""
+            lines.append(f"{label:>10} {stack} last-layer W2 grad norm by depth: {vals}{rtxt}")
+    for label, stacks in result["lemma2"].items():
+        for stack, e in stacks.items():
+            if "stream" in e:
+                s = e["stream"]["mean"]
+                lines.append(f"{label:>10} {stack} Lemma 2: ||x_l||^2/d from {s[0]:.2f} (l=0) to "
+                             f"{s[-1]:.2f} (l={len(s) - 1}); lemma bounds at l={len(s) - 1}: "
+                             f"[{e['stream']['lemma_lower'][-1]:.1f}, {e['stream']['lemma_upper'][-1]:.1f}]")
+            elif e.get("before_ffn_ln", {}).get("mean"):
+                v = e["before_ffn_ln"]["mean"]
+                lines.append(f"{label:>10} {stack} Lemma 2: ||x^(post,5)||^2/d before the FFN LNs "
+                             f"{min(v):.2f}..{max(v):.2f} (lemma: 1.5)")
+    return "\n".join(lines)
