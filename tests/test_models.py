@@ -4,7 +4,7 @@ import torch
 
 from conftest import build_model, fairseq_cmd, run, toy_data  # noqa: F401
 
-VARIANTS = ("postln", "preln", "deepnorm")
+VARIANTS = ("postln", "preln", "deepnorm", "keel")
 SIZES = ("", "_iwslt_de_en", "_wmt_en_de", "_tiny")
 ALL_ARCHS = [f"transformer_{v}{s}" for v in VARIANTS for s in SIZES]
 

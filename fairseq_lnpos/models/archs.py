@@ -1,4 +1,4 @@
-"""Named architectures: {postln, preln, deepnorm} x {base, iwslt_de_en, wmt_en_de, tiny}.
+"""Named architectures: {postln, preln, deepnorm, keel} x {base, iwslt_de_en, wmt_en_de, tiny}.
 
 A variant fixes where LayerNorm sits (and, for DeepNorm, the model class); a size fills in
 fairseq's defaults for dimensions and depth, which the command line can override as usual.
@@ -10,7 +10,7 @@ from fairseq.models import register_model_architecture
 from fairseq.models.transformer import base_architecture, transformer_iwslt_de_en, transformer_wmt_en_de
 
 from ..errors import check
-from . import deepnorm  # noqa: F401  (registers the transformer_deepnorm model)
+from . import deepnorm, keel  # noqa: F401  (register the transformer_deepnorm and transformer_keel models)
 
 
 def tiny_architecture(args):
@@ -34,6 +34,7 @@ VARIANTS = {
     "postln": ("transformer", False),
     "preln": ("transformer", True),
     "deepnorm": ("transformer_deepnorm", False),
+    "keel": ("transformer_keel", False),
 }
 
 ARCHS = {}  # arch name -> variant
