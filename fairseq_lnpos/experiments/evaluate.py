@@ -78,18 +78,28 @@ def generate_cmd(data_dir, checkpoint, manifest, beam=5, lenpen=1.2, subset="tes
         "--source-lang", manifest["source_lang"], "--target-lang", manifest["target_lang"],
         "--beam", str(beam), "--lenpen", str(lenpen),
         "--post-process", manifest["post_process"], "--max-tokens", "8192",
+        # fairseq (0.12.3 / fairseq-fixed) drops the last batch when its size is not a multiple of
+        # --required-batch-size-multiple (default 8): with 1 every test sentence is translated
+        "--required-batch-size-multiple", "1",
         *extra,
     ]
 
 
 def parse_generate(text):
-    """Hypotheses from fairseq-generate's output, in sentence order (the ``D-<id>`` lines)."""
-    hyps = {}
+    """(sentence ids seen, {id: hypothesis}) from fairseq-generate's ``S-<id>`` and ``D-<id>`` lines.
+
+    fairseq-generate prints no ``D-`` line for a sentence whose beam finalised no hypothesis
+    (seen with untrained models); such a sentence scores as an empty output."""
+    seen, hyps = set(), {}
     for line in text.splitlines():
-        if line.startswith("D-"):
-            head, _score, *hyp = line.split("\t")
-            hyps[int(head[2:])] = hyp[0] if hyp else ""
-    return [hyps[i] for i in sorted(hyps)]
+        if line.startswith(("S-", "D-")):
+            head, *rest = line.split("\t")
+            sid = int(head[2:])
+            if line[0] == "S":
+                seen.add(sid)
+            else:
+                hyps[sid] = rest[1] if len(rest) > 1 else ""
+    return seen, hyps
 
 
 def read_lines(path):
@@ -97,17 +107,26 @@ def read_lines(path):
         return [line.rstrip("\n") for line in f]
 
 
-def score_hyps(hyps, manifest, subset="test"):
-    """Both BLEUs of tokenized hypotheses, with the settings the manifest prescribes."""
+def score_hyps(hyps, manifest, subset="test", seen=None):
+    """Both BLEUs of tokenized hypotheses, with the settings the manifest prescribes.
+
+    ``hyps`` is a list in sentence order or a dict {sentence id: hypothesis} (missing ids score as
+    empty outputs); ``seen`` the sentence ids fairseq-generate read."""
     refs_tok = read_lines(manifest["refs"]["tok"][subset])
-    if len(hyps) != len(refs_tok):
+    n_seen = len(seen) if seen is not None else len(hyps)
+    if n_seen != len(refs_tok) or (isinstance(hyps, dict) and any(i >= len(refs_tok) for i in hyps)):
         raise ValueError(
-            f"fairseq-generate gave {len(hyps)} hypotheses for {len(refs_tok)} references in "
-            f"{manifest['refs']['tok'][subset]}: the data dir and its text files do not match"
+            f"fairseq-generate read {n_seen} sentences but {manifest['refs']['tok'][subset]} has "
+            f"{len(refs_tok)} references: the data dir and its text files do not match"
         )
+    missing = 0
+    if isinstance(hyps, dict):
+        missing = len(refs_tok) - len(hyps)
+        hyps = [hyps.get(i, "") for i in range(len(refs_tok))]
     lc, cs = bool(manifest.get("lowercase")), bool(manifest.get("compound_split"))
     out = {"bleu_tok": round(tok_bleu(hyps, refs_tok, lc, cs), 2), "n_sentences": len(hyps),
-           "bleu_tok_settings": f"fairseq bleu, lowercase={lc}, compound_split={cs}"}
+           "bleu_tok_settings": f"fairseq bleu, lowercase={lc}, compound_split={cs}",
+           "no_hypothesis": missing}
     raw = manifest["refs"].get("raw", {}).get(subset)
     if raw:
         score, sig = sacre_bleu(detokenize(hyps, manifest["target_lang"]), read_lines(raw), lc)
@@ -131,12 +150,12 @@ def evaluate_checkpoint(data_dir, checkpoint, manifest, beam=5, lenpen=1.2, extr
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
         raise RuntimeError(f"fairseq-generate failed on {checkpoint} (exit {proc.returncode}): {tail[0]}")
-    hyps = parse_generate(proc.stdout)
+    seen, hyps = parse_generate(proc.stdout)
     if hyp_out is not None:
         tmp = Path(str(hyp_out) + ".tmp")
-        tmp.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        tmp.write_text("".join(hyps.get(i, "") + "\n" for i in range(len(seen))), encoding="utf-8")
         os.replace(tmp, hyp_out)
-    return score_hyps(hyps, manifest)
+    return score_hyps(hyps, manifest, seen=seen)
 
 
 def main(argv=None):

@@ -151,18 +151,20 @@ class Job:
 
 
 def updates_per_epoch(job):
-    """Updates in one epoch of ``job``'s training data, computed with fairseq's own batching."""
-    from fairseq.tasks.translation import TranslationConfig, TranslationTask
+    """Updates in one epoch of ``job``'s training data, from fairseq's own parsing and batching."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    max_tokens, update_freq = batch_plan(job.run, job.opts.world)
-    cfg = TranslationConfig(data=str(job.data), source_lang=job.langs[0], target_lang=job.langs[1])
-    task = TranslationTask.setup_task(cfg)
-    task.load_dataset("train", combine=False, epoch=1)
-    itr = task.get_batch_iterator(task.dataset("train"), max_tokens=max_tokens,
-                                  max_positions=(cfg.max_source_positions, cfg.max_target_positions),
-                                  ignore_invalid_inputs=True, required_batch_size_multiple=8,
-                                  seed=job.seed, num_shards=job.opts.world, shard_id=0, epoch=1)
-    return math.ceil(len(itr) / update_freq)
+    args = options.parse_args_and_arch(options.get_training_parser(), job.train_cmd(1)[1:])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    task.load_dataset(cfg.dataset.train_subset, combine=False, epoch=1)
+    itr = task.get_batch_iterator(
+        task.dataset(cfg.dataset.train_subset), max_tokens=cfg.dataset.max_tokens,
+        max_sentences=cfg.dataset.batch_size, max_positions=task.max_positions(),
+        ignore_invalid_inputs=True, required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
+        seed=job.seed, num_shards=job.opts.world, shard_id=0, epoch=1)
+    return math.ceil(len(itr) / cfg.optimization.update_freq[0])
 
 
 # ----------------------------------------------------------------------------- fairseq's log
@@ -506,6 +508,10 @@ class Grid:
                     errors.append(str(e))
                     self.kill_all()
                     return
+                except Exception as e:  # a bug or an unexpected fairseq output: record it, go on
+                    job.state, job.status = "done", f"failed: {type(e).__name__}: {e}"
+                    self.failed = True
+                    self.say(f"{job.label}: FAILED: {type(e).__name__}: {e} (re-run to retry)")
 
         threads = [threading.Thread(target=worker, args=(s,), daemon=True) for s in self.opts.slots]
         for t in threads:

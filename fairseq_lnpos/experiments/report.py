@@ -127,9 +127,12 @@ LINESTYLES = {"none": "-", "500": "--", "4000": ":"}
 
 
 def figures(rows, out_dir):
+    import logging
+
     import matplotlib
 
     matplotlib.use("Agg")
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib.pyplot as plt
 
     written = []

@@ -1,0 +1,168 @@
+"""The grid end to end on CPU: a tiny corpus, two runs (one forced to diverge), kill and resume, table, figures."""
+import csv
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fairseq_lnpos.experiments import grid as G
+from fairseq_lnpos.experiments.evaluate import read_lines, tok_bleu
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from toydata import make_toy_data  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+GRID, TABLE = REPO / "scripts" / "grid.sh", REPO / "scripts" / "make_table.sh"
+BAD = "iwslt-postln-adam-lr5e-4-nowu"  # Post-LN, Adam, no warm-up: forced to diverge with lr 1e3
+GOOD = "iwslt-preln-adam-lr5e-4-step8"  # Pre-LN, no warm-up
+ARGS = ["run", "--only", f"{BAD},{GOOD}", "--arch-size", "tiny", "--max-epoch", "2",
+        "--set", "max_tokens=512", "--set", "batch_tokens=512", "--set", f"{BAD}:lr=1000",
+        "--gen-args", "--max-len-b 20"]
+ENV = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1")
+
+
+def sh(*cmd, **kw):
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=ENV, **kw)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_toy_data(tmp_path_factory.mktemp("toy"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("grid-a")
+    run = sh(GRID, *ARGS, "--data", data, "--out", out)
+    table = sh(TABLE, out)
+    return out, run, table
+
+
+def rows(out):
+    with open(out / "results.csv", newline="") as f:
+        return {r["run"]: r for r in csv.DictReader(f)}
+
+
+def test_grid_end_to_end(uninterrupted, data):
+    out, run, table = uninterrupted
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert table.returncode == 0, table.stderr[-2000:]
+    # one progress line per state change, with the run index and an ETA
+    assert f"run 2/2 {GOOD} seed 1: epoch" in run.stdout and "ETA 0:" in run.stdout
+    bad = json.loads((out / BAD / "seed1" / "DONE.json").read_text())
+    assert bad["status"].startswith("diverged at update ") and 1 <= bad["diverged_at"] <= 8
+    good_dir = out / GOOD / "seed1"
+    assert json.loads((good_dir / "DONE.json").read_text())["status"] == "finished"
+    # evaluated checkpoints are removed; fairseq's _best and _last stay for resuming
+    assert sorted(p.name for p in (good_dir / "checkpoints").iterdir()) == ["checkpoint_best.pt", "checkpoint_last.pt"]
+    epochs = [json.loads((good_dir / "eval" / f"epoch{e}.json").read_text()) for e in (1, 2)]
+    refs = read_lines(data.parent / "text" / "tok" / "test.en")
+    # validation loss per epoch is the one fairseq logged
+    logged = {json.loads(line.split(" | ", 3)[3])["epoch"]: json.loads(line.split(" | ", 3)[3])["valid_loss"]
+              for line in (good_dir / "train.log").read_text().splitlines() if " | valid | " in line}
+    for e, rec in zip((1, 2), epochs):
+        assert rec["epoch"] == e and rec["n_sentences"] == len(refs) == 20
+        assert rec["valid_loss"] == float(logged[e]) and math.isfinite(rec["valid_loss"])
+        assert rec["sacrebleu_signature"].startswith("nrefs:1|case:lc|")
+        hyps = read_lines(good_dir / "eval" / f"epoch{e}.hyp")
+        assert rec["bleu_tok"] == round(tok_bleu(hyps, refs, lowercase=True), 2)
+    assert epochs[0]["num_updates"] < epochs[1]["num_updates"]
+    r = rows(out)
+    assert set(G_CSV_REQUIRED) <= set(next(iter(r.values())))
+    assert list(r) == [BAD, GOOD]  # table order
+    assert r[BAD]["status"] == bad["status"] and r[BAD]["lr"] == "1000" and r[BAD]["best_bleu_tok"] == ""
+    g = r[GOOD]
+    assert g["arch"] == "transformer_preln_tiny" and g["optimizer"] == "adam" and g["warmup"] == "0"
+    assert g["paper_bleu"] == "34.0" and g["seed"] == "1" and g["status"] == "finished"
+    best = max(epochs, key=lambda x: (x["bleu_tok"], -x["epoch"]))
+    assert float(g["best_bleu_tok"]) == best["bleu_tok"] and int(g["best_epoch"]) == best["epoch"]
+    assert float(g["last_bleu_tok"]) == epochs[1]["bleu_tok"]
+    assert float(g["sacrebleu"]) == best["sacrebleu"]
+    assert float(g["best_valid_loss"]) == min(x["valid_loss"] for x in epochs)
+    md = (out / "results.md").read_text()
+    assert md.count("sacreBLEU signature: nrefs:1|case:lc") == 1 and "tok BLEU" in md
+    png = out / "fig_main.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10000
+
+
+G_CSV_REQUIRED = "run,arch,optimizer,lr,warmup,seed,status,paper_bleu,best_bleu_tok,last_bleu_tok,sacrebleu,best_valid_loss".split(",")
+
+
+def test_kill_and_resume_gives_the_same_table(uninterrupted, data, tmp_path):
+    ref_out = uninterrupted[0]
+    out = tmp_path / "grid-b"
+    log = out / GOOD / "seed1" / "train.log"
+    proc = subprocess.Popen([str(GRID), *ARGS, "--data", str(data), "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    deadline = time.time() + 400
+    # kill the grid (SIGKILL: no clean-up) once the second run has saved its first epoch
+    while time.time() < deadline and proc.poll() is None:
+        if log.exists() and "checkpoint1.pt (epoch 1 @" in log.read_text(errors="replace"):
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the grid ended before it could be interrupted"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at_epoch2 = "checkpoint2.pt (epoch 2 @" in log.read_text(errors="replace")
+    done_bad = out / BAD / "seed1" / "DONE.json"
+    before = (done_bad.stat().st_mtime_ns, (out / BAD / "seed1" / "train.log").stat().st_size)
+    assert not (out / GOOD / "seed1" / "DONE.json").exists()
+
+    again = sh(GRID, *ARGS, "--data", data, "--out", out)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"{BAD} seed 1: already diverged at update" in again.stdout
+    assert (done_bad.stat().st_mtime_ns, (out / BAD / "seed1" / "train.log").stat().st_size) == before
+    text = log.read_text()
+    assert text.count("# grid: ") == 2  # two launches of fairseq-train, the second resumed
+    if not killed_at_epoch2:  # fairseq resumed after epoch 1 (it names the epoch it starts: 2)
+        ep1 = json.loads((out / GOOD / "seed1" / "eval" / "epoch1.json").read_text())
+        assert f"checkpoint_last.pt (epoch 2 @ {ep1['num_updates']} updates)" in text.split("# grid: ")[2]
+    assert sh(TABLE, out, "--no-figures").returncode == 0
+    assert (out / "results.csv").read_text() == (ref_out / "results.csv").read_text()
+
+    # a finished grid is never redone, and a different config in the same folder is refused
+    third = sh(GRID, *ARGS, "--data", data, "--out", out, "--set", f"{GOOD}:lr=1e-3")
+    assert third.returncode == 2 and "different config" in third.stderr
+    assert len(third.stderr.strip().splitlines()) == 1
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, data):
+    def err(*argv):
+        assert G.main(list(argv)) == 2
+        msg = capsys.readouterr().err.strip()
+        assert len(msg.splitlines()) == 1, msg
+        return msg
+
+    assert "unknown run 'nope'" in err("run", "--only", "nope", "--data", str(data))
+    assert "not found" in err("run", "--only", GOOD, "--data", str(tmp_path / "missing"))
+    assert "lnpos-data.json" in err("run", "--only", GOOD, "--data", str(tmp_path))
+    assert "lists no GPU" in err("run", "--only", GOOD, "--data", str(data), "--gpus", ",")
+    assert "unknown field" in err("run", "--only", GOOD, "--data", str(data), "--set", "speed=1")
+    assert "is not selected" in err("run", "--only", GOOD, "--data", str(data), "--set", f"{BAD}:lr=1")
+    import torch
+
+    if torch.cuda.device_count() == 0:
+        assert "no CUDA GPU" in err("run", "--only", GOOD, "--data", str(data), "--gpus", "0,1")
+        assert "no CUDA GPU" in err("run", "--only", GOOD, "--data", str(data), "--gpus-per-run", "2")
+        assert "no CUDA GPU" in err("run", "--only", GOOD, "--data", str(data), "--fp16")
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_dry_run_prints_the_commands(capsys, data):
+    assert G.main(["run", "--dry-run", "--only", "iwslt-postln-adam-*-wu4000,iwslt-preln-radam-*",
+                   "--data", str(data), "--out", "/nonexistent/out", "--gpus", "0,1"]) == 0
+    out = capsys.readouterr().out
+    trains = [line for line in out.splitlines() if line.startswith("fairseq-train ")]
+    assert len(trains) == 3
+    assert all("--lr-scheduler warmup_inverse_sqrt" in t and "--warmup-updates 4000" in t for t in trains[:2])
+    # the linear decay's length is computed from the data: updates per epoch x 15 epochs
+    total = int(trains[2].split("--total-num-update ")[1].split()[0])
+    assert total > 0 and total % 15 == 0
+    assert out.count("fairseq-generate ") == 3 and "--beam 5 --lenpen 1.2" in out
+    assert not Path("/nonexistent/out").exists()

@@ -1,0 +1,124 @@
+"""BLEU both ways on fixed files: tokenized BLEU = fairseq-score, sacreBLEU = the sacrebleu command line."""
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fairseq_lnpos.experiments import evaluate as E
+
+BIN = Path(sys.executable).parent
+REFS = [
+    "the cat sat on the mat .",
+    "a well @-@ known man , who lived in new york , said \" no \" .",
+    "it 's a long @-@ term plan for 2020 .",
+    "we saw the dog ; it ran away .",
+    "Die Katze schläft im Haus .",
+    "this one has no overlap at all",
+]
+HYPS = [
+    "the cat sat on a mat .",
+    "a well @-@ known man who lived in new york said \" no \" .",
+    "it is a long @-@ term plan for 2020 .",
+    "we saw a dog ; it ran away quickly .",
+    "die katze schläft im haus .",
+    "nothing in common here",
+]
+RAW = [
+    "The cat sat on the mat.",
+    "A well-known man, who lived in New York, said \"no\".",
+    "It's a long-term plan for 2020.",
+    "We saw the dog; it ran away.",
+    "Die Katze schläft im Haus.",
+    "This one has no overlap at all",
+]
+
+
+@pytest.fixture
+def files(tmp_path):
+    paths = {}
+    for name, lines in (("hyp", HYPS), ("ref", REFS), ("raw", RAW)):
+        paths[name] = tmp_path / f"{name}.txt"
+        paths[name].write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    return paths
+
+
+def fairseq_score(sys_path, ref_path, *extra):
+    out = subprocess.run([str(BIN / "fairseq-score"), "--sys", str(sys_path), "--ref", str(ref_path), *extra],
+                         capture_output=True, text=True, check=True).stdout
+    return float(re.search(r"BLEU4 = ([\d.]+),", out).group(1))
+
+
+def test_tok_bleu_equals_fairseq_score(files, tmp_path):
+    ours = E.tok_bleu(HYPS, REFS)
+    assert 20 < ours < 80  # a non-trivial value, so the comparison means something
+    assert round(ours, 2) == fairseq_score(files["hyp"], files["ref"])
+    # IWSLT: lowercase both sides = fairseq-score --ignore-case
+    lc = E.tok_bleu(HYPS, REFS, lowercase=True)
+    assert lc > ours and round(lc, 2) == fairseq_score(files["hyp"], files["ref"], "--ignore-case")
+
+
+def test_compound_split_as_fairseq_recipe(files, tmp_path):
+    line = "a well @-@ known long-term x-y-z -"
+    assert E.compound_split(line) == "a well @ ##AT##-##AT## @ known long ##AT##-##AT## term x ##AT##-##AT## y-z -"
+    if shutil.which("perl"):  # the recipe's own one-liner, when perl is there
+        perl = subprocess.run(["perl", "-ple", r"s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g"], input=line + "\n",
+                              capture_output=True, text=True, check=True).stdout.strip()
+        assert E.compound_split(line) == perl
+    split = {}
+    for name, lines in (("hyp", HYPS), ("ref", REFS)):
+        split[name] = tmp_path / f"{name}.split"
+        split[name].write_text("".join(E.compound_split(x) + "\n" for x in lines), encoding="utf-8")
+    cs = E.tok_bleu(HYPS, REFS, split_compounds=True)
+    assert cs != E.tok_bleu(HYPS, REFS)
+    assert round(cs, 2) == fairseq_score(split["hyp"], split["ref"])
+
+
+def sacrebleu_cli(ref, hyp, *extra):
+    out = subprocess.run([str(BIN / "sacrebleu"), str(ref), "-i", str(hyp), "-m", "bleu", "-b", "-w", "4", *extra],
+                         capture_output=True, text=True, check=True).stdout
+    return float(out.strip())
+
+
+def test_detokenize_then_sacrebleu_equals_cli(files, tmp_path):
+    detok = E.detokenize(HYPS, "en")
+    assert detok[1] == "a well-known man who lived in new york said \"no\"."
+    assert detok[3] == "we saw a dog; it ran away quickly."
+    (tmp_path / "detok.txt").write_text("".join(x + "\n" for x in detok), encoding="utf-8")
+    score, sig = E.sacre_bleu(detok, RAW)
+    assert round(score, 4) == sacrebleu_cli(files["raw"], tmp_path / "detok.txt")
+    assert sig.startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    lc, lc_sig = E.sacre_bleu(detok, RAW, lowercase=True)
+    assert lc > score and "|case:lc|" in lc_sig
+    assert round(lc, 4) == sacrebleu_cli(files["raw"], tmp_path / "detok.txt", "-lc")
+
+
+def test_parse_generate_and_missing_hypotheses(tmp_path):
+    out = "\n".join(["S-2\tsrc two", "H-2\t-0.1\tb", "D-2\t-0.1\tthe cat sat on the mat .", "S-0\tsrc zero",
+                     "D-0\t-0.2\ta well @-@ known man", "S-1\tsrc one", "P-1\t-1 -1", "noise"])
+    seen, hyps = E.parse_generate(out)
+    assert seen == {0, 1, 2} and hyps == {2: "the cat sat on the mat .", 0: "a well @-@ known man"}
+    ref = tmp_path / "ref.txt"
+    ref.write_text("a well @-@ known man\nsomething\nthe cat sat on the mat .\n", encoding="utf-8")
+    manifest = {"refs": {"tok": {"test": str(ref)}}, "target_lang": "en"}
+    res = E.score_hyps(hyps, manifest, seen=seen)
+    assert res["no_hypothesis"] == 1 and res["n_sentences"] == 3
+    assert res["bleu_tok"] == round(E.tok_bleu(["a well @-@ known man", "", "the cat sat on the mat ."],
+                                               read(ref)), 2)
+    with pytest.raises(ValueError, match="do not match"):
+        E.score_hyps(hyps, manifest, seen={0, 1})
+
+
+def read(path):
+    return Path(path).read_text(encoding="utf-8").splitlines()
+
+
+def test_score_cli_one_line_error(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "fairseq_lnpos.experiments.evaluate", "score", "--hyp",
+                        str(tmp_path / "none.txt"), "--ref-tok", str(tmp_path / "none.txt")],
+                       capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    # (fairseq itself may log a line about tensorboardX when it is imported)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and last.startswith("evaluate: ") and "none.txt" in last
