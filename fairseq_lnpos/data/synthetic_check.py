@@ -55,13 +55,13 @@ def main(argv=None):
     losses = re.findall(r"valid on 'valid' subset \| loss ([0-9.]+)", out)
     epochs = re.findall(r"end of epoch (\d+) \(average epoch stats below\)", out)
     ups = re.findall(r"\| num_updates (\d+)", out)
-    wall = re.findall(r"train_wall (\d+)", out)
+    wall = re.findall(r"\| train \| epoch \d+ \|.*\| train_wall (\d+)", out)  # per epoch
     gen = [str(bindir / "fairseq-generate"), args.bin, "--user-dir", str(USER_DIR), "--path",
            str(work / "ckpt" / "checkpoint_best.pt"), "--gen-subset", "test", "--beam", "5",
            "--post-process", "sentencepiece", "--max-tokens", "4096", "--cpu", "--num-workers", "0"]
     t_gen, gout = run(gen, env, work / "generate.log")
     bleu = re.findall(r"BLEU4 = ([0-9.]+)", gout)
-    per_update = float(wall[-1]) / args.updates if wall else float("nan")
+    per_update = sum(map(float, wall)) / int(ups[-1]) if wall and ups else float("nan")
     print(f"{args.arch} lr {args.lr} warmup {args.warmup} updates {args.updates} epochs {len(epochs)}: "
           f"valid loss {losses[-1] if losses else '?'} (per epoch: {', '.join(losses)}), test BLEU {bleu[-1] if bleu else '?'}, "
           f"{per_update:.2f} s/update (train_wall), train {t_train:.0f} s, generate {t_gen:.0f} s, "
