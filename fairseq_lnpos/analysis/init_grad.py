@@ -28,11 +28,12 @@ import hashlib
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
 
-DEFAULTS = {"tokens": 512, "batches": 2, "seeds": 2}
+DEFAULTS = {"tokens": 256, "batches": 2, "seeds": 2}
 PAPER = {"tokens": 4096, "seeds": 10}  # Sec. 3.4: ten seeds; 4096-token batches as in training
 SHORT_ARCHS = ("postln", "preln", "deepnorm", "keel")
 LABELS = {"postln": "Post-LN", "preln": "Pre-LN", "deepnorm": "DeepNorm", "keel": "Keel"}
@@ -60,6 +61,10 @@ def parse_args(argv=None):
     p.add_argument("--size", default="iwslt_de_en",
                    help="size suffix for short arch names: iwslt_de_en (6+6, d 512, FFN 1024, 4 heads; "
                    "the paper's IWSLT model, default), wmt_en_de, tiny, or '' for base")
+    p.add_argument("--model-args", default="",
+                   help="extra fairseq model options, one quoted string, e.g. "
+                   "\"--encoder-embed-dim 64 --decoder-embed-dim 64\" (for quick looks and tests)")
+    p.add_argument("--vocab", type=int, default=8000, help="word types of the generated corpus (no --data)")
     p.add_argument("--depths", default="6,8,10,12,14",
                    help="encoder = decoder layers of the depth sweep (Fig. 3c/d)")
     p.add_argument("--layers-depth", type=int, default=6,
@@ -117,9 +122,9 @@ def resolve_arch(name, size):
     else:
         arch, label = name, name
     if arch not in ARCH_MODEL_REGISTRY:
-        known = sorted(a for a in ARCH_MODEL_REGISTRY if a.startswith("transformer"))
-        fail(f"unknown architecture {arch!r} (from --archs {name} --size {size!r}); "
-             f"known: {', '.join(known)}")
+        short = [n for n in SHORT_ARCHS if f"transformer_{n}" in ARCH_MODEL_REGISTRY]
+        fail(f"unknown architecture {arch!r} in --archs: use {', '.join(short)} (with --size) or a "
+             f"registered fairseq arch name such as transformer_postln_iwslt_de_en")
     return arch, label
 
 
@@ -129,6 +134,7 @@ def fairseq_args(arch, layers, args, data="-"):
     argv = [data, "--task", "translation", "--arch", arch, "--criterion", "label_smoothed_cross_entropy",
             "--label-smoothing", str(args.label_smoothing), "--dropout", str(args.dropout),
             "--max-tokens", str(args.tokens)]
+    argv += shlex.split(args.model_args)
     if layers is not None:
         argv += ["--encoder-layers", str(layers), "--decoder-layers", str(layers)]
     if args.source_lang:
@@ -143,7 +149,8 @@ def load_data(args):
     if args.data is None:
         from fairseq_lnpos.analysis.synthetic import make_corpus
 
-        src_dict, tgt_dict, dataset = make_corpus(n_sentences=max(2000, args.tokens * args.batches // 10))
+        src_dict, tgt_dict, dataset = make_corpus(
+            n_sentences=max(2000, args.tokens * args.batches // 10), vocab=args.vocab)
         args.source_lang, args.target_lang = args.source_lang or "src", args.target_lang or "tgt"
         task = TranslationTask(fairseq_args("transformer", None, args), src_dict, tgt_dict)
         return task, dataset, f"generated Markov corpus ({len(dataset)} pairs, {len(tgt_dict)} types)"
@@ -165,7 +172,10 @@ def load_data(args):
     split = args.split
     if split is None:
         split = "train" if glob.glob(str(data / "train.*.idx")) else "valid"
-    task = TranslationTask.setup_task(fairseq_args("transformer", None, args, data=str(data)))
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    cfg = convert_namespace_to_omegaconf(fairseq_args("transformer", None, args, data=str(data)))
+    task = TranslationTask.setup_task(cfg.task)
     try:
         task.load_dataset(split)
     except FileNotFoundError as e:
@@ -208,10 +218,16 @@ def load_checkpoint_model(task, path, dropout):
     cfg = state["cfg"].model
     from omegaconf import open_dict
 
-    with open_dict(cfg):  # the same dropout as the models built at initialization
-        for key in ("dropout", "attention_dropout", "activation_dropout"):
-            if key in cfg:
-                cfg[key] = dropout if key == "dropout" else 0.0
+    # the same dropout as the models built at initialization (cfg.model is a Namespace or a DictConfig)
+    values = {"dropout": dropout, "attention_dropout": 0.0, "activation_dropout": 0.0}
+    if isinstance(cfg, argparse.Namespace):
+        for key, value in values.items():
+            setattr(cfg, key, value)
+    else:
+        with open_dict(cfg):
+            for key, value in values.items():
+                if key in cfg:
+                    cfg[key] = value
     model = task.build_model(cfg)
     try:
         model.load_state_dict(state["model"], strict=True, model_cfg=cfg)
@@ -309,7 +325,7 @@ def lemma2_stats(model, sample):
 # ---------------------------------------------------------------- driver
 
 def settings_of(args, data_desc):
-    s = {k: getattr(args, k) for k in ("tokens", "batches", "dropout", "label_smoothing", "size",
+    s = {k: getattr(args, k) for k in ("tokens", "batches", "dropout", "label_smoothing", "size", "model_args",
                                        "first_seed", "split", "data", "checkpoint")}
     s["data_desc"] = data_desc
     return s
@@ -453,13 +469,16 @@ def main(argv=None):
 
     result = summarize.summarize(records, settings, args)
     result["seconds"] = round(time.time() - t_start, 1)
+    result["cpu_seconds"] = round(time.process_time(), 1)
     tmp = out / "fig3.json.tmp"
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     tmp.replace(out / "fig3.json")
     written = plots.plot_all(result, out)
     print(summarize.headline(result))
     print(f"wrote {out / 'fig3.json'}, {', '.join(str(p) for p in written)}")
-    print(f"time taken: {fmt_time(time.time() - t_start)} ({time.time() - t_start:.0f} s)")
+    wall, cpu = time.time() - t_start, time.process_time()
+    print(f"time taken: {fmt_time(wall)} ({wall:.0f} s wall, {cpu:.0f} s CPU over "
+          f"{torch.get_num_threads()} threads)")
     return result
 
 

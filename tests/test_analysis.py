@@ -1,0 +1,125 @@
+"""Fig. 3 at initialization: the depth trend, the JSON layout, the figures, resuming, bad input."""
+import json
+import os
+import sys
+
+import pytest
+
+from conftest import REPO, USER_DIR, fairseq_cmd, run
+
+SMALL = ["--model-args", "--encoder-embed-dim 32 --decoder-embed-dim 32 --encoder-ffn-embed-dim 64 "
+         "--decoder-ffn-embed-dim 64 --encoder-attention-heads 2 --decoder-attention-heads 2",
+         "--size", "", "--vocab", "500", "--tokens", "256", "--batches", "2", "--dropout", "0"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
+def analysis(*args):
+    return run([str(REPO / "scripts" / "init_grad_analysis.sh"), *map(str, args)],
+               env=dict(ENV, PYTHON=sys.executable))
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fig3")
+    result = analysis(*SMALL, "--depths", "6,14", "--seeds", 3, "--out", out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out, result
+
+
+def test_pre_ln_last_w2_falls_with_depth_post_ln_does_not(small_run):
+    out, _ = small_run
+    ratio = json.loads((out / "fig3.json").read_text())["ratio_last_w2"]
+    for stack in ("encoder", "decoder"):  # measured here: Pre-LN 0.46/0.49, Post-LN 0.88/0.75
+        assert ratio["Pre-LN"][stack] < ratio["Post-LN"][stack] - 0.15, (stack, ratio)
+        assert ratio["Pre-LN"][stack] < 0.7, (stack, ratio)  # Theorem 1: falls like 1/sqrt(L)
+
+
+def test_json_fields_figures_and_progress(small_run):
+    out, result = small_run
+    fig3 = json.loads((out / "fig3.json").read_text())
+    assert {"paper", "settings", "per_layer", "last_w2", "ratio_last_w2", "lemma2", "models", "seconds"} <= set(fig3)
+    assert fig3["settings"]["depths"] == [6, 14] and fig3["settings"]["seeds"] == 3
+    for label in ("Post-LN", "Pre-LN"):
+        for stack in ("encoder", "decoder"):
+            for w in ("fc1", "fc2"):
+                e = fig3["per_layer"][label][stack][w]
+                assert len(e["mean"]) == len(e["std"]) == len(e["batch_norm_mean"]) == 6
+                assert all(v > 0 for v in e["mean"]) and e["seeds"] == 3
+                # averaging over batches before the norm can only shrink it (triangle inequality)
+                assert all(m <= b * (1 + 1e-6) for m, b in zip(e["mean"], e["batch_norm_mean"]))
+            last = fig3["last_w2"][label][stack]
+            assert last["depths"] == [6, 14] and last["seeds"] == [3, 3]
+            assert last["mean"][0] == pytest.approx(fig3["per_layer"][label][stack]["fc2"]["mean"][-1])
+    pre, post = fig3["lemma2"]["Pre-LN"]["encoder"], fig3["lemma2"]["Post-LN"]["encoder"]
+    assert pre["depth"] == 14 and len(pre["stream"]["mean"]) == 15
+    s = pre["stream"]["mean"]
+    assert all(b > a for a, b in zip(s, s[1:]))  # Pre-LN: the residual stream grows with depth
+    assert pre["stream"]["lemma_lower"][14] == 8.0 and pre["stream"]["lemma_upper"][14] == 22.0
+    assert len(post["before_ffn_ln"]["mean"]) == 14
+    assert max(post["before_ffn_ln"]["mean"]) < min(s[-3:])  # Post-LN: renormalized at every layer
+    assert len(fig3["models"]) == 2 * 2 * 3
+    for name in ("fig3.png", "fig3_per_batch.png", "lemma2.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) < 200_000
+    progress = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    assert len(progress) == 12 and progress[-1].startswith("[12/12]") and "ETA" in progress[-1]
+    assert "time taken:" in result.stdout
+
+
+def test_rerun_resumes_from_records(small_run, capsys):
+    from fairseq_lnpos.analysis import init_grad
+
+    out, _ = small_run
+    before = json.loads((out / "fig3.json").read_text())
+    (out / "fig3.json").unlink()
+    init_grad.main([*SMALL, "--depths", "6,14", "--seeds", "3", "--out", str(out)])
+    assert capsys.readouterr().out.count("done earlier") == 12
+    after = json.loads((out / "fig3.json").read_text())
+    assert after["last_w2"] == before["last_w2"] and after["lemma2"] == before["lemma2"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--depths", "6,8", "--layers-depth", "7"], "--layers-depth 7 is not in --depths"),
+    (["--checkpoint", "x.pt"], "--checkpoint needs --data"),
+    (["--seeds", "0"], "--seeds must be at least 1"),
+    (["--data", "/nonexistent/bin"], "is not a folder"),
+])
+def test_bad_input_one_line_error(tmp_path, capsys, args, message):
+    from fairseq_lnpos.analysis import init_grad
+
+    with pytest.raises(SystemExit) as exc:
+        init_grad.main([*args, "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("init_grad_analysis: error:") and message in err[0], err
+    assert not (tmp_path / "fig3.json").exists()
+
+
+def test_unknown_arch_through_the_script(tmp_path):
+    result = analysis("--archs", "postln,nosuch", "--out", tmp_path)
+    assert result.returncode == 2
+    assert "init_grad_analysis: error: unknown architecture 'nosuch' in --archs: use postln, preln" in result.stderr
+
+
+def test_data_dir_and_checkpoint(toy_data, tmp_path):
+    """A binarized data dir, plus a trained checkpoint as the third line of Fig. 3a/b."""
+    ckpt = tmp_path / "ckpt"
+    train = run(fairseq_cmd(
+        "fairseq-train", toy_data, "--user-dir", USER_DIR, "--arch", "transformer",
+        "--encoder-layers", 2, "--decoder-layers", 2, "--encoder-embed-dim", 32, "--decoder-embed-dim", 32,
+        "--encoder-ffn-embed-dim", 64, "--decoder-ffn-embed-dim", 64, "--encoder-attention-heads", 2,
+        "--decoder-attention-heads", 2, "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", 300,
+        "--max-update", 3, "--cpu", "--save-dir", ckpt, "--no-epoch-checkpoints", "--disable-validation",
+        "--num-workers", 0), env=ENV)
+    assert train.returncode == 0, train.stderr[-2000:]
+    from fairseq_lnpos.analysis import init_grad
+
+    out = tmp_path / "out"
+    init_grad.main([*SMALL[:2], "--size", "", "--data", str(toy_data), "--depths", "2", "--layers-depth", "2",
+                    "--seeds", "1", "--tokens", "200", "--checkpoint", str(ckpt / "checkpoint_last.pt"),
+                    "--checkpoint-label", "trained", "--no-lemma2", "--out", str(out), "--threads", "1"])
+    fig3 = json.loads((out / "fig3.json").read_text())
+    assert set(fig3["per_layer"]) == {"Post-LN", "Pre-LN", "trained"}
+    assert set(fig3["last_w2"]) == {"Post-LN", "Pre-LN"}  # the checkpoint is not part of the depth sweep
+    assert len(fig3["per_layer"]["trained"]["decoder"]["fc2"]["mean"]) == 2
+    assert "train]" in fig3["settings"]["data_desc"] and fig3["lemma2"] == {}
