@@ -25,7 +25,7 @@ from pathlib import Path
 from fairseq_lnpos.data import bpe
 from fairseq_lnpos.data.download import DataError
 from fairseq_lnpos.data.pipeline import (
-    binarize, default_workers, log, manifest_fields, run_stage, summary, write_lines,
+    binarize, log, manifest_fields, run_stage, summary, write_lines,
 )
 
 SRC, TGT = "de", "en"
@@ -156,7 +156,7 @@ def parser():
     p.add_argument("--test", type=int, default=1000, help="test pairs (default: %(default)s)")
     p.add_argument("--bpe-size", type=int, default=2000,
                    help="joint BPE vocabulary; 2000 keeps every word one piece (default: %(default)s)")
-    p.add_argument("--workers", type=int, default=min(2, default_workers()), help="processes (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=1, help="processes (default: %(default)s; the corpus is small)")
     return p
 
 
