@@ -123,3 +123,19 @@ def test_data_dir_and_checkpoint(toy_data, tmp_path):
     assert set(fig3["last_w2"]) == {"Post-LN", "Pre-LN"}  # the checkpoint is not part of the depth sweep
     assert len(fig3["per_layer"]["trained"]["decoder"]["fc2"]["mean"]) == 2
     assert "train]" in fig3["settings"]["data_desc"] and fig3["lemma2"] == {}
+
+
+def test_train_curves_reads_resumed_jsonl_and_plots(tmp_path):
+    from fairseq_lnpos.analysis.train_curves import plot, read_jsonl
+
+    path = tmp_path / "grad_norms.jsonl"
+    rows = [{"update": 10, "norms": {"encoder/0": 1.0, "encoder/1": 2.0, "decoder/0": 3.0, "total": 4.0}},
+            {"update": 20, "norms": {"encoder/0": 1.5, "encoder/1": 2.5, "decoder/0": None, "total": 5.0}},
+            {"update": 20, "norms": {"encoder/0": 9.0, "encoder/1": 9.0, "decoder/0": 9.0, "total": 9.0}}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"update": 30, "no')  # resumed, then cut
+    updates, series = read_jsonl(path)
+    assert updates == [10, 20] and series["encoder/0"] == [1.0, 9.0]  # the later record of update 20 wins
+    png = plot(path, tmp_path / "curves.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(SystemExit, match="no group matches"):
+        plot(path, tmp_path / "x.png", groups_regex="fc9")

@@ -1,0 +1,96 @@
+"""Per-layer gradient-norm curves of a training run, from ``<save-dir>/grad_norms.jsonl``.
+
+    python -m fairseq_lnpos.analysis.train_curves CKPT_DIR/grad_norms.jsonl [--groups REGEX] [--out PNG]
+
+The JSONL file is written by ``--task translation_lnpos --log-grad-norms``; a resumed run appends
+to it, so when an update appears twice the later record wins. By default one panel per stack
+shows every layer's total norm (colour = depth), and a third panel the embeddings, output
+projection and total; ``--groups`` picks any other group names by regular expression
+(e.g. ``'decoder/\\d+/fc2$'``).
+"""
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+
+def read_jsonl(path):
+    """``(updates, {group: [norm or None per update]})``, sorted by update, last record per update."""
+    by_update = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by an interruption
+            by_update[rec["update"]] = rec["norms"]
+    updates = sorted(by_update)
+    groups = []
+    for u in updates:
+        for g in by_update[u]:
+            if g not in groups:
+                groups.append(g)
+    return updates, {g: [by_update[u].get(g) for u in updates] for g in groups}
+
+
+def _layer_groups(series, stack):
+    pat = re.compile(rf"^{stack}/(\d+)$")
+    return sorted((int(m.group(1)), g) for g in series if (m := pat.match(g)))
+
+
+def plot(path, out, groups_regex=None):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    updates, series = read_jsonl(path)
+    if not updates:
+        raise SystemExit(f"train_curves: error: {path} has no records: train with --log-grad-norms")
+    if groups_regex:
+        pat = re.compile(groups_regex)
+        chosen = [g for g in series if pat.search(g)]
+        if not chosen:
+            raise SystemExit(f"train_curves: error: no group matches {groups_regex!r}; groups look like "
+                             f"{', '.join(list(series)[:5])}")
+        panels = [("selected groups", [(g, g) for g in chosen])]
+    else:
+        panels = [(stack, [(f"layer {i + 1}", g) for i, g in _layer_groups(series, stack)])
+                  for stack in ("encoder", "decoder")]
+        panels.append(("other", [(g, g) for g in ("embed", "output_projection", "total") if g in series]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    cmap = plt.get_cmap("viridis")
+    for ax, (title, lines) in zip(axes[0], panels):
+        for i, (label, g) in enumerate(lines):
+            color = cmap(i / max(1, len(lines) - 1)) if title in ("encoder", "decoder") else None
+            ys = [float("nan") if v is None else v for v in series[g]]
+            ax.plot(updates, ys, label=label, color=color, lw=1)
+        ax.set_yscale("log")
+        ax.set_xlabel("update")
+        ax.set_title(f"gradient norm: {title}", fontsize=9)
+        if lines:
+            ax.legend(fontsize=6, ncol=2)
+    fig.subplots_adjust(left=0.06, right=0.99, bottom=0.15, top=0.9, wspace=0.25)
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="train_curves", description=__doc__.split("\n\n")[0])
+    p.add_argument("jsonl", help="grad_norms.jsonl from a --log-grad-norms run")
+    p.add_argument("--groups", help="regular expression over group names (default: per-layer totals)")
+    p.add_argument("--out", help="PNG to write (default: next to the JSONL, grad_norms.png)")
+    args = p.parse_args(argv)
+    src = Path(args.jsonl)
+    if not src.is_file():
+        print(f"train_curves: error: {src} not found: pass <save-dir>/grad_norms.jsonl of a run trained "
+              "with --task translation_lnpos --log-grad-norms", file=sys.stderr)
+        sys.exit(2)
+    out = Path(args.out) if args.out else src.with_name("grad_norms.png")
+    print(plot(src, out, args.groups))
+
+
+if __name__ == "__main__":
+    main()
