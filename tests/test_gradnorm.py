@@ -153,3 +153,39 @@ def test_fairseq_train_writes_tensorboard_and_jsonl(toy_data, tmp_path):
     events = acc.Scalars("gnorm/decoder/1/fc2")
     assert [e.step for e in events] == [2, 4]
     assert [e.value for e in events] == pytest.approx([r["norms"]["decoder/1/fc2"] for r in records], rel=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["fp16", "amp"])
+def test_pending_loss_scale_is_removed(kind):
+    """fairseq's fp16 optimizers keep 1/(loss scale * sample size) pending in ``_multiply_factor``;
+    --amp unscales inside clip_grad_norm. (Both need CUDA in fairseq, so a stand-in optimizer.)"""
+    from fairseq_lnpos.tasks.translation_lnpos import GradNormLogger
+
+    model = torch.nn.Module()
+    model.encoder = torch.nn.Module()
+    model.encoder.layers = torch.nn.ModuleList([torch.nn.Linear(4, 3)])
+    true = {n: torch.randn_like(p) for n, p in model.named_parameters()}
+    scale = 1024.0 * 37  # loss scale x sample size
+
+    class Optimizer:
+        def clip_grad_norm(self, max_norm, aggregate_norm_fn=None):
+            return torch.tensor(1.0)
+
+    opt = Optimizer()
+    if kind == "fp16":
+        opt._multiply_factor = torch.tensor(1.0 / scale)
+    else:
+        opt._grad_scaler = type("Scaler", (), {"get_scale": lambda self: scale})()
+    for n, p in model.named_parameters():
+        p.grad = true[n] * scale
+    logger = GradNormLogger(interval=5)
+    logger.attach(opt, model, update_num=3)  # update 4: not logged
+    opt.clip_grad_norm(0.0)
+    assert logger.last is None
+    logger.attach(opt, model, update_num=4)  # update 5
+    opt.clip_grad_norm(0.0)
+    groups, params = logger.last
+    for n, g in true.items():
+        assert params[n] == pytest.approx(float(g.norm()), rel=1e-5)
+    assert groups["encoder/0"] == groups["total"] == pytest.approx(
+        math.sqrt(sum(float(g.norm()) ** 2 for g in true.values())), rel=1e-5)
