@@ -35,19 +35,21 @@ FAIRSEQ_SIZE = {"tiny": ("transformer", ["--encoder-layers", "6", "--decoder-lay
                 "iwslt_de_en": ("transformer_iwslt_de_en", [])}
 
 
-def make_trainer(data, arch, extra=(), max_tokens=2048):
+def make_trainer(data, arch, extra=(), max_tokens=2048, device="cpu"):
     """A fairseq Trainer built exactly as fairseq-train builds it, and a list of its batches."""
     import torch
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
 
-    argv = [str(data), "--user-dir", USER_DIR, "--arch", arch, "--cpu", "--optimizer", "adam",
+    argv = [str(data), "--user-dir", USER_DIR, "--arch", arch, "--optimizer", "adam",
             "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4", "--lr-scheduler", "warmup_inverse_sqrt",
             "--warmup-updates", "1", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
             "--max-tokens", str(max_tokens), "--seed", "1", "--no-progress-bar", *extra]
     if "--task" not in extra:
         argv += ["--task", "translation"]
+    if device == "cpu":
+        argv += ["--cpu"]
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
     task = tasks.setup_task(cfg.task)
     task.load_dataset("train")
@@ -61,19 +63,24 @@ def make_trainer(data, arch, extra=(), max_tokens=2048):
 
 def throughput(trainer, batches):
     """Target tokens per second over ``batches`` (one warm-up step first, not timed)."""
+    import torch
+
+    sync = torch.cuda.synchronize if trainer.cuda else (lambda: None)
     trainer.train_step([batches[0]])
+    sync()
     start, tokens = time.perf_counter(), 0
     for b in batches[1:]:
         trainer.train_step([b])
         tokens += b["ntokens"]
+    sync()
     return tokens / (time.perf_counter() - start)
 
 
-def measure(configs, data, steps, reps, log, max_tokens):
+def measure(configs, data, steps, reps, log, max_tokens, device):
     """``configs``: name -> (arch, extra flags). Returns name -> list of tokens/s, one per rep."""
     built = {}
     for name, (arch, extra) in configs.items():
-        trainer, itr = make_trainer(data, arch, extra, max_tokens)
+        trainer, itr = make_trainer(data, arch, extra, max_tokens, device)
         batches = list(islice(itr, steps + 1))
         check(len(batches) == steps + 1, f"{data} has fewer than {steps + 1} training batches: use --steps")
         built[name] = (trainer, batches)
@@ -109,6 +116,9 @@ def main(argv=None):
     p.add_argument("--variants", default="postln,preln,deepnorm,keel")
     p.add_argument("--steps", type=int, default=8, help="timed updates per repetition")
     p.add_argument("--max-tokens", type=int, default=2048, help="tokens per batch")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: fairseq's GPU training (fp32; add flags with --fairseq-args)")
+    p.add_argument("--fairseq-args", default="", help="extra fairseq-train flags for every configuration, e.g. --fp16")
     p.add_argument("--reps", type=int, default=5, help="repetitions")
     p.add_argument("--no-analysis", action="store_true", help="skip timing the Fig. 3 analysis")
     p.add_argument("--quick", action="store_true", help="CI mode: tiny size, 2 reps of 2 steps, no analysis")
@@ -125,18 +135,23 @@ def main(argv=None):
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     data = Path(args.data) if args.data else default_data(out.parent, log)
     check(data.is_dir() and any(data.glob("dict.*.txt")), f"{data} is not a binarized data dir (no dict.*.txt)")
+    if args.device == "cuda":
+        import torch
+        check(torch.cuda.is_available(), "--device cuda: torch sees no GPU here")
+    extra = args.fairseq_args.split()
     result = {"data": str(data), "steps": args.steps, "reps": args.reps, "cpu_count": os.cpu_count(),
+              "device": args.device, "fairseq_args": extra, "max_tokens": args.max_tokens,
               "throughput": {}, "grad_norm_overhead": {}}
     t0 = time.time()
     for size in sizes:
         fairseq_arch, size_flags = FAIRSEQ_SIZE[size]
         configs = {}
         for v in args.variants.split(","):
-            configs[f"fairseq_{v}"] = (fairseq_arch, size_flags + BASELINE_FLAGS[v])
-            configs[v] = (f"transformer_{v}_{size}", [])
+            configs[f"fairseq_{v}"] = (fairseq_arch, size_flags + BASELINE_FLAGS[v] + extra)
+            configs[v] = (f"transformer_{v}_{size}", extra)
         configs = {k: configs[k] for k in dict.fromkeys(configs)}  # keep order, drop duplicates
         log(f"throughput at size {size} ({len(configs)} configurations, {args.reps} reps x {args.steps} updates)")
-        tps = measure(configs, data, args.steps, args.reps, log, args.max_tokens)
+        tps = measure(configs, data, args.steps, args.reps, log, args.max_tokens, args.device)
         result["throughput"][size] = {
             v: dict(ratios(tps[v], tps[f"fairseq_{v}"]), tokens_per_s=statistics.median(tps[v]),
                     baseline=f"fairseq {fairseq_arch} {' '.join(BASELINE_FLAGS[v])}".strip())
@@ -145,10 +160,10 @@ def main(argv=None):
     size = sizes[0]
     arch = f"transformer_preln_{size}"
     log(f"--log-grad-norms overhead ({arch})")
-    task = ["--task", "translation_lnpos"]
+    task = ["--task", "translation_lnpos", *extra]
     tps = measure({"off": (arch, task), "interval_1": (arch, task + ["--log-grad-norms", "--grad-norm-interval", "1"]),
                    "interval_100": (arch, task + ["--log-grad-norms", "--grad-norm-interval", "100"])},
-                  data, args.steps, args.reps, log, args.max_tokens)
+                  data, args.steps, args.reps, log, args.max_tokens, args.device)
     for k in ("interval_1", "interval_100"):
         r = ratios(tps["off"], tps[k])  # time with / time without = tps_off / tps_with
         result["grad_norm_overhead"][k] = {"time_ratio": r, "overhead_percent": 100 * (r["median"] - 1)}
