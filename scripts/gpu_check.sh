@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# GPU checks that the CPU test suite cannot make (fairseq's fp16/bf16 need CUDA):
+#  1. per-layer gradient norms of the first update agree between fp32, --fp16 and --bf16
+#     (the loss scale is removed), for Post-LN and Keel;
+#  2. every plugin arch trains for a few hundred updates with --fp16 and RAdam;
+#  3. a two-run tiny grid on GPU 0 with --fp16, scored and tabled;
+#  4. throughput ratios against fairseq's transformer on the GPU (fp32 and fp16).
+# Usage: scripts/gpu_check.sh OUT_DIR   (needs torch with CUDA and fairseq installed)
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-python3}"
+OUT="${1:?usage: gpu_check.sh OUT_DIR}"
+mkdir -p "$OUT"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+FS=("$(dirname "$(command -v "$PY")")/fairseq-train")
+"$PY" -c 'import torch; assert torch.cuda.is_available(), "no GPU"; print(torch.__version__, torch.cuda.get_device_name(0))'
+
+echo "== synthetic corpus"
+"$PY" -m fairseq_lnpos.data.synthetic --out "$OUT/syn.text" --bin "$OUT/syn" --train 8000 --workers 4 | tail -3
+
+echo "== 1. gradient norms of update 1: fp32 vs --fp16 vs --bf16"
+for arch in transformer_postln_tiny transformer_keel_tiny; do
+  for prec in fp32 fp16 bf16; do
+    flag=(); [ "$prec" != fp32 ] && flag=("--$prec")
+    "${FS[@]}" "$OUT/syn" --user-dir "$REPO/fairseq_lnpos" --task translation_lnpos --log-grad-norms \
+      --grad-norm-interval 1 --arch "$arch" --dropout 0 --optimizer adam --lr 1e-4 --max-tokens 4096 \
+      --max-update 1 --save-dir "$OUT/gn-$arch-$prec" --no-save --seed 1 --fp16-init-scale 1024 "${flag[@]}" \
+      > "$OUT/gn-$arch-$prec.log" 2>&1
+  done
+  "$PY" - "$OUT" "$arch" <<'PYEOF'
+import json, sys
+out, arch = sys.argv[1:]
+norms = {p: json.loads(open(f"{out}/gn-{arch}-{p}/grad_norms.jsonl").readline())["norms"] for p in ("fp32", "fp16", "bf16")}
+for p, tol in (("fp16", 0.02), ("bf16", 0.08)):
+    rel = {k: abs(norms[p][k] - v) / v for k, v in norms["fp32"].items() if v}
+    worst = max(rel, key=rel.get)
+    print(f"{arch} {p}: {len(rel)} groups, total {norms[p]['total']:.4f} vs fp32 {norms['fp32']['total']:.4f}, "
+          f"max rel diff {rel[worst]:.4f} ({worst}) -> {'OK' if rel[worst] < tol else 'MISMATCH'}")
+PYEOF
+done
+
+echo "== 2. every arch, 300 updates, --fp16, RAdam, no warm-up"
+for v in postln preln deepnorm keel; do
+  "${FS[@]}" "$OUT/syn" --user-dir "$REPO/fairseq_lnpos" --arch "transformer_${v}_tiny" --fp16 \
+    --optimizer radam --adam-betas '(0.9, 0.98)' --lr 5e-4 --lr-scheduler warmup_inverse_sqrt --warmup-updates 1 \
+    --decay-anchor 4000 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 4096 \
+    --max-update 300 --save-dir "$OUT/train-$v" --no-save --log-format json --log-interval 50 > "$OUT/train-$v.log" 2>&1
+  grep -o '"train_loss": "[0-9.]*"\|"valid_loss": "[0-9.]*"' "$OUT/train-$v.log" | tr '\n' ' ' | sed "s/^/$v: /"; echo
+done
+
+echo "== 3. tiny grid on GPU 0 with --fp16"
+"$REPO/scripts/grid.sh" run --only iwslt-postln-adam-lr5e-4-wu4000,iwslt-preln-adam-lr5e-4-step8 --arch-size tiny \
+  --data "$OUT/syn" --out "$OUT/grid" --gpus 0 --fp16 --max-epoch 2 --set max_tokens=4096 --set batch_tokens=4096 | tail -4
+"$REPO/scripts/make_table.sh" "$OUT/grid" | head -12
+
+echo "== 4. throughput ratios on the GPU"
+"$PY" -m fairseq_lnpos.bench --device cuda --data "$OUT/syn" --sizes tiny,iwslt_de_en --steps 20 --reps 5 \
+  --max-tokens 4096 --no-analysis --out "$OUT/bench-gpu-fp32.json" | tail -12
+"$PY" -m fairseq_lnpos.bench --device cuda --data "$OUT/syn" --sizes iwslt_de_en --steps 20 --reps 5 \
+  --max-tokens 4096 --no-analysis --fairseq-args=--fp16 --out "$OUT/bench-gpu-fp16.json" | tail -8
