@@ -3,8 +3,8 @@
     scripts/make_table.sh OUT_DIR [--no-figures]
 
 Writes OUT_DIR/results.md, OUT_DIR/results.csv and OUT_DIR/fig_<figure>.png (one per `figure`
-group of runs.py: BLEU and validation loss per epoch, one column per optimizer, warm-up as line
-styles). "best" is the best epoch on the test set, as the paper's per-epoch curves show it.
+group of runs.py, and fig_all.png with every run when there are several groups: BLEU and
+validation loss per epoch, one column per optimizer, warm-up as line styles). "best" is the best epoch on the test set, as the paper's per-epoch curves show it.
 """
 import argparse
 import csv
@@ -134,10 +134,12 @@ def figures(rows, out_dir):
     matplotlib.use("Agg")
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     written = []
-    for fig_name in sorted({r["figure"] for r in rows}):
-        group = [r for r in rows if r["figure"] == fig_name and r["curve"]]
+    groups = sorted({r["figure"] for r in rows})
+    for fig_name in groups + (["all"] if len(groups) > 1 else []):
+        group = [r for r in rows if fig_name in ("all", r["figure"]) and r["curve"]]
         if not group:
             continue
         opts = sorted({r["optimizer"] for r in group})
@@ -161,6 +163,7 @@ def figures(rows, out_dir):
             axes[1][col].set_ylabel("validation loss")
             for row in (0, 1):
                 axes[row][col].set_xlabel("epoch")
+                axes[row][col].xaxis.set_major_locator(MaxNLocator(integer=True))
                 axes[row][col].grid(alpha=0.3)
             axes[0][col].legend(fontsize=7)
         fig.tight_layout()
