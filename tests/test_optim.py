@@ -110,9 +110,12 @@ def test_no_warmup_starts_at_lr_max(warmup):
     assert r == pytest.approx([1e-3, 1e-3 / math.sqrt(2), 1e-3 / math.sqrt(3), 1e-3 / 2])
 
 
-def test_decay_anchor_shifts_the_inverse_sqrt():
-    opt, sched = schedule("warmup_inverse_sqrt", lr=1e-3, warmup_updates=1, decay_anchor=100)
+@pytest.mark.parametrize("warmup", [1, 50])
+def test_decay_anchor_holds_lr_max_then_gives_every_warmup_the_same_decay(warmup):
+    opt, sched = schedule("warmup_inverse_sqrt", lr=1e-3, warmup_updates=warmup, decay_anchor=100)
     r = rates(opt, sched, 400)
+    assert r[0] == pytest.approx(1e-3 / warmup)
+    assert r[warmup - 1:100] == pytest.approx([1e-3] * (101 - warmup))  # lr_max from T to A
     assert r[399] == pytest.approx(1e-3 * math.sqrt(100 / 400))
 
 

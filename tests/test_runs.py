@@ -43,6 +43,7 @@ def test_iwslt_adam_warmup_study(lr, warmup):
     assert float(flag(cmd, "--lr")) == lr
     assert flag(cmd, "--lr-scheduler") == "warmup_inverse_sqrt"
     assert int(flag(cmd, "--warmup-updates")) == (warmup or 1)  # the paper's T_warmup = 1 = none
+    assert flag(cmd, "--decay-anchor") == "4000"  # the same decay for every warm-up length
     assert float(flag(cmd, "--dropout")) == 0.1 and float(flag(cmd, "--label-smoothing")) == 0.1
     assert flag(cmd, "--criterion") == "label_smoothed_cross_entropy"
     assert int(flag(cmd, "--max-tokens")) * int(flag(cmd, "--update-freq")) == 4096
@@ -92,6 +93,13 @@ def test_wmt_runs_and_effective_batch(lr, world):
         assert flag(pre, "--distributed-world-size") == str(world)
     post = command(find(dataset="wmt14", ln="postln", lr=lr))
     assert flag(post, "--warmup-updates") == "4000" and flag(post, "--lr-scheduler") == "warmup_inverse_sqrt"
+
+
+def test_keel_rows_cover_adam_and_radam_with_and_without_warmup():
+    keel = [r for r in R.RUNS if r.ln == "keel"]
+    assert {(r.optimizer, r.warmup, r.schedule) for r in keel} == {
+        ("adam", 0, "inverse_sqrt"), ("adam", 4000, "inverse_sqrt"), ("radam", 0, "linear")}
+    assert all(flag(command(r), "--arch") == "transformer_keel_iwslt_de_en" for r in keel)
 
 
 def test_deepnorm_rows_and_paper_values():

@@ -69,7 +69,8 @@ def schedule_args(run, total_updates):
     lr = ["--lr", str(run.lr)]
     if run.schedule == "inverse_sqrt":
         # the paper's T_warmup = 1 means no warm-up: the first update runs at lr_max
-        return ["--lr-scheduler", "warmup_inverse_sqrt", *lr, "--warmup-updates", str(max(run.warmup, 1))]
+        return ["--lr-scheduler", "warmup_inverse_sqrt", *lr, "--warmup-updates", str(max(run.warmup, 1)),
+                "--decay-anchor", str(max(run.decay_anchor, run.warmup, 1))]
     if run.schedule == "step_decay":
         a = ["--lr-scheduler", "step_decay", *lr, "--decay-epoch", str(run.decay_epoch),
              "--decay-factor", str(run.decay_factor)]

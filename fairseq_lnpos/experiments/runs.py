@@ -24,6 +24,13 @@ Defaults (the paper is silent; our rule: add nothing fairseq does not do by defa
   inverse square root (``--inverse-sqrt-after-decay``).
 - SGD: fairseq's ``sgd`` without momentum ("vanilla" in the paper).
 - "No warm-up" is ``--warmup-updates 1`` (the paper's T_warmup = 1): the first update runs at lr_max.
+- Inverse-square-root decay: "the same decay for every run" (paper-facts) is read as one decay
+  curve shared by all warm-up lengths: lr_max is held until update 4000 (the longest warm-up), then
+  lr_max * sqrt(4000 / t) (``--decay-anchor 4000``). For T = 4000 this is fairseq's usual
+  ``inverse_sqrt``; T = 500 and T = 1 differ from it only before update 4000. (The literal
+  alternative, decaying right after each run's own warm-up, would give the no-warm-up run
+  lr_max / 10 by update 100, so it would fail by starving, not by instability.)
+  ``--set decay_anchor=N`` changes it.
 - Decoding: beam 5, length penalty 1.2 for both datasets (the paper states it; it does not say
   whether checkpoints were averaged: we do not average).
 """
@@ -44,18 +51,19 @@ DATASETS = {
 
 SCHEDULES = ("inverse_sqrt", "step_decay", "linear", "fixed")
 OPTIMIZERS = ("adam", "sgd", "radam")
-LN_KINDS = ("postln", "preln", "deepnorm")
+LN_KINDS = ("postln", "preln", "deepnorm", "keel")
 
 
 @dataclass(frozen=True)
 class Run:
     name: str
     dataset: str                 # key of DATASETS
-    ln: str                      # postln | preln | deepnorm (arch transformer_<ln>_<suffix>)
+    ln: str                      # postln | preln | deepnorm | keel (arch transformer_<ln>_<suffix>)
     optimizer: str               # adam | sgd | radam
     lr: float                    # lr_max
     warmup: int = 0              # warm-up updates; 0 = none (emitted as the paper's T_warmup = 1)
     schedule: str = "inverse_sqrt"
+    decay_anchor: int = 4000     # inverse_sqrt: lr_max held until this update, then lr_max * sqrt(A / t)
     decay_epoch: int = 0         # step_decay: multiply the lr by decay_factor at this epoch
     decay_factor: float = 0.1
     inverse_sqrt_after_decay: bool = False
@@ -152,6 +160,12 @@ RUNS = [
            paper_note="not in the paper"),
     _iwslt("iwslt-deepnorm-adam-lr5e-4-wu4000", "deepnorm", "adam", 5e-4, warmup=4000,
            figure="deepnorm", paper_note="not in the paper"),
+    # --- Keel (Chen & Wei 2026): not in the paper; the Keel paper has no translation result -----
+    _iwslt("iwslt-keel-adam-lr5e-4-nowu", "keel", "adam", 5e-4, figure="keel", paper_note="not in the paper"),
+    _iwslt("iwslt-keel-adam-lr5e-4-wu4000", "keel", "adam", 5e-4, warmup=4000, figure="keel",
+           paper_note="not in the paper"),
+    _iwslt("iwslt-keel-radam-lr5e-4-linear", "keel", "radam", 5e-4, schedule="linear", figure="keel",
+           paper_note="not in the paper"),
 ]
 
 BY_NAME = {r.name: r for r in RUNS}
@@ -193,7 +207,7 @@ def coerce(run, key, value):
             if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
                 raise ValueError(value)
             new = value.lower() in ("true", "1", "yes")
-        elif key in ("max_epoch", "max_tokens", "batch_tokens", "warmup", "decay_epoch"):
+        elif key in ("max_epoch", "max_tokens", "batch_tokens", "warmup", "decay_epoch", "decay_anchor"):
             new = int(value)
         elif key in ("dataset", "ln", "optimizer", "schedule", "figure", "paper_note", "task",
                      "adam_betas"):

@@ -1,9 +1,12 @@
 """The learning-rate schedules of Xiong et al. (2020) that fairseq lacks or gets subtly wrong.
 
-* ``warmup_inverse_sqrt``: lr(t) = t / T * lr_max for update t <= T (the first update already
-  runs at lr_max / T, unlike fairseq's ``inverse_sqrt`` whose first update runs at
-  ``--warmup-init-lr``, 0 by default), then lr_max * sqrt(A / t) with A = ``--decay-anchor``
-  (default T). T = 0 or 1 means no warm-up: lr_max at the first update, then the decay.
+* ``warmup_inverse_sqrt``: lr(t) = lr_max * min(t / T, 1) * min(1, sqrt(A / t)) for update t:
+  linear warm-up over T updates (the first update already runs at lr_max / T, unlike fairseq's
+  ``inverse_sqrt`` whose first update runs at ``--warmup-init-lr``, 0 by default), constant
+  lr_max up to update A = ``--decay-anchor`` (default T), then inverse-square-root decay.
+  T = 0 or 1 means no warm-up. With the default A = T this is fairseq's ``inverse_sqrt``
+  shifted by one update; a fixed A (e.g. 4000 for every run) gives runs with different T the
+  same decay, so that they differ only in the warm-up.
 * ``step_decay``: lr_max until epoch K, lr_max * factor from epoch K on (the Pre-LN recipe:
   "x0.1 at the 8th epoch"); with ``--inverse-sqrt-after-decay`` it then decays as
   lr_max * factor * sqrt(U_K / t), U_K being the update count when epoch K began (WMT recipe).
@@ -37,16 +40,14 @@ def warmup_inverse_sqrt(update, lr_max, warmup, anchor=None):
     """The rate of update ``update`` (1-based)."""
     warmup = max(warmup, 1)
     anchor = warmup if anchor is None else anchor
-    if update <= warmup:
-        return lr_max * update / warmup
-    return lr_max * math.sqrt(anchor / update)
+    return lr_max * min(update / warmup, 1.0) * min(1.0, math.sqrt(anchor / update))
 
 
 @dataclass
 class WarmupInverseSqrtConfig(FairseqDataclass):
     warmup_updates: int = field(default=4000, metadata={"help": "linear warm-up updates T (0 or 1: none)"})
     decay_anchor: Optional[int] = field(
-        default=None, metadata={"help": "A in lr_max * sqrt(A / t) after warm-up (default: T)"}
+        default=None, metadata={"help": "decay as lr_max * sqrt(A / t) after update A (default: T)"}
     )
     lr: List[float] = II("optimization.lr")
 
