@@ -19,6 +19,9 @@ setup(
         "sentencepiece>=0.1.97",
         "sacremoses>=0.0.53",
         "tensorboard>=2.10",
+        # fairseq logs "Please install tensorboardX" on every import without it, which would
+        # precede every one-line error of the project's commands
+        "tensorboardX>=2.5",
         "matplotlib>=3.5",
     ],
     extras_require={"test": ["pytest>=7"]},
