@@ -9,6 +9,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.8",
     packages=find_packages(include=["fairseq_lnpos", "fairseq_lnpos.*"]),
+    package_data={"fairseq_lnpos.data": ["SHA256SUMS"]},
     install_requires=[
         # Upstream fairseq 0.12.2 does not import on Python >= 3.11 (dataclass defaults);
         # the fork fairseq-fixed provides the same `fairseq` package there.
