@@ -378,6 +378,8 @@ class Grid:
         env = dict(os.environ)
         if slot is not None:
             env["CUDA_VISIBLE_DEVICES"] = slot
+        elif len(self.opts.slots) > 1:  # CPU runs side by side share the cores
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // len(self.opts.slots)))
         manifest = read_manifest(job.data)
         log_path = job.run_dir / "train.log"
         state = LogState()
@@ -617,11 +619,15 @@ def make_jobs(opts, dry_run):
 def plan_devices(opts, dry_run):
     """Slots of CUDA_VISIBLE_DEVICES values, one per concurrently running run (None = default device)."""
     opts.world = opts.gpus_per_run
+    if opts.jobs < 1:
+        raise GridError(f"--jobs {opts.jobs}: give at least 1")
     if not opts.gpus:
         if opts.world > 1 and not dry_run:
             _need_cuda(opts.world, f"--gpus-per-run {opts.world}")
-        opts.slots = [None]
+        opts.slots = [None] * opts.jobs
         return
+    if opts.jobs != 1:
+        raise GridError("--jobs is for CPU runs; with --gpus, runs go side by side one per GPU slot")
     ids = [g.strip() for g in opts.gpus.split(",") if g.strip()]
     if not ids:
         raise GridError("--gpus lists no GPU: give ids like --gpus 0,1, or drop --gpus to use the default device")
@@ -725,6 +731,8 @@ def build_parser():
     r.add_argument("--beam", type=int, default=5)
     r.add_argument("--lenpen", type=float, default=1.2)
     r.add_argument("--gpus", help="GPU ids, e.g. 0,1: independent runs side by side")
+    r.add_argument("--jobs", type=int, default=1,
+                   help="CPU only: runs side by side, sharing the cores (OMP_NUM_THREADS = cores / jobs)")
     r.add_argument("--gpus-per-run", type=int, default=1,
                    help="GPUs per run (fairseq distributed); --update-freq keeps the paper's batch")
     r.add_argument("--fp16", action="store_true", help="mixed precision (GPU only)")

@@ -43,6 +43,13 @@ DATASETS = {
         arch_suffix="iwslt_de_en", default_data="data-bin/iwslt14.de-en", source_lang="de",
         target_lang="en", max_tokens=4096, batch_tokens=4096, max_epoch=15, dropout=0.1,
     ),
+    # `make demo`: the generated corpus (data-prep/make-synthetic.sh) on the `_tiny` archs, on a CPU.
+    # Small batches and 3 short epochs (~100 updates each with --train 4500) keep a run near 2 minutes
+    # on 2 cores; see fairseq_lnpos/demo.py for how the settings were chosen.
+    "synthetic": dict(
+        arch_suffix="tiny", default_data="demo-out/data/bin", source_lang="de", target_lang="en",
+        max_tokens=512, batch_tokens=512, max_epoch=3, dropout=0.1,
+    ),
     "wmt14": dict(
         arch_suffix="wmt_en_de", default_data="data-bin/wmt14_en_de", source_lang="en",
         target_lang="de", max_tokens=8192, batch_tokens=8192 * 16, max_epoch=20, dropout=0.1,
@@ -106,6 +113,12 @@ def _iwslt(name, ln, opt, lr, **kw):
     return Run(name=name, dataset="iwslt14", ln=ln, optimizer=opt, lr=lr, **kw)
 
 
+def _demo(name, ln, warmup=0):
+    # constant lr 1e-3 after the warm-up: no decay inside the demo's ~300 updates
+    return Run(name=name, dataset="synthetic", ln=ln, optimizer="adam", lr=1e-3, warmup=warmup,
+               decay_anchor=100000, figure="demo", paper_note="CPU demo (synthetic corpus)")
+
+
 def _wmt(name, ln, opt, lr, **kw):
     return Run(name=name, dataset="wmt14", ln=ln, optimizer=opt, lr=lr, **kw)
 
@@ -166,6 +179,12 @@ RUNS = [
            paper_note="not in the paper"),
     _iwslt("iwslt-keel-radam-lr5e-4-linear", "keel", "radam", 5e-4, schedule="linear", figure="keel",
            paper_note="not in the paper"),
+    # --- `make demo` (synthetic corpus, _tiny archs, CPU); same settings for every architecture ------
+    _demo("demo-postln-nowu", "postln"),
+    _demo("demo-postln-wu100", "postln", warmup=100),
+    _demo("demo-preln-nowu", "preln"),
+    _demo("demo-deepnorm-nowu", "deepnorm"),
+    _demo("demo-keel-nowu", "keel"),
 ]
 
 BY_NAME = {r.name: r for r in RUNS}
