@@ -1,7 +1,5 @@
 #!/usr/bin/env bash
 # Generate the synthetic De-En corpus (see fairseq_lnpos/data/synthetic.py; --help for options)
-set -e
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"; elif [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"; else PY=python3; fi
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../scripts/_env.sh"
 exec "$PY" -m fairseq_lnpos.data.synthetic "$@"
