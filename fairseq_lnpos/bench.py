@@ -28,6 +28,12 @@ from .errors import LnposError, check
 USER_DIR = str(Path(__file__).resolve().parent)
 BASELINE_FLAGS = {"postln": [], "preln": ["--encoder-normalize-before", "--decoder-normalize-before"],
                   "deepnorm": [], "keel": []}
+
+
+def baseline_name(variant):
+    return "fairseq_preln" if BASELINE_FLAGS[variant] else "fairseq_postln"
+
+
 FAIRSEQ_SIZE = {"tiny": ("transformer", ["--encoder-layers", "6", "--decoder-layers", "6", "--encoder-embed-dim",
                                          "128", "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512",
                                          "--decoder-ffn-embed-dim", "512", "--encoder-attention-heads", "4",
@@ -147,13 +153,13 @@ def main(argv=None):
         fairseq_arch, size_flags = FAIRSEQ_SIZE[size]
         configs = {}
         for v in args.variants.split(","):
-            configs[f"fairseq_{v}"] = (fairseq_arch, size_flags + BASELINE_FLAGS[v] + extra)
+            # one fairseq baseline per LayerNorm placement: DeepNorm and Keel share Post-LN's
+            configs[baseline_name(v)] = (fairseq_arch, size_flags + BASELINE_FLAGS[v] + extra)
             configs[v] = (f"transformer_{v}_{size}", extra)
-        configs = {k: configs[k] for k in dict.fromkeys(configs)}  # keep order, drop duplicates
         log(f"throughput at size {size} ({len(configs)} configurations, {args.reps} reps x {args.steps} updates)")
         tps = measure(configs, data, args.steps, args.reps, log, args.max_tokens, args.device)
         result["throughput"][size] = {
-            v: dict(ratios(tps[v], tps[f"fairseq_{v}"]), tokens_per_s=statistics.median(tps[v]),
+            v: dict(ratios(tps[v], tps[baseline_name(v)]), tokens_per_s=statistics.median(tps[v]),
                     baseline=f"fairseq {fairseq_arch} {' '.join(BASELINE_FLAGS[v])}".strip())
             for v in args.variants.split(",")
         }
