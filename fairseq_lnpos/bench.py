@@ -4,14 +4,20 @@
   plugin architecture as a ratio to fairseq's ``transformer`` with the same sizes and flags
   (Pre-LN is compared with ``--encoder-normalize-before --decoder-normalize-before``);
 * the overhead of ``--log-grad-norms`` at intervals 1 and 100, as a ratio to the same run
-  without it;
+  without it, and as the time spent inside the hook itself;
 * the wall time of the Fig. 3 analysis (``scripts/init_grad_analysis.sh``) with its defaults.
 
-Configurations are interleaved within each repetition so that a machine getting slower or
-faster affects all of them alike; each ratio is computed within one repetition, then the
-median and the spread (min, max) over repetitions are reported. Results go to a JSON file.
+Timing: every configuration trains on the same batches; the configurations take turns at every
+update (in a rotating order), so each update of a plugin model has a partner update of fairseq's
+model on the same batch, measured moments apart. A ratio is the median of these per-update
+ratios, with a bootstrap 95 % confidence interval of that median: on a shared or virtual CPU a
+single update's time varies by 5-15 %, and only the interval says whether a 1 % target is
+resolved. Work counts (aten operator calls, elements they write, matmul FLOPs of one training
+update, counted by PyTorch's dispatcher) are exact and say what an extra cost consists of.
+Results go to a JSON file.
 """
 import argparse
+import gc
 import json
 import logging
 import os
@@ -28,6 +34,10 @@ from .errors import LnposError, check
 USER_DIR = str(Path(__file__).resolve().parent)
 BASELINE_FLAGS = {"postln": [], "preln": ["--encoder-normalize-before", "--decoder-normalize-before"],
                   "deepnorm": [], "keel": []}
+# issue 6: plugin throughput / fairseq throughput at least this (Keel has no target)
+THROUGHPUT_TARGETS = {"postln": 0.99, "preln": 0.99, "deepnorm": 0.97}
+# --log-grad-norms: time with / time without, minus 1, at most this (percent)
+OVERHEAD_TARGETS = {"interval_1": 5.0, "interval_100": 1.0}
 
 
 def baseline_name(variant):
@@ -41,7 +51,7 @@ FAIRSEQ_SIZE = {"tiny": ("transformer", ["--encoder-layers", "6", "--decoder-lay
                 "iwslt_de_en": ("transformer_iwslt_de_en", [])}
 
 
-def make_trainer(data, arch, extra=(), max_tokens=2048, device="cpu"):
+def make_trainer(data, arch, extra=(), max_tokens=2048, device="cpu", save_dir=None):
     """A fairseq Trainer built exactly as fairseq-train builds it, and a list of its batches."""
     import torch
     from fairseq import options, tasks
@@ -52,6 +62,8 @@ def make_trainer(data, arch, extra=(), max_tokens=2048, device="cpu"):
             "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4", "--lr-scheduler", "warmup_inverse_sqrt",
             "--warmup-updates", "1", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
             "--max-tokens", str(max_tokens), "--seed", "1", "--no-progress-bar", *extra]
+    if save_dir is not None:
+        argv += ["--save-dir", str(save_dir)]
     if "--task" not in extra:
         argv += ["--task", "translation"]
     if device == "cpu":
@@ -67,40 +79,121 @@ def make_trainer(data, arch, extra=(), max_tokens=2048, device="cpu"):
     return trainer, itr
 
 
-def throughput(trainer, batches):
-    """Target tokens per second over ``batches`` (one warm-up step first, not timed)."""
+def _time_hook(trainer, spent):
+    """Add the seconds spent in ``--log-grad-norms``' own work (norms, logging) to ``spent[0]``."""
+    logger = getattr(trainer.task, "grad_norm_logger", None)
+    if logger is None:
+        return
+    for name in ("measure", "record"):
+        inner = getattr(logger, name)
+
+        def timed(*args, _inner=inner, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _inner(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - start
+
+        setattr(logger, name, timed)
+
+
+def measure(configs, data, steps, reps, log, max_tokens, device, save_dir):
+    """``configs``: name -> (arch, extra flags). Every configuration trains on the same ``steps``
+    batches ``reps`` times, the configurations taking turns at every update.
+
+    Returns (name -> seconds of each timed update, name -> seconds inside the grad-norm hook,
+    name -> work counts of one update)."""
     import torch
 
-    sync = torch.cuda.synchronize if trainer.cuda else (lambda: None)
-    trainer.train_step([batches[0]])
-    sync()
-    start, tokens = time.perf_counter(), 0
-    for b in batches[1:]:
-        trainer.train_step([b])
-        tokens += b["ntokens"]
-    sync()
-    return tokens / (time.perf_counter() - start)
-
-
-def measure(configs, data, steps, reps, log, max_tokens, device):
-    """``configs``: name -> (arch, extra flags). Returns name -> list of tokens/s, one per rep."""
-    built = {}
+    built, hook = {}, {}
     for name, (arch, extra) in configs.items():
-        trainer, itr = make_trainer(data, arch, extra, max_tokens, device)
+        trainer, itr = make_trainer(data, arch, extra, max_tokens, device, Path(save_dir) / name)
         batches = list(islice(itr, steps + 1))
         check(len(batches) == steps + 1, f"{data} has fewer than {steps + 1} training batches: use --steps")
-        built[name] = (trainer, batches)
-    out = {name: [] for name in configs}
-    for r in range(reps):
-        for name, (trainer, batches) in built.items():
-            out[name].append(throughput(trainer, batches))
-        log(f"  rep {r + 1}/{reps}: " + ", ".join(f"{n} {v[-1]:.0f} tok/s" for n, v in out.items()))
-    return out
+        trainer.train_step([batches[0]])  # lazy optimizer state, allocator warm-up: not timed
+        hook[name] = [0.0]
+        _time_hook(trainer, hook[name])
+        built[name] = (trainer, batches[1:])
+    names = list(built)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    seconds = {name: [] for name in names}
+    start_all = time.time()
+    gc.collect()
+    gc.disable()  # a collection inside one update would land on whichever configuration runs then
+    try:
+        for r in range(reps):
+            for i in range(steps):
+                k = (r * steps + i) % len(names)
+                for name in names[k:] + names[:k]:
+                    trainer, batches = built[name]
+                    sync()
+                    start = time.perf_counter()
+                    trainer.train_step([batches[i]])
+                    sync()
+                    seconds[name].append(time.perf_counter() - start)
+            gc.collect()
+            elapsed = time.time() - start_all
+            log(f"  rep {r + 1}/{reps} ({elapsed:.0f} s, ETA {elapsed / (r + 1) * (reps - r - 1):.0f} s): "
+                + ", ".join(f"{n} {sum(b['ntokens'] for b in built[n][1]) / sum(v[-steps:]):.0f} tok/s"
+                            for n, v in seconds.items()))
+    finally:
+        gc.enable()
+    work = {name: work_counts(trainer, batches[0]) for name, (trainer, batches) in built.items()}
+    return seconds, {n: h[0] for n, h in hook.items()}, work
 
 
-def ratios(values, baseline):
-    r = [a / b for a, b in zip(values, baseline)]
-    return {"median": statistics.median(r), "min": min(r), "max": max(r), "per_rep": r}
+def work_counts(trainer, batch):
+    """Exact work of one training update: aten operator calls, elements of their outputs, and
+    matmul FLOPs (``torch.utils.flop_counter``), forward, backward and optimizer step together."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+    from torch.utils.flop_counter import FlopCounterMode
+
+    class Count(TorchDispatchMode):
+        calls = elements = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.calls += 1
+            self.elements += sum(t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+            return out
+
+    flops = FlopCounterMode(display=False)
+    with flops, Count() as count:
+        trainer.train_step([batch])
+    return {"aten_calls": count.calls, "output_elements": count.elements, "matmul_flops": flops.get_total_flops()}
+
+
+def median_ci(values, resamples=2000, seed=0):
+    """Median and a percentile-bootstrap 95 % confidence interval of the median."""
+    import numpy as np
+
+    x = np.asarray(values, dtype=float)
+    medians = np.median(np.random.default_rng(seed).choice(x, (resamples, len(x))), axis=1)
+    lo, hi = np.quantile(medians, [0.025, 0.975])
+    return float(np.median(x)), [float(lo), float(hi)]
+
+
+def paired(numerator, denominator):
+    """Per-update ratios numerator[i] / denominator[i]: median, its 95 % CI, quartiles, count."""
+    r = [a / b for a, b in zip(numerator, denominator)]
+    med, ci = median_ci(r)
+    q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0]] * 3
+    return {"median": med, "ci95": ci, "quartiles": [q[0], q[2]], "n": len(r)}
+
+
+def verdict(ci, target, at_least):
+    """'met' when the whole 95 % interval is on the right side of the target, 'missed' when it is
+    all on the wrong side, otherwise 'unresolved' (the measurement cannot tell)."""
+    lo, hi = ci
+    if at_least:
+        return "met" if lo >= target else "missed" if hi < target else "unresolved"
+    return "met" if hi <= target else "missed" if lo > target else "unresolved"
+
+
+def work_ratios(work, base):
+    return {k: work[k] / base[k] if base[k] else None for k in work}
 
 
 def default_data(out_dir, log):
@@ -120,20 +213,22 @@ def main(argv=None):
     p.add_argument("--out", default="bench-out/bench.json", help="JSON result file")
     p.add_argument("--sizes", default="tiny,iwslt_de_en", help="comma list of: tiny, iwslt_de_en")
     p.add_argument("--variants", default="postln,preln,deepnorm,keel")
-    p.add_argument("--steps", type=int, default=8, help="timed updates per repetition")
+    p.add_argument("--steps", type=int, default=20, help="timed updates per repetition")
+    p.add_argument("--reps", type=int, default=5, help="repetitions (each configuration: steps x reps updates)")
     p.add_argument("--max-tokens", type=int, default=2048, help="tokens per batch")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: fairseq's GPU training (fp32; add flags with --fairseq-args)")
     p.add_argument("--fairseq-args", default="", help="extra fairseq-train flags for every configuration, e.g. --fp16")
-    p.add_argument("--reps", type=int, default=5, help="repetitions")
     p.add_argument("--no-analysis", action="store_true", help="skip timing the Fig. 3 analysis")
     p.add_argument("--quick", action="store_true", help="CI mode: tiny size, 2 reps of 2 steps, no analysis")
     args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.steps, args.reps, args.no_analysis = "tiny", 2, 2, True
-    check(args.steps >= 1 and args.reps >= 1, "--steps and --reps must be at least 1")
-    sizes = args.sizes.split(",")
-    unknown = [s for s in sizes if s not in FAIRSEQ_SIZE] + [v for v in args.variants.split(",") if v not in BASELINE_FLAGS]
+    check(args.steps >= 1 and args.reps >= 1 and args.threads >= 0,
+          "--steps and --reps must be at least 1, --threads at least 0")
+    sizes, variants = args.sizes.split(","), args.variants.split(",")
+    unknown = [s for s in sizes if s not in FAIRSEQ_SIZE] + [v for v in variants if v not in BASELINE_FLAGS]
     check(not unknown, f"unknown size or variant {unknown}: sizes are {list(FAIRSEQ_SIZE)}, variants {list(BASELINE_FLAGS)}")
     logging.disable(logging.WARNING)  # fairseq's per-model INFO lines would drown the progress
     out = Path(args.out)
@@ -141,38 +236,53 @@ def main(argv=None):
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     data = Path(args.data) if args.data else default_data(out.parent, log)
     check(data.is_dir() and any(data.glob("dict.*.txt")), f"{data} is not a binarized data dir (no dict.*.txt)")
+    import torch
+
     if args.device == "cuda":
-        import torch
         check(torch.cuda.is_available(), "--device cuda: torch sees no GPU here")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     extra = args.fairseq_args.split()
     result = {"data": str(data), "steps": args.steps, "reps": args.reps, "cpu_count": os.cpu_count(),
-              "device": args.device, "fairseq_args": extra, "max_tokens": args.max_tokens,
-              "throughput": {}, "grad_norm_overhead": {}}
+              "torch_threads": torch.get_num_threads(), "device": args.device, "fairseq_args": extra,
+              "max_tokens": args.max_tokens, "throughput": {}, "grad_norm_overhead": {}}
     t0 = time.time()
-    for size in sizes:
-        fairseq_arch, size_flags = FAIRSEQ_SIZE[size]
-        configs = {}
-        for v in args.variants.split(","):
-            # one fairseq baseline per LayerNorm placement: DeepNorm and Keel share Post-LN's
-            configs[baseline_name(v)] = (fairseq_arch, size_flags + BASELINE_FLAGS[v] + extra)
-            configs[v] = (f"transformer_{v}_{size}", extra)
-        log(f"throughput at size {size} ({len(configs)} configurations, {args.reps} reps x {args.steps} updates)")
-        tps = measure(configs, data, args.steps, args.reps, log, args.max_tokens, args.device)
-        result["throughput"][size] = {
-            v: dict(ratios(tps[v], tps[baseline_name(v)]), tokens_per_s=statistics.median(tps[v]),
-                    baseline=f"fairseq {fairseq_arch} {' '.join(BASELINE_FLAGS[v])}".strip())
-            for v in args.variants.split(",")
+    with tempfile.TemporaryDirectory() as save_dir:  # --log-grad-norms writes its JSONL there
+        for size in sizes:
+            fairseq_arch, size_flags = FAIRSEQ_SIZE[size]
+            configs = {}
+            for v in variants:
+                # one fairseq baseline per LayerNorm placement: DeepNorm and Keel share Post-LN's
+                configs[baseline_name(v)] = (fairseq_arch, size_flags + BASELINE_FLAGS[v] + extra)
+                configs[v] = (f"transformer_{v}_{size}", extra)
+            log(f"throughput at size {size} ({len(configs)} configurations, {args.reps} reps x {args.steps} updates)")
+            secs, _, work = measure(configs, data, args.steps, args.reps, log, args.max_tokens, args.device, save_dir)
+            result["throughput"][size] = {}
+            for v in variants:
+                base = baseline_name(v)
+                r = paired(secs[base], secs[v])  # same tokens: time ratio = throughput ratio
+                r.update(baseline=f"fairseq {fairseq_arch} {' '.join(BASELINE_FLAGS[v])}".strip(),
+                         seconds_per_update=statistics.median(secs[v]), work=work[v],
+                         work_ratio=work_ratios(work[v], work[base]))
+                if v in THROUGHPUT_TARGETS:
+                    r.update(target=THROUGHPUT_TARGETS[v], verdict=verdict(r["ci95"], THROUGHPUT_TARGETS[v], True))
+                result["throughput"][size][v] = r
+        arch = f"transformer_preln_{sizes[0]}"
+        log(f"--log-grad-norms overhead ({arch})")
+        task = ["--task", "translation_lnpos", *extra]
+        secs, hook, _ = measure(
+            {"off": (arch, task), "interval_1": (arch, task + ["--log-grad-norms", "--grad-norm-interval", "1"]),
+             "interval_100": (arch, task + ["--log-grad-norms", "--grad-norm-interval", "100"])},
+            data, args.steps, args.reps, log, args.max_tokens, args.device, save_dir)
+    for k, target in OVERHEAD_TARGETS.items():
+        r = paired(secs[k], secs["off"])  # time with / time without
+        result["grad_norm_overhead"][k] = {
+            "time_ratio": r, "overhead_percent": 100 * (r["median"] - 1),
+            "overhead_percent_ci95": [100 * (c - 1) for c in r["ci95"]], "target_percent": target,
+            "verdict": verdict([100 * (c - 1) for c in r["ci95"]], target, False),
+            # the hook's own work over the rest of the update: the cost without the timing noise
+            "hook_percent": 100 * hook[k] / (sum(secs[k]) - hook[k]),
         }
-    size = sizes[0]
-    arch = f"transformer_preln_{size}"
-    log(f"--log-grad-norms overhead ({arch})")
-    task = ["--task", "translation_lnpos", *extra]
-    tps = measure({"off": (arch, task), "interval_1": (arch, task + ["--log-grad-norms", "--grad-norm-interval", "1"]),
-                   "interval_100": (arch, task + ["--log-grad-norms", "--grad-norm-interval", "100"])},
-                  data, args.steps, args.reps, log, args.max_tokens, args.device)
-    for k in ("interval_1", "interval_100"):
-        r = ratios(tps["off"], tps[k])  # time with / time without = tps_off / tps_with
-        result["grad_norm_overhead"][k] = {"time_ratio": r, "overhead_percent": 100 * (r["median"] - 1)}
     if not args.no_analysis:
         log("Fig. 3 analysis with its default settings (scripts/init_grad_analysis.sh)")
         with tempfile.TemporaryDirectory() as tmp:
@@ -190,13 +300,20 @@ def main(argv=None):
 
 
 def summary(result):
-    lines = ["| size | arch | tokens/s | ratio to fairseq (median, min-max) |", "|---|---|---|---|"]
+    lines = ["| size | arch | s/update | ratio to fairseq: median [95 % CI] | target | verdict "
+             "| aten calls | elements written | matmul FLOPs |", "|---|---|---|---|---|---|---|---|---|"]
     for size, archs in result["throughput"].items():
         for v, r in archs.items():
-            lines.append(f"| {size} | {v} | {r['tokens_per_s']:.0f} | {r['median']:.3f} ({r['min']:.3f}-{r['max']:.3f}) |")
+            w = r["work_ratio"]
+            lines.append(f"| {size} | {v} | {r['seconds_per_update']:.3f} | {r['median']:.3f} "
+                         f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] | {r.get('target', '-')} | "
+                         f"{r.get('verdict', '-')} | " + " | ".join(f"{w[k]:.3f}" for k in
+                                                                     ("aten_calls", "output_elements", "matmul_flops")) + " |")
     for k, r in result["grad_norm_overhead"].items():
+        lo, hi = r["overhead_percent_ci95"]
         lines.append(f"--log-grad-norms {k.replace('_', ' ')}: {r['overhead_percent']:+.1f} % time "
-                     f"({r['time_ratio']['min']:.3f}-{r['time_ratio']['max']:.3f})")
+                     f"[{lo:+.1f}, {hi:+.1f}] (target <= {r['target_percent']:g} %: {r['verdict']}); "
+                     f"inside the hook: {r['hook_percent']:.2f} %")
     if "fig3_analysis_seconds" in result:
         lines.append(f"Fig. 3 analysis (defaults): {result['fig3_analysis_seconds']:.0f} s")
     return "\n".join(lines)
