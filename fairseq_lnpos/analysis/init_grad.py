@@ -26,7 +26,6 @@ import argparse
 import glob
 import hashlib
 import json
-import math
 import os
 import shlex
 import sys

@@ -19,8 +19,8 @@ from pathlib import Path
 from fairseq_lnpos.data import bpe, moses
 from fairseq_lnpos.data.download import DataError, download, extract_once
 from fairseq_lnpos.data.pipeline import (
-    binarize, check_parallel, counts_of, default_workers, log, manifest_fields, map_lines, raw_segments,
-    read_lines, require_files, run_stage, summary, write_lines, xml_segments,
+    check_parallel, counts_of, default_workers, log, map_lines, raw_segments, read_lines, require_files,
+    run_dataset, run_stage, write_lines, xml_segments,
 )
 
 URL = "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"
@@ -120,7 +120,7 @@ def build_tok(orig, tmp, workers, max_len=175, ratio=1.5, valid_every=23):
     for lang in (SRC, TGT):
         write_lines(tmp / f"test.{lang}", test[lang])
     counts["test"] = len(test[SRC])
-    log(f"  tok: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    log("  tok: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     return counts
 
 
@@ -138,24 +138,19 @@ def parser():
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    out, bin_dir = Path(args.out), Path(args.bin)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        orig = locate_orig(args, out)
-        files = [str(p) for group in orig_files(orig) for p in group]
-        inputs = {Path(f).name: (Path(f).stat().st_size, int(Path(f).stat().st_mtime)) for f in files}
-        p_raw = run_stage(out / "raw", {"inputs": inputs, "v": 1}, partial(build_raw, orig))
-        p_tok = run_stage(out / "tok", {"inputs": inputs, "v": 1}, lambda tmp: build_tok(orig, tmp, args.workers))
-        p_bpe = run_stage(out / "bpe", {"tok": p_tok, "vocab": args.bpe_size, "v": 1},
-                          lambda tmp: bpe.build(out / "tok", tmp, args.bpe_size, args.workers, SRC, TGT))
-        counts = counts_of(out / "tok", TGT)
-        binarize(out / "bpe", bin_dir, SRC, TGT, args.workers, {"bpe": p_bpe, "raw": p_raw, "out": str(out.resolve()), "v": 1},
-                 manifest_fields("iwslt14.de-en", out, SRC, TGT, counts, lowercase=True, compound_split=False))
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    summary("iwslt14.de-en", counts, out, bin_dir)
-    return 0
+    return run_dataset(args, "iwslt14.de-en", (SRC, TGT), partial(stages, args), lowercase=True, compound_split=False)
+
+
+def stages(args, out):
+    out.mkdir(parents=True, exist_ok=True)
+    orig = locate_orig(args, out)
+    files = [str(p) for group in orig_files(orig) for p in group]
+    inputs = {Path(f).name: (Path(f).stat().st_size, int(Path(f).stat().st_mtime)) for f in files}
+    p_raw = run_stage(out / "raw", {"inputs": inputs, "v": 1}, partial(build_raw, orig))
+    p_tok = run_stage(out / "tok", {"inputs": inputs, "v": 1}, lambda tmp: build_tok(orig, tmp, args.workers))
+    p_bpe = run_stage(out / "bpe", {"tok": p_tok, "vocab": args.bpe_size, "v": 1},
+                      lambda tmp: bpe.build(out / "tok", tmp, args.bpe_size, args.workers, SRC, TGT))
+    return p_raw, p_bpe, counts_of(out / "tok", TGT)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -160,6 +161,25 @@ def binarize(bpe_dir, bin_dir, src, tgt, workers, params, manifest, splits=("tra
 
     Path(bin_dir).parent.mkdir(parents=True, exist_ok=True)
     return run_stage(bin_dir, params, build, stamp_name=BIN_STAMP, label="binarize")
+
+
+def run_dataset(args, dataset, langs, stages, lowercase, compound_split, label=None):
+    """The body of a data-prep command: ``stages(out)`` builds the text stages (raw, tok, bpe) in
+    ``args.out`` and returns (raw fingerprint, bpe fingerprint, pair counts per split); then
+    fairseq-preprocess into ``args.bin`` with the manifest, and a summary. A ``DataError`` anywhere
+    is one line on stderr and exit status 1; finished stages stay for the next run."""
+    out, bin_dir = Path(args.out), Path(args.bin)
+    src, tgt = langs
+    try:
+        p_raw, p_bpe, counts = stages(out)
+        binarize(out / "bpe", bin_dir, src, tgt, args.workers,
+                 {"bpe": p_bpe, "raw": p_raw, "out": str(out.resolve()), "v": 1},
+                 manifest_fields(dataset, out, src, tgt, counts, lowercase=lowercase, compound_split=compound_split))
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    summary(label or dataset, counts, out, bin_dir)
+    return 0
 
 
 def summary(name, counts, out_dir, bin_dir):

@@ -20,12 +20,12 @@ import argparse
 import random
 import sys
 import time
-from pathlib import Path
+from functools import partial
 
 from fairseq_lnpos.data import bpe
 from fairseq_lnpos.data.download import DataError
 from fairseq_lnpos.data.pipeline import (
-    binarize, log, manifest_fields, run_stage, summary, write_lines,
+    log, run_dataset, run_stage, write_lines,
 )
 
 SRC, TGT = "de", "en"
@@ -162,29 +162,26 @@ def parser():
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    out, bin_dir = Path(args.out), Path(args.bin)
     t0 = time.time()
-    try:
-        for name in ("train", "valid", "test"):
-            if getattr(args, name) < 1:
-                raise DataError(f"--{name} {getattr(args, name)}: give at least 1 sentence pair")
-        out.mkdir(parents=True, exist_ok=True)
-        gen = {"seed": args.seed, "train": args.train, "valid": args.valid, "test": args.test, "v": 1}
-        data = {}
-        p_raw = run_stage(out / "raw", gen, lambda tmp: write_raw(tmp, data, args))
-        p_tok = run_stage(out / "tok", gen, lambda tmp: write_tok(tmp, data, args))
-        p_bpe = run_stage(out / "bpe", {"tok": p_tok, "vocab": args.bpe_size, "v": 1},
-                          lambda tmp: bpe.build(out / "tok", tmp, args.bpe_size, args.workers, SRC, TGT))
-        counts = {"train": args.train, "valid": args.valid, "test": args.test}
-        binarize(out / "bpe", bin_dir, SRC, TGT, args.workers,
-                 {"bpe": p_bpe, "raw": p_raw, "out": str(out.resolve()), "v": 1},
-                 manifest_fields("synthetic", out, SRC, TGT, counts, lowercase=True, compound_split=False))
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    summary(f"synthetic (seed {args.seed})", counts, out, bin_dir)
-    log(f"   total {time.time() - t0:.1f} s")
-    return 0
+    status = run_dataset(args, "synthetic", (SRC, TGT), partial(stages, args), lowercase=True, compound_split=False,
+                         label=f"synthetic (seed {args.seed})")
+    if status == 0:
+        log(f"   total {time.time() - t0:.1f} s")
+    return status
+
+
+def stages(args, out):
+    for name in ("train", "valid", "test"):
+        if getattr(args, name) < 1:
+            raise DataError(f"--{name} {getattr(args, name)}: give at least 1 sentence pair")
+    out.mkdir(parents=True, exist_ok=True)
+    gen = {"seed": args.seed, "train": args.train, "valid": args.valid, "test": args.test, "v": 1}
+    data = {}
+    p_raw = run_stage(out / "raw", gen, lambda tmp: write_raw(tmp, data, args))
+    p_tok = run_stage(out / "tok", gen, lambda tmp: write_tok(tmp, data, args))
+    p_bpe = run_stage(out / "bpe", {"tok": p_tok, "vocab": args.bpe_size, "v": 1},
+                      lambda tmp: bpe.build(out / "tok", tmp, args.bpe_size, args.workers, SRC, TGT))
+    return p_raw, p_bpe, {"train": args.train, "valid": args.valid, "test": args.test}
 
 
 def _data(data, args):

@@ -20,8 +20,8 @@ from pathlib import Path
 from fairseq_lnpos.data import bpe, moses
 from fairseq_lnpos.data.download import DataError, download, extract_once
 from fairseq_lnpos.data.pipeline import (
-    binarize, check_parallel, count_lines, default_workers, log, manifest_fields, map_lines, raw_segments,
-    read_lines, run_stage, summary, write_lines, xml_segments,
+    check_parallel, count_lines, default_workers, log, map_lines, raw_segments, read_lines, run_dataset,
+    run_stage, write_lines, xml_segments,
 )
 
 SRC, TGT = "en", "de"
@@ -152,27 +152,21 @@ def parser():
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    out, bin_dir = Path(args.out), Path(args.bin)
-    try:
-        if args.orig and args.archive:
-            raise DataError("give either --orig or --archive, not both")
-        out.mkdir(parents=True, exist_ok=True)
-        orig = locate_orig(args, out)
-        files = input_files(orig)
-        inputs = {k: (str(v), v.stat().st_size, int(v.stat().st_mtime)) for k, v in files.items()}
-        p_raw = run_stage(out / "raw", {"inputs": inputs, "v": 1}, partial(build_raw, files))
-        p_tok = run_stage(out / "tok", {"inputs": inputs, "v": 1}, lambda tmp: build_tok(files, tmp, args.workers))
-        p_bpe = run_stage(out / "bpe", {"tok": p_tok, "vocab": args.bpe_size, "sample": args.bpe_sample, "v": 1},
-                          lambda tmp: build_bpe(out / "tok", tmp, args.bpe_size, args.workers, args.bpe_sample))
-        counts = {split: count_lines(out / "bpe" / f"{split}.{TGT}") for split in ("train", "valid", "test")}
-        binarize(out / "bpe", bin_dir, SRC, TGT, args.workers,
-                 {"bpe": p_bpe, "raw": p_raw, "out": str(out.resolve()), "v": 1},
-                 manifest_fields("wmt14.en-de", out, SRC, TGT, counts, lowercase=False, compound_split=True))
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    summary("wmt14.en-de", counts, out, bin_dir)
-    return 0
+    return run_dataset(args, "wmt14.en-de", (SRC, TGT), partial(stages, args), lowercase=False, compound_split=True)
+
+
+def stages(args, out):
+    if args.orig and args.archive:
+        raise DataError("give either --orig or --archive, not both")
+    out.mkdir(parents=True, exist_ok=True)
+    orig = locate_orig(args, out)
+    files = input_files(orig)
+    inputs = {k: (str(v), v.stat().st_size, int(v.stat().st_mtime)) for k, v in files.items()}
+    p_raw = run_stage(out / "raw", {"inputs": inputs, "v": 1}, partial(build_raw, files))
+    p_tok = run_stage(out / "tok", {"inputs": inputs, "v": 1}, lambda tmp: build_tok(files, tmp, args.workers))
+    p_bpe = run_stage(out / "bpe", {"tok": p_tok, "vocab": args.bpe_size, "sample": args.bpe_sample, "v": 1},
+                      lambda tmp: build_bpe(out / "tok", tmp, args.bpe_size, args.workers, args.bpe_sample))
+    return p_raw, p_bpe, {split: count_lines(out / "bpe" / f"{split}.{TGT}") for split in ("train", "valid", "test")}
 
 
 if __name__ == "__main__":

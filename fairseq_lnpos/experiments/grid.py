@@ -701,7 +701,7 @@ def cmd_run(opts):
     grid.say(f"{len(jobs)} runs -> {Path(opts.out).resolve()}")
     grid.run()
     if grid.stop.is_set():
-        print(f"grid: interrupted; run the same command again to resume", file=sys.stderr)
+        print("grid: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
     grid.say("all runs processed; table: scripts/make_table.sh " + str(opts.out))
     return 1 if grid.failed else 0
