@@ -37,6 +37,15 @@ STACK_ALIASES = {
     "layer_norm": "final_ln",
 }
 _LAYER = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.(.+)$")
+# Upstream fairseq 0.12.2 gives every encoder layer zero-initialised copies of its attention
+# and FFN weights (``encoder.layers.N.fc1_weight`` ...) for an inference-only fused kernel;
+# training never uses them (their .grad stays None), so they are not reported.
+_INFERENCE_COPY = re.compile(r"^encoder\.layers\.\d+\.(in_proj|out_proj|fc1|fc2)_(weight|bias)$")
+
+
+def is_inference_copy(name):
+    """Is ``name`` one of upstream fairseq 0.12.2's inference-only weight copies?"""
+    return bool(_INFERENCE_COPY.match(strip_wrappers(name)))
 
 
 def strip_wrappers(name):
@@ -103,7 +112,7 @@ class GradNormPlan:
         self.params, self.names, tensor_groups = [], [], []
         index = {}
         for name, p in named:
-            if not p.requires_grad:
+            if not p.requires_grad or is_inference_copy(name):
                 continue
             if id(p) not in index:
                 index[id(p)] = len(self.params)
@@ -130,9 +139,7 @@ class GradNormPlan:
             for i in with_grad:
                 by_device.setdefault(self.params[i].grad.device, []).append(i)
             for idx in by_device.values():
-                grads = [self.params[i].grad for i in idx]
-                norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
-                sq[idx] = torch.stack(norms).double().cpu() ** 2
+                sq[idx] = torch.stack(float32_norms([self.params[i].grad for i in idx])).double().cpu() ** 2
         scale = float(scale.item() if torch.is_tensor(scale) else scale)
         return sq.sqrt() * abs(scale)
 
@@ -148,6 +155,14 @@ class GradNormPlan:
             OrderedDict(zip(self.groups, gn.tolist())),
             OrderedDict(zip(self.names, tn.tolist())),
         )
+
+
+def float32_norms(tensors):
+    """L2 norm of each tensor, accumulated in float32 (fp16/bf16 gradients included)."""
+    try:
+        return torch._foreach_norm(tensors, 2, dtype=torch.float32)
+    except TypeError:  # older torch: no dtype argument, so upcast the half-precision tensors first
+        return torch._foreach_norm([t.float() for t in tensors], 2)
 
 
 def grad_norms_by_layer(model, scale=1.0):

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from conftest import build_model, fairseq_cmd, run, toy_data  # noqa: F401
+from fairseq_lnpos.gradnorm import is_inference_copy
 
 VARIANTS = ("postln", "preln", "deepnorm", "keel")
 SIZES = ("", "_iwslt_de_en", "_wmt_en_de", "_tiny")
@@ -34,8 +35,8 @@ def test_every_arch_builds_runs_forward_and_backward(toy_data, arch):
     logits, _ = model(src, lengths, prev)
     assert logits.shape == (3, 5, len(task.target_dictionary))
     logits.logsumexp(-1).mean().backward()
-    grads = [p.grad for p in model.parameters() if p.requires_grad]
-    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad and not is_inference_copy(n)}
+    assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
 
 
 def layer_outputs(model, task):
@@ -75,6 +76,23 @@ def test_preln_has_final_layernorm_and_residual_stream_grows_with_depth(toy_data
         assert sq[-1] > 1.5 * sq[0]
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_reloaded_model_computes_what_the_saved_one_did(toy_data, variant):
+    # loading a state dict is what fairseq-generate does; upstream fairseq 0.12.2 then switches a
+    # Post-LN encoder layer in eval mode to a fused plain-Post-LN kernel, which must not happen
+    # to DeepNorm's scaled skip or Keel's extra LayerNorms
+    saved, task, _ = build_model(toy_data, f"transformer_{variant}_tiny", "--encoder-layers", 2, "--decoder-layers", 2,
+                                 seed=3)
+    loaded, _, _ = build_model(toy_data, f"transformer_{variant}_tiny", "--encoder-layers", 2, "--decoder-layers", 2,
+                               seed=4)
+    src, lengths, prev = batch(task)
+    src[0, :2] = task.source_dictionary.pad()  # left padding, as fairseq batches the source
+    assert not torch.equal(saved(src, lengths, prev)[0], loaded(src, lengths, prev)[0])
+    loaded.load_state_dict(saved.state_dict())
+    with torch.no_grad():
+        assert torch.equal(saved(src, lengths, prev)[0], loaded(src, lengths, prev)[0])
+
+
 @pytest.mark.parametrize("variant,flags", [
     ("preln", ["--encoder-normalize-before", "--decoder-normalize-before"]),
     ("postln", []),
@@ -84,7 +102,9 @@ def test_equal_to_fairseq_transformer_with_the_same_seed(toy_data, variant, flag
     theirs, _, _ = build_model(toy_data, "transformer_iwslt_de_en", *flags, seed=7)
     a, b = ours.state_dict(), theirs.state_dict()
     assert a.keys() == b.keys()
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    # embed_positions._float_tensor only carries a dtype and device: upstream fairseq 0.12.2
+    # leaves its one value uninitialised
+    assert all(torch.equal(a[k], b[k]) for k in a if not k.endswith("._float_tensor"))
     with torch.no_grad():
         out_ours, out_theirs = ours(*batch(task))[0], theirs(*batch(task))[0]
     assert torch.equal(out_ours, out_theirs)

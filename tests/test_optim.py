@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 import fairseq_lnpos  # noqa: F401  (registers radam and the schedulers)
 from fairseq_lnpos.errors import LnposError
+from fairseq_lnpos.optim.radam import supports_decoupled_weight_decay
 
 
 def cfg(**kw):
@@ -26,11 +27,13 @@ def loss(params, step):
 
 @pytest.mark.parametrize("weight_decay,decoupled", [(0.0, False), (0.01, False), (0.01, True)])
 def test_radam_matches_torch_radam_step_for_step(weight_decay, decoupled):
+    if decoupled and not supports_decoupled_weight_decay():
+        pytest.skip(f"torch {torch.__version__}'s RAdam has no decoupled_weight_decay")
     ours, ref = quadratic_params(), quadratic_params()
     opt = build_optimizer(cfg(_name="radam", lr=[3e-3], adam_betas="(0.9, 0.98)", adam_eps=1e-8,
                               weight_decay=weight_decay, decoupled_weight_decay=decoupled), ours)
     torch_opt = torch.optim.RAdam(ref, lr=3e-3, betas=(0.9, 0.98), eps=1e-8, weight_decay=weight_decay,
-                                  decoupled_weight_decay=decoupled)
+                                  **({"decoupled_weight_decay": True} if decoupled else {}))
     for step in range(12):
         for params, o in ((ours, opt), (ref, torch_opt)):
             o.zero_grad()
@@ -63,6 +66,13 @@ def test_radam_under_fairseq_fp16_wrapper_follows_fp32_radam():
     for h, b in zip(half, base):
         assert torch.allclose(h.float(), b, atol=2e-2)
     assert not torch.allclose(half[0].float(), quadratic_params()[0].to(torch.bfloat16).float(), atol=1e-3)
+
+
+def test_decoupled_weight_decay_on_a_torch_without_it_is_a_one_line_error(monkeypatch):
+    monkeypatch.setattr("fairseq_lnpos.optim.radam.supports_decoupled_weight_decay", lambda: False)
+    with pytest.raises(LnposError, match="--decoupled-weight-decay: the RAdam of torch .* upgrade torch or drop the flag"):
+        build_optimizer(cfg(_name="radam", lr=[1e-3], adam_betas="(0.9, 0.98)", adam_eps=1e-8,
+                            weight_decay=0.01, decoupled_weight_decay=True), quadratic_params())
 
 
 @pytest.mark.parametrize("betas", ["(0.9,)", "(1.5, 0.9)", "nonsense"])

@@ -27,6 +27,11 @@ class VariantEncoder(TransformerEncoderBase):
 
     def build_encoder_layer(self, cfg):
         layer = self.layer_cls(cfg, index=self._built, return_fc=self.return_fc)
+        # Upstream fairseq 0.12.2 runs an encoder layer loaded from a checkpoint, in eval mode,
+        # through torch's fused kernel (_transformer_encoder_layer_fwd), which computes plain
+        # Post-LN: a variant layer (scaled skip, extra LayerNorm) must never take that path.
+        # (fairseq-fixed 0.12.3.1 has no such path; the attribute is then unused.)
+        layer.can_use_fastpath = False
         self._built += 1
         return wrap_like_fairseq(layer, cfg)
 

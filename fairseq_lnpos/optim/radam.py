@@ -6,6 +6,7 @@ Takes Adam's option names (``--adam-betas``, ``--adam-eps``) so that switching a
 because torch's RAdam keeps its state in the parameters' dtype.
 """
 import ast
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, List
 
@@ -45,6 +46,10 @@ def parse_betas(betas):
     return tuple(float(b) for b in betas)
 
 
+def supports_decoupled_weight_decay():
+    return "decoupled_weight_decay" in inspect.signature(torch.optim.RAdam.__init__).parameters
+
+
 @register_optimizer("radam", dataclass=RAdamConfig)
 class FairseqRAdam(FairseqOptimizer):
     def __init__(self, cfg: RAdamConfig, params):
@@ -57,13 +62,18 @@ class FairseqRAdam(FairseqOptimizer):
         check(lr > 0, f"--lr must be positive, got {lr}")
         check(self.cfg.adam_eps > 0, f"--adam-eps must be positive, got {self.cfg.adam_eps}")
         check(self.cfg.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.cfg.weight_decay}")
-        return {
+        config = {
             "lr": lr,
             "betas": parse_betas(self.cfg.adam_betas),
             "eps": self.cfg.adam_eps,
             "weight_decay": self.cfg.weight_decay,
-            "decoupled_weight_decay": self.cfg.decoupled_weight_decay,
         }
+        if self.cfg.decoupled_weight_decay:  # older torch releases' RAdam lacks the option
+            check(supports_decoupled_weight_decay(),
+                  f"--decoupled-weight-decay: the RAdam of torch {torch.__version__} has no decoupled weight "
+                  "decay; upgrade torch or drop the flag")
+            config["decoupled_weight_decay"] = True
+        return config
 
     @property
     def supports_flat_params(self):
