@@ -15,7 +15,8 @@ setup(
         # the fork fairseq-fixed provides the same `fairseq` package there.
         "fairseq>=0.12.2,<0.13; python_version < '3.11'",
         "fairseq-fixed==0.12.3.1; python_version >= '3.11'",
-        "torch>=1.13",
+        # nn.LayerNorm(bias=False) (Keel) and forward pre-hooks with kwargs need torch 2.1
+        "torch>=2.1",
         "sacrebleu>=2.0",
         "sentencepiece>=0.1.97",
         "sacremoses>=0.0.53",
