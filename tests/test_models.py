@@ -76,15 +76,16 @@ def test_preln_has_final_layernorm_and_residual_stream_grows_with_depth(toy_data
         assert sq[-1] > 1.5 * sq[0]
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_a_reloaded_model_computes_what_the_saved_one_did(toy_data, variant):
+@pytest.mark.parametrize("variant,task", [(v, "translation_lnpos") for v in VARIANTS]
+                         + [(v, "translation") for v in ("deepnorm", "keel")])
+def test_a_reloaded_model_computes_what_the_saved_one_did(toy_data, variant, task):
     # loading a state dict is what fairseq-generate does; upstream fairseq 0.12.2 then switches a
     # Post-LN encoder layer in eval mode to a fused plain-Post-LN kernel, which must not happen
-    # to DeepNorm's scaled skip or Keel's extra LayerNorms
-    saved, task, _ = build_model(toy_data, f"transformer_{variant}_tiny", "--encoder-layers", 2, "--decoder-layers", 2,
-                                 seed=3)
-    loaded, _, _ = build_model(toy_data, f"transformer_{variant}_tiny", "--encoder-layers", 2, "--decoder-layers", 2,
-                               seed=4)
+    # to DeepNorm's scaled skip or Keel's extra LayerNorms, and which fails on padded batches
+    # with torch >= 2.0 (fairseq's own Post-LN: avoided by the plugin's task)
+    small = ("--encoder-layers", 2, "--decoder-layers", 2, "--task", task)
+    saved, task, _ = build_model(toy_data, f"transformer_{variant}_tiny", *small, seed=3)
+    loaded, _, _ = build_model(toy_data, f"transformer_{variant}_tiny", *small, seed=4)
     src, lengths, prev = batch(task)
     src[0, :2] = task.source_dictionary.pad()  # left padding, as fairseq batches the source
     assert not torch.equal(saved(src, lengths, prev)[0], loaded(src, lengths, prev)[0])

@@ -74,6 +74,9 @@ def sacre_bleu(detok_hyps, raw_refs, lowercase=False):
 def generate_cmd(data_dir, checkpoint, manifest, beam=5, lenpen=1.2, subset="test", extra=()):
     return [
         console_script("fairseq-generate"), str(data_dir), "--user-dir", str(USER_DIR),
+        # fairseq's translation task, and under upstream fairseq 0.12.2 + torch >= 2.0 a Post-LN
+        # checkpoint decodes instead of failing (see tasks/translation_lnpos.py)
+        "--task", "translation_lnpos",
         "--path", str(checkpoint), "--gen-subset", subset,
         "--source-lang", manifest["source_lang"], "--target-lang", manifest["target_lang"],
         "--beam", str(beam), "--lenpen", str(lenpen),

@@ -13,6 +13,21 @@ from fairseq.models.transformer import (
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
 
+def without_fused_inference(module):
+    """Keep every encoder layer in ``module`` off upstream fairseq 0.12.2's fused inference path.
+
+    Upstream 0.12.2 runs a Post-LN encoder layer that was loaded from a checkpoint, in eval mode,
+    through torch's ``_transformer_encoder_layer_fwd``. That kernel computes plain Post-LN (wrong
+    for DeepNorm's scaled skip and Keel's extra LayerNorms) and, with torch >= 2.0, fails on padded
+    batches ("Mask Type should be defined", fairseq issue 4858) for fairseq's own Post-LN too.
+    fairseq-fixed 0.12.3.1 has no such path, and the attribute set here is then unused.
+    """
+    for m in module.modules():
+        if hasattr(m, "can_use_fastpath"):
+            m.can_use_fastpath = False
+    return module
+
+
 def wrap_like_fairseq(layer, cfg):
     """Activation checkpointing and FSDP, with the policy fairseq applies to its own layers."""
     if cfg.checkpoint_activations:
@@ -26,12 +41,7 @@ class VariantEncoder(TransformerEncoderBase):
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
 
     def build_encoder_layer(self, cfg):
-        layer = self.layer_cls(cfg, index=self._built, return_fc=self.return_fc)
-        # Upstream fairseq 0.12.2 runs an encoder layer loaded from a checkpoint, in eval mode,
-        # through torch's fused kernel (_transformer_encoder_layer_fwd), which computes plain
-        # Post-LN: a variant layer (scaled skip, extra LayerNorm) must never take that path.
-        # (fairseq-fixed 0.12.3.1 has no such path; the attribute is then unused.)
-        layer.can_use_fastpath = False
+        layer = without_fused_inference(self.layer_cls(cfg, index=self._built, return_fc=self.return_fc))
         self._built += 1
         return wrap_like_fairseq(layer, cfg)
 

@@ -1,5 +1,9 @@
 """``--task translation_lnpos``: fairseq's ``translation`` plus per-layer gradient-norm logging.
 
+Models it builds never take upstream fairseq 0.12.2's fused encoder inference path, which fails
+with torch >= 2.0 on padded batches (``models.variant.without_fused_inference``); the grid's
+evaluation generates through this task.
+
 fairseq's trainer calls ``task.train_step`` once per micro-batch (``--update-freq``), then
 divides the summed gradients by the sample size (``optimizer.multiply_grads``; for fp16/bf16
 optimizers this only updates a pending factor that also holds 1/loss-scale) and then calls
@@ -23,6 +27,7 @@ from omegaconf import II
 
 from fairseq_lnpos.errors import check
 from fairseq_lnpos.gradnorm import GradNormPlan, finite_or_none
+from fairseq_lnpos.models.variant import without_fused_inference
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +152,10 @@ class TranslationLnposTask(TranslationTask):
                 f"logging per-layer gradient norms every {interval} updates"
                 + (f" to {path} and the train log" if path else "")
             )
+
+    def build_model(self, cfg, from_checkpoint=False):
+        # fairseq's own Post-LN included: see without_fused_inference (upstream fairseq 0.12.2)
+        return without_fused_inference(super().build_model(cfg, from_checkpoint))
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         if self.grad_norm_logger is not None:
