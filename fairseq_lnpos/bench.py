@@ -147,7 +147,7 @@ def work_counts(trainer, batch):
     matmul FLOPs (``torch.utils.flop_counter``), forward, backward and optimizer step together."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
+    from torch.utils._pytree import tree_flatten
     from torch.utils.flop_counter import FlopCounterMode
 
     class Count(TorchDispatchMode):
@@ -156,7 +156,7 @@ def work_counts(trainer, batch):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             self.calls += 1
-            self.elements += sum(t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+            self.elements += sum(t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
             return out
 
     flops = FlopCounterMode(display=False)

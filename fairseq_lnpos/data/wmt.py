@@ -57,7 +57,7 @@ def input_files(orig):
         files[f"test.{lang}"] = find(orig, TEST[lang])
     missing = [k for k, v in files.items() if v is None]
     if missing:
-        want = {f"valid.{l}": VALID[l] for l in (SRC, TGT)} | {f"test.{l}": TEST[l] for l in (SRC, TGT)}
+        want = {**{f"valid.{l}": VALID[l] for l in (SRC, TGT)}, **{f"test.{l}": TEST[l] for l in (SRC, TGT)}}
         raise DataError(f"{orig}: no file {want.get(missing[0], missing[0])} in it"
                         + (f" (and {len(missing) - 1} more missing)" if len(missing) > 1 else "")
                         + ": pass the folder where the WMT14 archives are extracted")
