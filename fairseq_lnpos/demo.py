@@ -84,19 +84,18 @@ def grad_norm_figure(out, runs, seed):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .analysis.train_curves import read_jsonl
+
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for run in runs:
         path = out / "grid" / run / f"seed{seed}" / "checkpoints" / "grad_norms.jsonl"
         if not path.exists():
             continue
-        records = {}
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
-            records[r["update"]] = r["norms"]  # a resumed run appends: keep the last record
-        updates = sorted(u for u in records if u <= FIRST_UPDATES)
-        top = max(int(k.split("/")[1]) for k in records[updates[0]] if k.startswith("decoder/") and k.count("/") == 2)
+        updates, series = read_jsonl(path)  # sorted; a resumed run's last record per update
+        n = sum(1 for u in updates if u <= FIRST_UPDATES)
+        top = max(int(g.split("/")[1]) for g in series if g.startswith("decoder/") and g.count("/") == 2)
         for ax, key in zip(axes, ("total", f"decoder/{top}/fc2")):
-            ax.plot(updates, [records[u].get(key) for u in updates], label=run.replace("demo-", ""))
+            ax.plot(updates[:n], series[key][:n], label=run.replace("demo-", ""))
             ax.set_title(f"gradient norm: {key}")
     for ax in axes:
         ax.set_xlabel("update")
