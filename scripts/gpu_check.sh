@@ -7,11 +7,9 @@
 #  4. throughput ratios against fairseq's transformer on the GPU (fp32 and fp16).
 # Usage: scripts/gpu_check.sh OUT_DIR   (needs torch with CUDA and fairseq installed)
 set -euo pipefail
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${PYTHON:-python3}"
+. "$(dirname "${BASH_SOURCE[0]}")/_env.sh"  # $ROOT, $PY (the interpreter grid.sh below uses too), PYTHONPATH
 OUT="${1:?usage: gpu_check.sh OUT_DIR}"
 mkdir -p "$OUT"
-export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 FS=("$(dirname "$(command -v "$PY")")/fairseq-train")
 "$PY" -c 'import torch; assert torch.cuda.is_available(), "no GPU"; print(torch.__version__, torch.cuda.get_device_name(0))'
 
@@ -22,7 +20,7 @@ echo "== 1. gradient norms of update 1: fp32 vs --fp16 vs --bf16"
 for arch in transformer_postln_tiny transformer_keel_tiny; do
   for prec in fp32 fp16 bf16; do
     flag=(); [ "$prec" != fp32 ] && flag=("--$prec")
-    "${FS[@]}" "$OUT/syn" --user-dir "$REPO/fairseq_lnpos" --task translation_lnpos --log-grad-norms \
+    "${FS[@]}" "$OUT/syn" --user-dir "$ROOT/fairseq_lnpos" --task translation_lnpos --log-grad-norms \
       --grad-norm-interval 1 --arch "$arch" --dropout 0 --optimizer adam --lr 1e-4 --max-tokens 4096 \
       --max-update 1 --save-dir "$OUT/gn-$arch-$prec" --no-save --seed 1 --fp16-init-scale 1024 "${flag[@]}" \
       > "$OUT/gn-$arch-$prec.log" 2>&1
@@ -50,7 +48,7 @@ done || true
 
 echo "== 2. every arch, 300 updates, --fp16, RAdam, no warm-up"
 for v in postln preln deepnorm keel; do
-  "${FS[@]}" "$OUT/syn" --user-dir "$REPO/fairseq_lnpos" --arch "transformer_${v}_tiny" --fp16 \
+  "${FS[@]}" "$OUT/syn" --user-dir "$ROOT/fairseq_lnpos" --arch "transformer_${v}_tiny" --fp16 \
     --optimizer radam --adam-betas '(0.9, 0.98)' --lr 5e-4 --lr-scheduler warmup_inverse_sqrt --warmup-updates 1 \
     --decay-anchor 4000 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 4096 \
     --max-update 300 --save-dir "$OUT/train-$v" --no-save --log-format json --log-interval 50 > "$OUT/train-$v.log" 2>&1
@@ -58,9 +56,9 @@ for v in postln preln deepnorm keel; do
 done
 
 echo "== 3. tiny grid on GPU 0 with --fp16"
-"$REPO/scripts/grid.sh" run --only iwslt-postln-adam-lr5e-4-wu4000,iwslt-preln-adam-lr5e-4-step8 --arch-size tiny \
+"$ROOT/scripts/grid.sh" run --only iwslt-postln-adam-lr5e-4-wu4000,iwslt-preln-adam-lr5e-4-step8 --arch-size tiny \
   --data "$OUT/syn" --out "$OUT/grid" --gpus 0 --fp16 --max-epoch 2 --set max_tokens=4096 --set batch_tokens=4096 | tail -4
-"$REPO/scripts/make_table.sh" "$OUT/grid" | head -12
+"$ROOT/scripts/make_table.sh" "$OUT/grid" | head -12
 
 echo "== 4. throughput ratios on the GPU"
 "$PY" -m fairseq_lnpos.bench --device cuda --data "$OUT/syn" --sizes tiny,iwslt_de_en --steps 20 --reps 5 \
