@@ -1,29 +1,50 @@
-"""One-line errors for bad user input.
+"""The project's errors: one class for bad input, raised by library code, printed by ``main()``.
 
-fairseq's command-line tools print a full traceback for any exception raised while building a
-model, optimizer or scheduler. The plugin raises :class:`LnposError` for bad input instead and,
-when fairseq runs as a command, prints it as a single ``error: ...`` line (exit status 2) through
-``sys.excepthook``; library callers get an ordinary ``ValueError`` subclass.
+Library code raises :class:`LnposError` (or a subclass) with a message that says what to do;
+command-line entry points print it as one line and exit with :data:`USAGE_EXIT` (2). When fairseq's
+own commands run the plugin (``--user-dir``), :func:`install_excepthook` does the same for errors
+raised while fairseq builds a model, optimizer, scheduler or task.
 """
 import sys
 
+USAGE_EXIT = 2        # bad input: the message says what to do
+INTERRUPT_EXIT = 130  # Ctrl-C / SIGTERM: a re-run resumes
+
 
 class LnposError(ValueError):
-    """Invalid user input; the message says what to do."""
+    """Invalid user input or unusable state; the message says what to do."""
+
+
+class StateError(LnposError):
+    """A file the project wrote earlier (a run folder, a manifest) is missing or unreadable."""
 
 
 def _excepthook(exc_type, exc, tb, _previous=sys.excepthook):
     if issubclass(exc_type, LnposError):
         print(f"{sys.argv[0].rsplit('/', 1)[-1]}: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(USAGE_EXIT)
     _previous(exc_type, exc, tb)
 
 
 def install_excepthook():
-    if sys.excepthook is not _excepthook and getattr(sys.excepthook, "__name__", "") != "_excepthook":
+    if getattr(sys.excepthook, "__name__", "") != "_excepthook":
         sys.excepthook = _excepthook
 
 
 def check(condition, message):
     if not condition:
         raise LnposError(message)
+
+
+def run_main(prog, main, argv=None):
+    """Call ``main(argv)`` as a command: its return value is the exit status; an
+    :class:`LnposError` becomes one line ``PROG: error: ...`` and exit 2; Ctrl-C one line and 130."""
+    try:
+        status = main(argv)
+    except LnposError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return USAGE_EXIT
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; run the same command again to resume", file=sys.stderr)
+        return INTERRUPT_EXIT
+    return 0 if status is None else status

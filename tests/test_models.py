@@ -4,10 +4,9 @@ import torch
 
 from conftest import build_model, fairseq_cmd, run, toy_data  # noqa: F401
 from fairseq_lnpos.gradnorm import is_inference_copy
+from fairseq_lnpos.variants import VARIANTS, arch_names
 
-VARIANTS = ("postln", "preln", "deepnorm", "keel")
-SIZES = ("", "_iwslt_de_en", "_wmt_en_de", "_tiny")
-ALL_ARCHS = [f"transformer_{v}{s}" for v in VARIANTS for s in SIZES]
+ALL_ARCHS = sorted(arch_names())
 
 
 def batch(task, bsz=3, src_len=7, tgt_len=5, seed=0):

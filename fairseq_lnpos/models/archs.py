@@ -10,39 +10,33 @@ from fairseq.models import register_model_architecture
 from fairseq.models.transformer import base_architecture, transformer_iwslt_de_en, transformer_wmt_en_de
 
 from ..errors import check
+from ..variants import SIZES, TINY, VARIANTS, arch_name
 from . import deepnorm, keel  # noqa: F401  (register the transformer_deepnorm and transformer_keel models)
 
 
 def tiny_architecture(args):
-    """A CPU size for demos and tests: 6+6 layers, d 128, FFN 512, 4 heads."""
+    """A CPU size for demos and tests (``variants.TINY``): 6+6 layers, d 128, FFN 512, 4 heads."""
     for side in ("encoder", "decoder"):
-        for key, value in (("embed_dim", 128), ("ffn_embed_dim", 512), ("attention_heads", 4), ("layers", 6)):
+        for key, value in TINY.items():
             if not hasattr(args, f"{side}_{key}"):
                 setattr(args, f"{side}_{key}", value)
     base_architecture(args)
 
 
-SIZES = {
-    "": base_architecture,
-    "_iwslt_de_en": transformer_iwslt_de_en,
-    "_wmt_en_de": transformer_wmt_en_de,
-    "_tiny": tiny_architecture,
+FILL_DEFAULTS = {
+    "base": base_architecture,
+    "iwslt_de_en": transformer_iwslt_de_en,
+    "wmt_en_de": transformer_wmt_en_de,
+    "tiny": tiny_architecture,
 }
-
-# variant -> (fairseq model name, LayerNorm before the sublayer?)
-VARIANTS = {
-    "postln": ("transformer", False),
-    "preln": ("transformer", True),
-    "deepnorm": ("transformer_deepnorm", False),
-    "keel": ("transformer_keel", False),
-}
+assert set(FILL_DEFAULTS) == set(SIZES)
 
 ARCHS = {}  # arch name -> variant
 
 
 def register_variant(variant, model, normalize_before):
-    for size, fill_defaults in SIZES.items():
-        name = f"transformer_{variant}{size}"
+    for size, fill_defaults in FILL_DEFAULTS.items():
+        name = arch_name(variant, size)
 
         def arch(args, fill_defaults=fill_defaults, name=name):
             # The variant is what the name says: it overrides --{encoder,decoder}-normalize-before.
@@ -56,5 +50,5 @@ def register_variant(variant, model, normalize_before):
         ARCHS[name] = variant
 
 
-for _variant, (_model, _before) in VARIANTS.items():
-    register_variant(_variant, _model, _before)
+for _name, _v in VARIANTS.items():
+    register_variant(_name, _v.model, _v.normalize_before)

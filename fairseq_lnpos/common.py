@@ -1,0 +1,67 @@
+"""Small helpers shared by the plugin and the tooling around it; imports nothing heavy.
+
+- ``USER_DIR``: the folder to pass to fairseq's ``--user-dir``.
+- ``write_text`` / ``write_json``: write to a temporary file beside the target, then rename, so a
+  reader never sees half a file and an interruption leaves the old file (or none).
+- ``read_json``: a JSON file that must be readable; a missing or damaged file raises
+  :class:`~fairseq_lnpos.errors.StateError` naming the path.
+- ``read_lines``: lines split on ``\\n`` only (as perl and grep do), without the newline.
+- ``fmt_time``: seconds as ``H:MM:SS``.
+"""
+import json
+import os
+from pathlib import Path
+
+from .errors import LnposError, StateError
+
+USER_DIR = Path(__file__).resolve().parent
+
+
+def write_text(path, text):
+    """Atomically replace ``path`` with ``text`` (UTF-8)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def write_json(path, obj):
+    """Atomically replace ``path`` with ``obj`` as indented, key-sorted JSON."""
+    return write_text(path, json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n")
+
+
+def read_json(path, missing_ok=False, what_to_do="delete it to redo that step"):
+    """The JSON object in ``path``; ``None`` for a missing file when ``missing_ok``.
+
+    A file that exists but cannot be read or parsed is never taken as absent: it raises
+    :class:`StateError` with the path and ``what_to_do``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise StateError(f"{path} is missing: {what_to_do}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise StateError(f"{path} cannot be read ({e}): {what_to_do}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise StateError(f"{path} is damaged (not JSON: {e.msg} at line {e.lineno}): {what_to_do}") from None
+
+
+def read_lines(path):
+    """Lines of a UTF-8 text file, split on ``\\n`` only, without the newline."""
+    try:
+        with open(path, encoding="utf-8", newline="\n", errors="strict") as f:
+            return [line[:-1] if line.endswith("\n") else line for line in f]
+    except UnicodeDecodeError as e:
+        raise LnposError(f"{path}: not UTF-8 text ({e}): pass the original file") from None
+
+
+def fmt_time(seconds):
+    """``3725`` -> ``1:02:05``."""
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"

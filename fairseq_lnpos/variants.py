@@ -1,0 +1,45 @@
+"""The architecture registry as data (no fairseq import): variants, sizes and their arch names.
+
+``models/archs.py`` registers one fairseq architecture ``transformer_<variant><size>`` for every
+pair below; the grid, the analyses and the benchmark read the same table.
+"""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str              # how tables and figures name it
+    model: str              # the fairseq model the arch belongs to
+    normalize_before: bool  # fairseq's --{encoder,decoder}-normalize-before
+
+
+VARIANTS = {
+    "postln": Variant("Post-LN", "transformer", False),
+    "preln": Variant("Pre-LN", "transformer", True),
+    "deepnorm": Variant("DeepNorm", "transformer_deepnorm", False),
+    "keel": Variant("Keel", "transformer_keel", False),
+}
+
+# size name -> arch-name suffix; dimensions come from fairseq's arch of the same suffix, except tiny
+SIZES = {"base": "", "iwslt_de_en": "_iwslt_de_en", "wmt_en_de": "_wmt_en_de", "tiny": "_tiny"}
+
+# the CPU size for demos and tests, per side (encoder_*/decoder_*)
+TINY = {"embed_dim": 128, "ffn_embed_dim": 512, "attention_heads": 4, "layers": 6}
+
+
+def arch_name(variant, size="base"):
+    """``arch_name("preln", "tiny")`` -> ``transformer_preln_tiny``."""
+    if variant not in VARIANTS:
+        from .errors import LnposError
+
+        raise LnposError(f"unknown architecture variant {variant!r}: one of {', '.join(VARIANTS)}")
+    if size not in SIZES:
+        from .errors import LnposError
+
+        raise LnposError(f"unknown size {size!r}: one of {', '.join(SIZES)}")
+    return f"transformer_{variant}{SIZES[size]}"
+
+
+def arch_names():
+    """Every registered arch name -> (variant, size)."""
+    return {arch_name(v, s): (v, s) for v in VARIANTS for s in SIZES}
