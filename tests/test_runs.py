@@ -4,12 +4,16 @@ import shlex
 
 import pytest
 
-from fairseq_lnpos.experiments import grid as G
+from pathlib import Path
+
+from fairseq_lnpos.errors import LnposError
+from fairseq_lnpos.experiments import commands as C
 from fairseq_lnpos.experiments import runs as R
 
 
 def opts(**kw):
-    base = dict(task=None, fairseq_args="", gen_args="", beam=5, lenpen=1.2, world=1, fp16=False, log_interval=1)
+    base = dict(task=None, fairseq_args="", gen_args="", beam=5, lenpen=1.2, world=1, fp16=False, log_interval=1,
+                uncapped_len=False, eval_every=1, no_bleu=False, patience=0)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -17,7 +21,7 @@ def opts(**kw):
 def command(run, size="paper", world=1, total=1234):
     run = run.with_defaults()
     ds = R.DATASETS[run.dataset]
-    job = G.Job(run, 1, "/data", G.Path("/out") / run.name / "seed1", G.arch_name(run, size),
+    job = C.Job(run, 1, "/data", Path("/out") / run.name / "seed1", C.arch_name(run, size),
                 (ds["source_lang"], ds["target_lang"]), opts(world=world))
     return job.train_cmd(total, display=True)
 
@@ -104,14 +108,37 @@ def test_keel_rows_cover_adam_and_radam_with_and_without_warmup():
 
 def test_deepnorm_rows_and_paper_values():
     assert {r.warmup for r in R.RUNS if r.ln == "deepnorm"} == {0, 4000}
-    assert find(ln="postln", optimizer="adam", lr=5e-4, warmup=500).paper_bleu == 31.16
-    assert find(ln="postln", optimizer="adam", lr=1e-3, warmup=500).paper_bleu == 2.77
+    assert find(dataset="iwslt14", ln="postln", optimizer="adam", lr=5e-4, warmup=500).paper_bleu == 31.16
+    assert find(dataset="iwslt14", ln="postln", optimizer="adam", lr=1e-3, warmup=500).paper_bleu == 2.77
     assert find(dataset="iwslt14", ln="preln", optimizer="adam").paper_bleu == 34.0
     nowu = [r for r in R.RUNS if r.dataset == "iwslt14" and r.ln == "postln" and r.optimizer == "adam"
             and r.warmup == 0 and r.schedule == "inverse_sqrt"]
     assert len(nowu) == 2 and all("8.45" in r.paper_note and r.paper_bleu is None for r in nowu)
     fixed = find(schedule="fixed")
     assert fixed.lr == 1e-4 and fixed.max_epoch == 27 and fixed.paper_valid_loss == 4.3
+
+
+def test_multi30k_rows_mirror_the_iwslt_adam_rows_on_the_iwslt_model():
+    m30k = [r.with_defaults() for r in R.RUNS if r.dataset == "multi30k"]
+    iwslt_adam = {(r.ln, r.lr, r.warmup) for r in R.RUNS if r.dataset == "iwslt14" and r.optimizer == "adam"
+                  and r.ln == "postln" and r.schedule == "inverse_sqrt"}
+    assert {(r.ln, r.lr, r.warmup) for r in m30k if r.ln == "postln" and r.optimizer == "adam"} == iwslt_adam
+    assert {r.ln for r in m30k if r.warmup == 0 and r.optimizer == "adam"} == {"postln", "preln", "deepnorm", "keel"}
+    assert any(r.optimizer == "radam" and r.schedule == "linear" for r in m30k)
+    for r in m30k:
+        cmd = command(r)
+        assert flag(cmd, "--arch").endswith("_iwslt_de_en") and flag(cmd, "--max-epoch") == "12"
+        assert int(flag(cmd, "--max-tokens")) * int(flag(cmd, "--update-freq")) == 4096
+
+
+def test_budget_in_updates_and_depth():
+    run = R.coerce(R.coerce(find(dataset="synthetic", ln="preln"), "max_update", "300"), "layers", "12")
+    cmd = command(run)
+    assert flag(cmd, "--max-update") == "300" and flag(cmd, "--encoder-layers") == flag(cmd, "--decoder-layers") == "12"
+    assert "--max-update" not in command(find(dataset="synthetic", ln="preln"))
+    for key, bad in (("layers", "0"), ("max_epoch", "0"), ("max_update", "-1"), ("lr", "0"), ("ln", "midln")):
+        with pytest.raises(R.RunTableError):
+            R.coerce(run, key, bad)
 
 
 def test_tiny_size_switch_and_task_field():
@@ -135,5 +162,5 @@ def test_select_and_coerce_errors():
 
 def test_batch_plan_refuses_uneven_split():
     run = R.coerce(find(dataset="wmt14", ln="preln", lr=7e-4).with_defaults(), "max_tokens", "5000")
-    with pytest.raises(G.GridError, match="cannot be split"):
-        G.batch_plan(run, 3)
+    with pytest.raises(LnposError, match="cannot be split"):
+        C.batch_plan(run, 3)

@@ -10,18 +10,22 @@
 - sacreBLEU: hypotheses detokenized with sacremoses' Moses detokenizer against the ``raw``
   references, lowercase-insensitive when the data is lowercased (the signature then says ``case:lc``).
 
-CLI: ``python -m fairseq_lnpos.experiments.evaluate --data DIR --path ckpt.pt [--out epoch.json]``
+Generation runs fairseq-generate's own ``main()`` (``run_generate``), in this process: the grid's
+evaluator (evaluator.py) imports fairseq once and scores every checkpoint of a grid with it.
+
+CLI: ``python -m fairseq_lnpos.experiments.evaluate checkpoint --data DIR --path ckpt.pt``
 or ``... score --hyp FILE --ref-tok FILE [--ref-raw FILE] [--lowercase] [--compound-split]``.
 """
 import argparse
 import json
-import os
 import re
-import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-USER_DIR = Path(__file__).resolve().parents[1]
+from ..common import USER_DIR, read_lines, write_text
+from ..errors import LnposError, run_main
+
 COMPOUND = re.compile(r"(\S)-(\S)")  # fairseq examples/translation/compound_split_bleu.sh
 
 
@@ -41,7 +45,7 @@ def tok_bleu(hyps, refs, lowercase=False, split_compounds=False):
     from fairseq.scoring import bleu
 
     if len(hyps) != len(refs):
-        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+        raise LnposError(f"{len(hyps)} hypotheses but {len(refs)} references")
     d = dictionary.Dictionary()
     scorer = bleu.Scorer(bleu.BleuConfig(pad=d.pad(), eos=d.eos(), unk=d.unk()))
     for h, r in zip(hyps, refs):
@@ -66,7 +70,7 @@ def sacre_bleu(detok_hyps, raw_refs, lowercase=False):
     from sacrebleu.metrics import BLEU
 
     if len(detok_hyps) != len(raw_refs):
-        raise ValueError(f"{len(detok_hyps)} hypotheses but {len(raw_refs)} references")
+        raise LnposError(f"{len(detok_hyps)} hypotheses but {len(raw_refs)} references")
     metric = BLEU(lowercase=lowercase)
     return metric.corpus_score(detok_hyps, [raw_refs]).score, str(metric.get_signature())
 
@@ -105,11 +109,6 @@ def parse_generate(text):
     return seen, hyps
 
 
-def read_lines(path):
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
-
-
 def score_hyps(hyps, manifest, subset="test", seen=None):
     """Both BLEUs of tokenized hypotheses, with the settings the manifest prescribes.
 
@@ -118,7 +117,7 @@ def score_hyps(hyps, manifest, subset="test", seen=None):
     refs_tok = read_lines(manifest["refs"]["tok"][subset])
     n_seen = len(seen) if seen is not None else len(hyps)
     if n_seen != len(refs_tok) or (isinstance(hyps, dict) and any(i >= len(refs_tok) for i in hyps)):
-        raise ValueError(
+        raise LnposError(
             f"fairseq-generate read {n_seen} sentences but {manifest['refs']['tok'][subset]} has "
             f"{len(refs_tok)} references: the data dir and its text files do not match"
         )
@@ -137,31 +136,37 @@ def score_hyps(hyps, manifest, subset="test", seen=None):
     return out
 
 
-def evaluate_checkpoint(data_dir, checkpoint, manifest, beam=5, lenpen=1.2, extra=(), hyp_out=None,
-                        env=None, log=None, runner=None):
-    """Run fairseq-generate on ``checkpoint`` and score it; returns a dict (see score_hyps).
+def run_generate(argv):
+    """fairseq-generate's own ``main()`` on ``argv`` (a command line without the program name), in
+    this process; returns what fairseq-generate prints (S-/H-/D-/P- lines, then its BLEU line)."""
+    import logging
 
-    ``runner(cmd, **popen_kwargs)`` runs the command (the grid passes one that it can interrupt)."""
+    from fairseq import options
+    from fairseq_cli import generate
+
+    if not logging.getLogger().handlers:
+        # generate's logging.basicConfig would otherwise log into its results file
+        logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+                            level=logging.INFO, stream=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="lnpos-generate-") as tmp:
+        args = options.parse_args_and_arch(options.get_generation_parser(), [*argv, "--results-path", tmp])
+        generate.main(args)
+        return (Path(tmp) / f"generate-{args.gen_subset}.txt").read_text(encoding="utf-8")
+
+
+def evaluate_checkpoint(data_dir, checkpoint, manifest, beam=5, lenpen=1.2, extra=(), hyp_out=None):
+    """Generate with ``checkpoint`` on the test set and score it; returns a dict (see score_hyps)."""
+    if not Path(checkpoint).is_file():
+        raise LnposError(f"checkpoint {checkpoint} not found")
     cmd = generate_cmd(data_dir, checkpoint, manifest, beam, lenpen, extra=extra)
-    if runner is None:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    else:
-        proc = runner(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if log is not None:
-        with open(log, "a", encoding="utf-8") as f:
-            f.write(proc.stderr)
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        raise RuntimeError(f"fairseq-generate failed on {checkpoint} (exit {proc.returncode}): {tail[0]}")
-    seen, hyps = parse_generate(proc.stdout)
+    seen, hyps = parse_generate(run_generate(cmd[1:]))
     if hyp_out is not None:
-        tmp = Path(str(hyp_out) + ".tmp")
-        tmp.write_text("".join(hyps.get(i, "") + "\n" for i in range(len(seen))), encoding="utf-8")
-        os.replace(tmp, hyp_out)
+        write_text(hyp_out, "".join(hyps.get(i, "") + "\n" for i in range(len(seen))))
     return score_hyps(hyps, manifest, seen=seen)
 
 
 def main(argv=None):
+    """Print the scores of a checkpoint or of a hypothesis file as JSON."""
     p = argparse.ArgumentParser(prog="evaluate", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("checkpoint", help="generate with a checkpoint and score it")
@@ -191,10 +196,11 @@ def main(argv=None):
             if a.ref_raw:
                 score, sig = sacre_bleu(detokenize(hyps, a.lang), read_lines(a.ref_raw), a.lowercase)
                 res.update(sacrebleu=round(score, 2), sacrebleu_signature=sig)
-    except (OSError, ValueError, RuntimeError) as e:
-        sys.exit(f"evaluate: {e}")
+    except OSError as e:
+        raise LnposError(str(e)) from None
     print(json.dumps(res, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main("evaluate", main))

@@ -5,8 +5,7 @@ explicit default in ``DATASETS`` / ``Run`` with the reason next to it (see "Defa
 ``grid.py`` turns a row into a fairseq-train command line, ``report.py`` puts the paper's value next
 to the measured one. A new run is one more line in ``RUNS``.
 
-Sources: Xiong et al. ICML 2020 (Sec. 3.2, Sec. 4, App. A, App. H) as summarised in
-../shared/reference/paper-facts.md.
+Sources: Xiong et al. ICML 2020 (Sec. 3.2, Sec. 4, App. A, App. H).
 
 Defaults (the paper is silent; our rule: add nothing fairseq does not do by default):
 - weight decay 0, gradient clipping off (``--clip-norm 0``), no embedding sharing: fairseq's
@@ -36,36 +35,44 @@ Defaults (the paper is silent; our rule: add nothing fairseq does not do by defa
 """
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from ..variants import VARIANTS
+
 # Dataset-level settings. `batch_tokens` is the effective batch of one update (tokens), the same
 # whatever the number of GPUs: grid.py picks --max-tokens/--update-freq to reach it.
 DATASETS = {
     "iwslt14": dict(
-        arch_suffix="iwslt_de_en", default_data="data-bin/iwslt14.de-en", source_lang="de",
+        arch_size="iwslt_de_en", default_data="data-bin/iwslt14.de-en", source_lang="de",
         target_lang="en", max_tokens=4096, batch_tokens=4096, max_epoch=15, dropout=0.1,
+    ),
+    # Multi30k task 1 (data-prep/prepare-multi30k.sh): real De-En text, 29k pairs, ~115 updates of
+    # 4096 tokens an epoch; the paper's IWSLT model and settings, 12 epochs
+    "multi30k": dict(
+        arch_size="iwslt_de_en", default_data="data-bin/multi30k.de-en", source_lang="de",
+        target_lang="en", max_tokens=4096, batch_tokens=4096, max_epoch=12, dropout=0.1,
     ),
     # `make demo`: the generated corpus (data-prep/make-synthetic.sh) on the `_tiny` archs, on a CPU.
     # Small batches and 3 short epochs (~100 updates each with --train 4500) keep a run near 2 minutes
-    # on 2 cores; see fairseq_lnpos/demo.py for how the settings were chosen.
+    # on 2 cores; see fairseq_lnpos/demo.py for the settings.
     "synthetic": dict(
-        arch_suffix="tiny", default_data="demo-out/data/bin", source_lang="de", target_lang="en",
+        arch_size="tiny", default_data="demo-out/data/bin", source_lang="de", target_lang="en",
         max_tokens=512, batch_tokens=512, max_epoch=3, dropout=0.1,
     ),
     "wmt14": dict(
-        arch_suffix="wmt_en_de", default_data="data-bin/wmt14_en_de", source_lang="en",
+        arch_size="wmt_en_de", default_data="data-bin/wmt14_en_de", source_lang="en",
         target_lang="de", max_tokens=8192, batch_tokens=8192 * 16, max_epoch=20, dropout=0.1,
     ),
 }
 
 SCHEDULES = ("inverse_sqrt", "step_decay", "linear", "fixed")
 OPTIMIZERS = ("adam", "sgd", "radam")
-LN_KINDS = ("postln", "preln", "deepnorm", "keel")
+LN_KINDS = tuple(VARIANTS)
 
 
 @dataclass(frozen=True)
 class Run:
     name: str
     dataset: str                 # key of DATASETS
-    ln: str                      # postln | preln | deepnorm | keel (arch transformer_<ln>_<suffix>)
+    ln: str                      # a variant of variants.py (arch transformer_<ln>_<size>)
     optimizer: str               # adam | sgd | radam
     lr: float                    # lr_max
     warmup: int = 0              # warm-up updates; 0 = none (emitted as the paper's T_warmup = 1)
@@ -83,6 +90,8 @@ class Run:
     dropout: float = None
     max_tokens: int = None       # per GPU and forward pass
     batch_tokens: int = None     # per update, all GPUs and --update-freq together
+    max_update: int = 0          # a budget in updates (stability sweeps); 0 = epochs only
+    layers: int = None           # encoder and decoder depth; None = the arch's own
     # fairseq defaults, written out so that they are visible in every command.
     adam_betas: str = "(0.9, 0.98)"
     adam_eps: float = 1e-8
@@ -117,6 +126,10 @@ def _demo(name, ln, warmup=0):
     # constant lr 1e-3 after the warm-up: no decay inside the demo's ~300 updates
     return Run(name=name, dataset="synthetic", ln=ln, optimizer="adam", lr=1e-3, warmup=warmup,
                decay_anchor=100000, figure="demo", paper_note="CPU demo (synthetic corpus)")
+
+
+def _m30k(name, ln, opt, lr, **kw):
+    return Run(name=name, dataset="multi30k", ln=ln, optimizer=opt, lr=lr, paper_note="not in the paper", **kw)
 
 
 def _wmt(name, ln, opt, lr, **kw):
@@ -179,6 +192,13 @@ RUNS = [
            paper_note="not in the paper"),
     _iwslt("iwslt-keel-radam-lr5e-4-linear", "keel", "radam", 5e-4, schedule="linear", figure="keel",
            paper_note="not in the paper"),
+    # --- Multi30k (real De-En text, minutes on one GPU): the IWSLT Adam rows on the same model ------
+    *[_m30k(f"multi30k-postln-adam-lr{lr_s}-{wu_s}", "postln", "adam", lr, warmup=wu, figure="multi30k")
+      for lr, lr_s in ((5e-4, "5e-4"), (1e-3, "1e-3")) for wu, wu_s in ((0, "nowu"), (500, "wu500"), (4000, "wu4000"))],
+    _m30k("multi30k-preln-adam-lr5e-4-nowu", "preln", "adam", 5e-4, figure="multi30k"),
+    _m30k("multi30k-postln-radam-lr5e-4-linear", "postln", "radam", 5e-4, schedule="linear", figure="multi30k"),
+    _m30k("multi30k-deepnorm-adam-lr5e-4-nowu", "deepnorm", "adam", 5e-4, figure="multi30k"),
+    _m30k("multi30k-keel-adam-lr5e-4-nowu", "keel", "adam", 5e-4, figure="multi30k"),
     # --- `make demo` (synthetic corpus, _tiny archs, CPU); same settings for every architecture ------
     _demo("demo-postln-nowu", "postln"),
     _demo("demo-postln-wu100", "postln", warmup=100),
@@ -212,6 +232,11 @@ def select(only=None):
     return [r for r in RUNS if r in chosen]
 
 
+# integer fields and their smallest value
+INT_FIELDS = {"max_epoch": 1, "max_tokens": 1, "batch_tokens": 1, "warmup": 0, "decay_epoch": 0,
+              "decay_anchor": 1, "max_update": 0, "layers": 1}
+
+
 def coerce(run, key, value):
     """Return ``run`` with field ``key`` set from the string ``value`` (for --set key=value)."""
     known = {f.name: f for f in fields(Run)}
@@ -226,7 +251,7 @@ def coerce(run, key, value):
             if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
                 raise ValueError(value)
             new = value.lower() in ("true", "1", "yes")
-        elif key in ("max_epoch", "max_tokens", "batch_tokens", "warmup", "decay_epoch", "decay_anchor"):
+        elif key in INT_FIELDS:
             new = int(value)
         elif key in ("dataset", "ln", "optimizer", "schedule", "figure", "paper_note", "task",
                      "adam_betas"):
@@ -235,6 +260,12 @@ def coerce(run, key, value):
             new = None if value == "" else float(value)
     except ValueError:
         raise RunTableError(f"--set {key}={value}: not a valid value for {key}") from None
+    if key in INT_FIELDS and new < INT_FIELDS[key]:
+        raise RunTableError(f"--set {key}={value}: must be at least {INT_FIELDS[key]}")
+    if key in ("lr", "max_tokens") and new is not None and not new > 0:
+        raise RunTableError(f"--set {key}={value}: must be positive")
+    if key == "ln" and new not in VARIANTS:
+        raise RunTableError(f"--set ln: one of {', '.join(VARIANTS)}")
     if key == "dataset" and new not in DATASETS:
         raise RunTableError(f"--set dataset: one of {', '.join(DATASETS)}")
     if key == "schedule" and new not in SCHEDULES:

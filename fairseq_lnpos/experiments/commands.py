@@ -1,0 +1,186 @@
+"""A run of the table (runs.py) as fairseq command lines, and everything that determines its results.
+
+:class:`Job` is one run x seed: its fairseq-train argv (``train_cmd``), its fairseq-generate argv
+(``generate_argv``), its config and config hash. Nothing here starts a process.
+"""
+import hashlib
+import json
+import math
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..common import USER_DIR
+from ..errors import LnposError
+from ..variants import arch_name as variant_arch
+from . import runs as R
+from .evaluate import console_script, generate_cmd
+from .rundir import RunDir
+
+# output length when scoring: at most 1.2 x source + 10 tokens, as fairseq's IWSLT recipe
+# (examples/translation/README.md) passes in --eval-bleu-args; --uncapped-len gives fairseq's
+# default (max_len_a 0, max_len_b 200), which lets an untrained model write 200 tokens a sentence
+LEN_CAP = ("--max-len-a", "1.2", "--max-len-b", "10")
+
+
+def arch_name(run, size):
+    """The fairseq arch of ``run`` at ``size`` ("paper": the dataset's own size, or "tiny")."""
+    return variant_arch(run.ln, "tiny" if size == "tiny" else R.DATASETS[run.dataset]["arch_size"])
+
+
+def batch_plan(run, world):
+    """(--max-tokens, --update-freq) so that one update sees ``run.batch_tokens`` tokens."""
+    per_step = run.max_tokens * world
+    if run.batch_tokens % per_step == 0:
+        return run.max_tokens, run.batch_tokens // per_step
+    if run.batch_tokens < per_step and run.batch_tokens % world == 0:
+        return run.batch_tokens // world, 1
+    raise LnposError(
+        f"{run.name}: an update of {run.batch_tokens} tokens cannot be split over {world} GPU(s) x "
+        f"{run.max_tokens} tokens; pick --set max_tokens=N with N x GPUs dividing {run.batch_tokens}")
+
+
+def optimizer_args(run):
+    if run.optimizer == "sgd":
+        return ["--optimizer", "sgd", "--momentum", str(run.momentum), "--weight-decay", str(run.weight_decay)]
+    return ["--optimizer", run.optimizer, "--adam-betas", run.adam_betas, "--adam-eps", str(run.adam_eps),
+            "--weight-decay", str(run.weight_decay)]
+
+
+def schedule_args(run, total_updates):
+    lr = ["--lr", str(run.lr)]
+    if run.schedule == "inverse_sqrt":
+        # the paper's T_warmup = 1 means no warm-up: the first update runs at lr_max
+        return ["--lr-scheduler", "warmup_inverse_sqrt", *lr, "--warmup-updates", str(max(run.warmup, 1)),
+                "--decay-anchor", str(max(run.decay_anchor, run.warmup, 1))]
+    if run.schedule == "step_decay":
+        a = ["--lr-scheduler", "step_decay", *lr, "--decay-epoch", str(run.decay_epoch),
+             "--decay-factor", str(run.decay_factor)]
+        return a + (["--inverse-sqrt-after-decay"] if run.inverse_sqrt_after_decay else [])
+    if run.schedule == "linear":
+        return ["--lr-scheduler", "polynomial_decay", *lr, "--power", "1", "--end-learning-rate", "0",
+                "--warmup-updates", "0", "--total-num-update", str(total_updates)]
+    if run.schedule == "fixed":
+        return ["--lr-scheduler", "fixed", *lr]
+    raise LnposError(f"{run.name}: unknown schedule {run.schedule!r}")
+
+
+def depth_args(run):
+    if not run.layers:
+        return []
+    return ["--encoder-layers", str(run.layers), "--decoder-layers", str(run.layers)]
+
+
+def budget_args(run):
+    """--max-epoch, and --max-update when the run's budget is counted in updates."""
+    return ["--max-epoch", str(run.max_epoch)] + (["--max-update", str(run.max_update)] if run.max_update else [])
+
+
+@dataclass
+class Job:
+    run: R.Run
+    seed: int
+    data: Path
+    run_dir: Path
+    arch: str
+    langs: tuple
+    opts: object  # the grid's options (argparse namespace)
+    index: int = 0
+    # progress, written by the run's worker and read by the progress line
+    state: str = "pending"
+    epoch: int = 0
+    updates: int = 0
+    loss: str = ""
+    status: str = ""
+    epoch_times: list = field(default_factory=list)
+    # while the scheduler works on it
+    manifest: dict = None
+    log_state: object = None
+    evaluator: object = None
+    pending: set = field(default_factory=set)  # epochs being scored
+    lock_fd: int = None
+    released: bool = True                      # the run folder's lock is not held
+    diverged: int = None                       # the update at which it diverged
+    error: str = None                          # why scoring failed
+
+    @property
+    def label(self):
+        return f"{self.run.name} seed {self.seed}"
+
+    @property
+    def dir(self):
+        return RunDir(self.run_dir)
+
+    @property
+    def save_dir(self):
+        return self.dir.save_dir
+
+    def config(self):
+        """Everything that determines the results (not the GPUs used, nor how often it is scored)."""
+        o = self.opts
+        return {"run": self.run.as_dict(), "seed": self.seed, "data": str(self.data), "arch": self.arch,
+                "fp16": o.fp16, "fairseq_args": o.fairseq_args, "beam": o.beam, "lenpen": o.lenpen,
+                "gen_args": self.gen_extra()}
+
+    def config_hash(self):
+        return hashlib.sha256(json.dumps(self.config(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def train_cmd(self, total_updates="<updates per epoch x {e}>", display=False):
+        r, o = self.run, self.opts
+        max_tokens, update_freq = batch_plan(r, o.world)
+        if isinstance(total_updates, str):
+            total_updates = total_updates.format(e=r.max_epoch)
+        exe = "fairseq-train" if display else console_script("fairseq-train")
+        cmd = [exe, str(self.data), "--user-dir", str(USER_DIR), "--task", o.task or r.task,
+               "--source-lang", self.langs[0], "--target-lang", self.langs[1],
+               "--arch", self.arch, *depth_args(r), "--dropout", str(r.dropout),
+               *optimizer_args(r), "--clip-norm", str(r.clip_norm), *schedule_args(r, total_updates),
+               "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", str(r.label_smoothing),
+               "--max-tokens", str(max_tokens), "--update-freq", str(update_freq),
+               *budget_args(r), "--seed", str(self.seed),
+               "--save-dir", str(self.save_dir),
+               "--log-format", "json", "--log-interval", str(o.log_interval)]
+        if o.world > 1:
+            cmd += ["--distributed-world-size", str(o.world)]
+        if o.fp16:
+            cmd += ["--fp16"]
+        return cmd + list(r.extra) + shlex.split(o.fairseq_args)
+
+    def gen_extra(self):
+        """fairseq-generate flags beyond the data, checkpoint, beam and length penalty."""
+        o = self.opts
+        cap = [] if o.uncapped_len else list(LEN_CAP)
+        return cap + (["--fp16"] if o.fp16 else []) + shlex.split(o.gen_args)
+
+    def generate_argv(self, epoch, manifest, display=False):
+        cmd = generate_cmd(self.data, self.dir.checkpoint(epoch), manifest, self.opts.beam, self.opts.lenpen,
+                           extra=self.gen_extra())
+        if display:
+            cmd[0] = "fairseq-generate"
+        return cmd
+
+    def scored(self, epoch):
+        """Is ``epoch`` scored on the test set? Every --eval-every'th epoch and always the last."""
+        if self.opts.no_bleu:
+            return False
+        return epoch == self.run.max_epoch or epoch % self.opts.eval_every == 0
+
+
+def total_updates(job):
+    """Updates of the whole run: its --max-update, else updates per epoch (fairseq's own parsing and
+    batching of ``job``'s training data) x epochs. The linear decay needs it up front."""
+    if job.run.max_update:
+        return job.run.max_update
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(options.get_training_parser(), job.train_cmd(1)[1:])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    task.load_dataset(cfg.dataset.train_subset, combine=False, epoch=1)
+    itr = task.get_batch_iterator(
+        task.dataset(cfg.dataset.train_subset), max_tokens=cfg.dataset.max_tokens,
+        max_sentences=cfg.dataset.batch_size, max_positions=task.max_positions(),
+        ignore_invalid_inputs=True, required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
+        seed=job.seed, num_shards=job.opts.world, shard_id=0, epoch=1)
+    return math.ceil(len(itr) / cfg.optimization.update_freq[0]) * job.run.max_epoch

@@ -1,0 +1,123 @@
+"""Reading fairseq-train's log (``--log-format json``) while it is being written.
+
+:class:`LogState` keeps what the log says so far: per-epoch validation and training statistics,
+the epochs whose checkpoint was saved, the update count, the first training loss, and whether
+(and where) the run diverged. :class:`LogTail` feeds it the complete lines added since the last
+poll.
+
+Divergence: a non-finite training or validation loss, fairseq's own floating-point failures
+(``FloatingPointError``, minimum loss scale reached), or, when ``patience`` is set, a training
+loss above the first logged loss for ``patience`` consecutive logged updates.
+"""
+import json
+import math
+import re
+from pathlib import Path
+
+LOG_LINE = re.compile(r"^\S+ \S+ \| \w+ \| (\S+) \| (.*)$")
+SAVED = re.compile(r"Saved checkpoint (\S+) \(epoch (\d+) @ (\d+) updates")
+LOADED = re.compile(r"Loaded checkpoint \S+ \(epoch (\d+) @ (\d+) updates\)")
+FATAL_FP = re.compile(r"FloatingPointError|Minimum loss scale reached|gradients are Nan/Inf")
+
+
+def number(value):
+    """A float from a logged value, ``None`` when it is not a number."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _nonfinite(value):
+    x = number(value)
+    return x is not None and not math.isfinite(x)
+
+
+class LogState:
+    """What fairseq's log says so far."""
+
+    def __init__(self, patience=0):
+        self.valid, self.train, self.saved = {}, {}, {}
+        self.updates, self.loss, self.first_loss = 0, "", None
+        self.nonfinite_at, self.fatal_fp = None, False
+        self.patience, self.above, self.above_since = patience, 0, None
+
+    @property
+    def diverged_at(self):
+        """The update at which the run diverged (non-finite loss or the patience rule), or None."""
+        if self.nonfinite_at is not None:
+            return self.nonfinite_at
+        if self.patience and self.above >= self.patience:
+            return self.above_since
+        return None
+
+    def feed(self, line):
+        """Take one line; return ``"saved"``, the JSON record's name, or None."""
+        m = LOG_LINE.match(line)
+        if m is None:
+            self.fatal_fp |= bool(FATAL_FP.search(line))
+            return None
+        name, msg = m.groups()
+        self.fatal_fp |= bool(FATAL_FP.search(msg))
+        if msg.startswith("{"):
+            try:
+                rec = json.loads(msg)
+            except json.JSONDecodeError:
+                return None
+            if name == "train_inner":
+                self._train_inner(rec)
+            elif name == "valid":
+                self.valid[int(rec["epoch"])] = rec
+                if self.nonfinite_at is None and _nonfinite(rec.get("valid_loss")):
+                    self.nonfinite_at = int(rec.get("valid_num_updates", self.updates))
+            elif name == "train":
+                self.train[int(rec["epoch"])] = rec
+            return name
+        m = SAVED.search(msg)
+        if m:
+            self.saved[int(m.group(2))] = int(m.group(3))
+            return "saved"
+        m = LOADED.search(msg)
+        if m:
+            self.updates = int(m.group(2))
+        return None
+
+    def _train_inner(self, rec):
+        self.updates = int(rec.get("num_updates", self.updates))
+        self.loss = rec.get("loss", "")
+        if self.nonfinite_at is None and _nonfinite(self.loss):
+            self.nonfinite_at = self.updates
+        loss = number(self.loss)
+        if loss is None or not math.isfinite(loss):
+            return
+        if self.first_loss is None:
+            self.first_loss = loss
+        elif loss > self.first_loss:
+            self.above += 1
+            self.above_since = self.above_since or self.updates
+        else:
+            self.above, self.above_since = 0, None
+
+
+class LogTail:
+    """Feeds the lines appended to ``path`` since the last poll to ``state``."""
+
+    def __init__(self, path, state, offset=0):
+        self.path, self.state, self.offset, self.buf = Path(path), state, offset, b""
+
+    def poll(self):
+        """Feed new complete lines; return the epochs whose checkpoint was saved meanwhile."""
+        saved = []
+        if not self.path.exists():
+            return saved
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        self.offset += len(data)
+        self.buf += data
+        *lines, self.buf = self.buf.split(b"\n")
+        for raw in lines:
+            line = raw.decode("utf-8", "replace")
+            if self.state.feed(line) == "saved":
+                saved.append(int(SAVED.search(line).group(2)))
+        return saved

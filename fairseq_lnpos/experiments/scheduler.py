@@ -1,0 +1,314 @@
+"""Running the grid's jobs: slots, fairseq-train processes, the evaluator, divergence, resume.
+
+A slot is one place for a run: a GPU group (``CUDA_VISIBLE_DEVICES``), given ``--runs-per-gpu``
+times, or a share of the CPU. Each slot's worker takes the next job, trains it with fairseq-train
+(resuming from checkpoint_last.pt), follows its log, and hands every saved epoch to the
+evaluator of its device; the slot is free again as soon as training ends. A run is finished
+(DONE.json) when its last epoch is scored. CPU threads are shared out among everything that runs
+at once: the slots and the evaluators.
+"""
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from ..common import fmt_time, read_json
+from ..data.manifest import read_manifest
+from ..errors import LnposError
+from .commands import total_updates
+from .evaluator import EvalFailed, Evaluator, Stopped
+from .fairseq_log import LogState, LogTail, number
+
+# children get SIGTERM when the thread that started them dies, also when the grid is SIGKILLed
+PDEATHSIG = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
+
+
+class RunFailed(Exception):
+    pass
+
+
+class Grid:
+    def __init__(self, jobs, opts, slots):
+        self.jobs, self.opts, self.slots = jobs, opts, slots
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.procs = set()
+        self.t0 = time.time()
+        self.failed = False
+        self.out = Path(opts.out)
+        self.progress_log = self.out / "progress.log"
+        devices = sorted(set(slots), key=str)
+        self.threads = max(1, (os.cpu_count() or 1) // (len(slots) + len(devices)))
+        self.evaluators = {d: Evaluator(self.env(d), self.out / "evaluator.log", self.popen) for d in devices}
+        self.finished = threading.Condition(self.lock)
+
+    # processes ----------------------------------------------------------------
+    def env(self, device):
+        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
+        if device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = device
+        return env
+
+    def popen(self, cmd, env, **kw):
+        if self.stop.is_set():
+            raise Stopped()
+        p = subprocess.Popen(PDEATHSIG + list(cmd), env=env, start_new_session=True, **kw)
+        with self.lock:
+            self.procs.add(p)
+        return p
+
+    def kill_all(self):
+        self.stop.set()
+        with self.lock:
+            procs = list(self.procs)
+            self.finished.notify_all()
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    # progress -----------------------------------------------------------------
+    def say(self, msg=None):
+        with self.lock:
+            n = len(self.jobs)
+            done = sum(j.state in ("done", "skipped") for j in self.jobs)
+            parts = [f"[grid {fmt_time(time.time() - self.t0)}] {done}/{n} runs done"]
+            for j in self.jobs:
+                if j.state == "running":
+                    parts.append(f"run {j.index}/{n} {j.label}: epoch {j.epoch}/{j.run.max_epoch}, "
+                                 f"update {j.updates}" + (f", loss {j.loss}" if j.loss else ""))
+            queued = sum(e.pending for e in self.evaluators.values())
+            parts += [f"eval queue {queued}"] if queued else []
+            parts.append(f"ETA {self.eta()}")
+            line = " | ".join(parts) + (f" | {msg}" if msg else "")
+            print(line, flush=True)
+            with open(self.progress_log, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+
+    def eta(self):
+        times = [t for j in self.jobs for t in j.epoch_times]
+        if not times:
+            return "?"
+        left = sum(max(j.run.max_epoch - j.epoch, 0) for j in self.jobs if j.state in ("pending", "running"))
+        return fmt_time(sum(times) / len(times) * left / len(self.slots))
+
+    # one run ------------------------------------------------------------------
+    def execute(self, job, slot):
+        rd = job.dir
+        done = rd.done()
+        if done is not None:
+            job.state = "skipped"
+            self.say(f"{job.label}: already {done['status']}, not redone")
+            return
+        job.lock_fd, job.released = rd.lock(), False
+        try:
+            rd.claim(job.config(), job.config_hash())
+            job.state = "running"
+            job.manifest = read_manifest(job.data)
+            job.log_state = LogState(patience=self.opts.patience)
+            job.evaluator = self.evaluators[slot]
+            self._train(job, slot)
+        except BaseException:
+            self._release(job)
+            raise
+        self._after_training(job)
+
+    def _train(self, job, slot):
+        rd, state = job.dir, job.log_state
+        tail = LogTail(rd.log_path, state)
+        for ep in tail.poll():  # the history of earlier launches
+            pass
+        job.epoch, job.updates = max(state.saved, default=0), state.updates
+        for ep in sorted(state.saved):  # saved in an earlier launch, not scored before an interruption
+            if not rd.has_eval(ep):
+                self._epoch_saved(job, ep)
+        if rd.trained:
+            return
+        total = total_updates(job) if job.run.schedule == "linear" else 0
+        cmd = job.train_cmd(total)
+        with open(rd.log_path, "ab") as log:
+            log.write(f"# grid: {shlex.join(cmd)}\n".encode())
+            log.flush()
+            proc = self.popen(cmd, self.env(slot), stdout=log, stderr=subprocess.STDOUT)
+        self.say(f"{job.label}: training ({'resumed' if state.saved else 'new'}), log {rd.log_path}")
+        t_epoch = time.time()
+        try:
+            while True:
+                ended = proc.poll() is not None
+                for ep in tail.poll():
+                    job.epoch = ep
+                    job.epoch_times.append(time.time() - t_epoch)
+                    t_epoch = time.time()
+                    self._epoch_saved(job, ep)
+                job.updates, job.loss = state.updates, state.loss
+                if state.diverged_at is not None and not ended:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait()
+                    ended = True
+                if ended:
+                    tail.poll()
+                    break
+                if self.stop.is_set():
+                    raise Stopped()
+                time.sleep(0.5)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait()
+            with self.lock:
+                self.procs.discard(proc)
+        if self.stop.is_set():
+            raise Stopped()
+        if state.diverged_at is not None:
+            job.diverged = state.diverged_at
+        elif proc.returncode != 0 and state.fatal_fp:
+            job.diverged = state.updates + 1  # fairseq raised before counting the failing update
+        elif proc.returncode != 0:
+            raise RunFailed(f"fairseq-train exited {proc.returncode}; see {rd.log_path}")
+        elif (max(state.saved, default=0) < job.run.max_epoch and not job.run.max_update
+              and "--max-update" not in job.opts.fairseq_args):
+            raise RunFailed(f"fairseq-train exited 0 but saved only {max(state.saved, default=0)} of "
+                            f"{job.run.max_epoch} epochs; see {rd.log_path}")
+        else:
+            rd.mark_trained()
+
+    def _epoch_saved(self, job, epoch):
+        """Record fairseq's statistics of ``epoch``; queue its scoring (or not, with --eval-every)."""
+        rd, st = job.dir, job.log_state
+        v, tr = st.valid.get(epoch, {}), st.train.get(epoch, {})
+        record = {"epoch": epoch, "num_updates": st.saved.get(epoch), "valid_loss": number(v.get("valid_loss")),
+                  "valid_nll_loss": number(v.get("valid_nll_loss")), "train_loss": number(tr.get("train_loss")),
+                  "lr": number(tr.get("train_lr")), "bleu_tok": None}
+        if not rd.checkpoint(epoch).exists():
+            raise RunFailed(f"{rd.checkpoint(epoch)} is missing, so epoch {epoch} cannot be scored; "
+                            f"delete {rd.path} to redo the run")
+        if not job.scored(epoch):
+            rd.write_eval(epoch, record)  # unscored; its checkpoint stays until the next epoch is saved
+            self._drop_checkpoints(job, below=epoch)
+            return
+        self._score(job, epoch, record)
+
+    def _score(self, job, epoch, record):
+        rd = job.dir
+        request = {"argv": job.generate_argv(epoch, job.manifest)[1:], "data": str(job.data),
+                   "hyp_out": str(rd.hyp_path(epoch)), "checkpoint": str(rd.checkpoint(epoch))}
+        with self.lock:
+            job.pending.add(epoch)
+        t = time.time()
+
+        def scored(result, error):
+            if error is None:
+                rd.write_eval(epoch, {**record, **result})
+                self._drop_checkpoints(job, below=epoch + 1)
+                self.say(f"{job.label}: epoch {epoch} tok BLEU {result['bleu_tok']}, sacreBLEU "
+                         f"{result.get('sacrebleu', '-')}, valid loss {record['valid_loss']} "
+                         f"({time.time() - t:.0f} s after it was saved)")
+            elif isinstance(error, EvalFailed):
+                job.error = str(error)
+            with self.lock:
+                job.pending.discard(epoch)
+                self.finished.notify_all()
+
+        job.evaluator.submit(request, scored)
+
+    def _drop_checkpoints(self, job, below):
+        """Delete checkpointN.pt (N < below) whose epoch is recorded, unless --keep-checkpoints."""
+        if self.opts.keep_checkpoints:
+            return
+        rd = job.dir
+        for ep, path in rd.epoch_checkpoints():
+            if ep < below and rd.has_eval(ep):
+                path.unlink()
+
+    def _after_training(self, job):
+        """The slot is free; the run is finished once its scoring is (in the evaluator's thread)."""
+        rd = job.dir
+        last = max(job.log_state.saved, default=0)
+        rec = read_json(rd.eval_path(last), missing_ok=True) if last else None  # None: being scored
+        if rec is not None and rec.get("bleu_tok") is None and not self.opts.no_bleu \
+                and rd.checkpoint(last).exists():
+            self._score(job, last, rec)  # the last epoch is always scored
+        threading.Thread(target=self._finish, args=(job,), daemon=True).start()
+
+    def _finish(self, job):
+        with self.lock:
+            while job.pending and not self.stop.is_set():
+                self.finished.wait()
+        try:
+            if self.stop.is_set():
+                return
+            if job.error:
+                raise RunFailed(job.error)
+            self._drop_checkpoints(job, below=float("inf"))
+            st, rd = job.log_state, job.dir
+            diverged = job.diverged
+            status = f"diverged at update {diverged}" if diverged else "finished"
+            evals = rd.evals()
+            rd.write_done({"status": status, "diverged_at": diverged, "epochs": sorted(st.saved),
+                           "initial_loss": st.first_loss, "updates": st.updates,
+                           "final_valid_loss": evals[-1]["valid_loss"] if evals else None})
+            job.state, job.status = "done", status
+            self.say(f"{job.label}: {status}")
+        except (RunFailed, LnposError) as e:
+            self._fail(job, e)
+        finally:
+            self._release(job)
+
+    def _release(self, job):
+        if job.lock_fd is not None:
+            os.close(job.lock_fd)
+            job.lock_fd = None
+        with self.lock:
+            job.released = True
+            self.finished.notify_all()
+
+    def _fail(self, job, error):
+        job.state, job.status = "done", f"failed: {error}"
+        self.failed = True
+        self.say(f"{job.label}: FAILED: {error} (re-run to retry)")
+
+    # the whole grid -----------------------------------------------------------
+    def run(self):
+        queue, errors = list(self.jobs), []
+        qlock = threading.Lock()
+
+        def worker(slot):
+            while not self.stop.is_set():
+                with qlock:
+                    if not queue:
+                        return
+                    job = queue.pop(0)
+                try:
+                    self.execute(job, slot)
+                except Stopped:
+                    return
+                except RunFailed as e:
+                    self._fail(job, e)
+                except LnposError as e:  # unusable input or state: stop the grid, say why
+                    errors.append(str(e))
+                    self.kill_all()
+                    return
+                except Exception as e:  # a bug or an unexpected fairseq output: record it, go on
+                    self._fail(job, f"{type(e).__name__}: {e}")
+
+        threads = [threading.Thread(target=worker, args=(s,), daemon=True) for s in self.slots]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.5)
+        with self.lock:  # every started run released (finished, failed or stopped)
+            while not self.stop.is_set() and not all(j.released for j in self.jobs):
+                self.finished.wait(0.5)
+        for e in self.evaluators.values():
+            if self.stop.is_set():
+                e.requests.put(None)
+            else:
+                e.close()
+        if errors:
+            raise LnposError(errors[0])
