@@ -231,7 +231,7 @@ def test_real_checksum_refused_with_one_line(tmp_path, capsys):
     assert not (tmp_path / "o" / "raw").exists()
 
 
-def real_run(root, capsys=None):
+def real_run(root):
     out, bin_dir = root / "text", root / "bin"
     t0 = time.time()
     buf = io.StringIO()
