@@ -1,0 +1,387 @@
+"""Stability map from recorded runs: learning rate x warm-up x depth for every architecture.
+
+    scripts/stability_map.sh OUT [--margin BITS] [--no-figures]
+
+Reads every run folder ``OUT/NAME/seedS/`` the grid writes (config.json, DONE.json, eval/epochN.json);
+a run without DONE.json is "unfinished" and listed, not counted; a file that exists but cannot be read
+is an error naming it. Runs of one cell (architecture, depth, warm-up, learning rate) are its seeds.
+Writes OUT/stability.csv (one row per cell), OUT/stability.md (printed too),
+OUT/stability_heatmaps.png (rows: depth, columns: architecture) and OUT/sensitivity_vs_depth.png.
+
+Losses are fairseq's: base 2 (bits), with the training criterion (label smoothing included); the
+initial loss is the training loss at the first update, the final loss the last validation loss.
+"""
+import argparse
+import csv
+import io
+import math
+import sys
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from ..common import read_json, write_text
+from ..errors import LnposError, StateError, run_main
+from ..variants import VARIANTS
+
+DEFAULT_LAYERS = 6  # "layers" absent or null: the arch's default depth (6 for every size)
+# Default --margin: within 0.1 bit of the best cell's final validation loss, i.e. a perplexity within
+# 7 % of the best (2 ** 0.1 = 1.072): trained to about the same quality, while a run that diverged or
+# stalled stays near its initial loss, bits above the best.
+DEFAULT_MARGIN = 0.1
+SENSITIVITY = ("LR sensitivity (Wortsman et al. 2023, \"Small-scale proxies for large-scale Transformer "
+               "training instabilities\"): the mean over the learning-rate grid of min(final loss, initial "
+               "loss) minus the best final loss on the grid, per architecture, depth and warm-up; a diverged "
+               "run's final loss counts as its initial loss; seeds are averaged per learning rate. Lower is "
+               "more stable: 0 means every learning rate of the grid reached the best loss.")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One run (one seed) as recorded."""
+    path: str
+    variant: str
+    layers: int
+    lr: float
+    warmup: int          # 0 = none
+    seed: int
+    status: str          # finished | diverged | failed | unfinished
+    diverged_at: int = None
+    initial_loss: float = None
+    final_valid_loss: float = None
+    bleu: float = None   # test tok BLEU of the last scored epoch
+
+
+@dataclass(frozen=True)
+class Cell:
+    """The seeds of one (variant, layers, warmup, lr) that finished or diverged."""
+    variant: str
+    layers: int
+    warmup: int
+    lr: float
+    seeds: int
+    diverged: int                   # how many of them diverged
+    final_valid_loss: float = None  # mean over the seeds that did not diverge
+    bleu: float = None              # mean over the seeds that did not diverge and were scored
+    stable: bool = False            # no seed diverged and within --margin of the architecture's best cell
+
+
+def _status(text):
+    text = str(text)
+    if text == "finished":
+        return "finished"
+    return "diverged" if text.startswith("diverged") else "failed"
+
+
+def _last_eval(run_dir, key):
+    """``key`` of the latest eval/epochN.json where it is not null, or None."""
+    evals = [read_json(p) for p in (run_dir / "eval").glob("epoch*.json")]
+    evals = sorted((e for e in evals if e.get(key) is not None), key=lambda e: e["epoch"])
+    return evals[-1][key] if evals else None
+
+
+def load_record(run_dir):
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / "config.json"
+    cfg = read_json(cfg_path)
+    try:
+        run = cfg["run"]
+        key = dict(path=str(run_dir), variant=run["ln"], layers=int(run.get("layers") or DEFAULT_LAYERS),
+                   lr=float(run["lr"]), warmup=int(run.get("warmup") or 0), seed=int(cfg["seed"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise StateError(f"{cfg_path} lacks a valid {e}: it was not written by the grid; delete {run_dir}") from None
+    if key["variant"] not in VARIANTS:
+        raise StateError(f"{cfg_path}: unknown architecture {key['variant']!r} (known: {', '.join(VARIANTS)})")
+    done = read_json(run_dir / "DONE.json", missing_ok=True,
+                     what_to_do=f"delete it and run the sweep again to redo {run_dir}")
+    if done is None:
+        return Record(status="unfinished", **key)
+    final = done.get("final_valid_loss")
+    if final is None:
+        final = _last_eval(run_dir, "valid_loss")
+    status = _status(done.get("status"))
+    if status == "finished" and final is not None and not math.isfinite(final):
+        status = "diverged"  # a NaN/inf final loss: diverged, though training ran to its end
+    return Record(status=status, diverged_at=done.get("diverged_at"),
+                  initial_loss=done.get("initial_loss"),
+                  final_valid_loss=final,
+                  bleu=_last_eval(run_dir, "bleu_tok"), **key)
+
+
+def load_records(out):
+    out = Path(out)
+    if not out.is_dir():
+        raise LnposError(f"{out}: no such folder: give the output folder of a sweep (OUT/NAME/seedS/)")
+    configs = sorted(out.glob("*/seed*/config.json"))
+    if not configs:
+        raise LnposError(f"{out}: no run folders NAME/seedS/config.json in it: give the output folder of a sweep")
+    return [load_record(p.parent) for p in configs]
+
+
+def _mean(values):
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(values) / len(values) if values else None
+
+
+def _rank(key):
+    """Sort key: architectures in the registry's order (Post-LN, Pre-LN, DeepNorm, Keel), then the rest."""
+    return (list(VARIANTS).index(key[0]),) + key[1:] if isinstance(key, tuple) else key
+
+
+def _group(items, key):
+    groups = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return dict(sorted(groups.items(), key=lambda kv: _rank(kv[0])))
+
+
+def make_cells(records, margin=DEFAULT_MARGIN):
+    """Cells of the runs that finished or diverged, with ``stable`` decided per (variant, layers)."""
+    counted = [r for r in records if r.status in ("finished", "diverged")]
+    cells = []
+    for (variant, layers, warmup, lr), runs in _group(counted, lambda r: (r.variant, r.layers, r.warmup, r.lr)).items():
+        ok = [r for r in runs if r.status == "finished"]
+        cells.append(Cell(variant, layers, warmup, lr, len(runs), len(runs) - len(ok),
+                          _mean(r.final_valid_loss for r in ok), _mean(r.bleu for r in ok)))
+    out = []
+    for _, group in _group(cells, lambda c: (c.variant, c.layers)).items():
+        best = min((c.final_valid_loss for c in group if not c.diverged and c.final_valid_loss is not None),
+                   default=None)
+        for c in group:
+            stable = best is not None and not c.diverged and c.final_valid_loss is not None \
+                and c.final_valid_loss <= best + margin
+            out.append(Cell(**{**asdict(c), "stable": stable}))
+    return out
+
+
+def max_stable_lr(cells):
+    """{(variant, layers, warmup): the largest stable learning rate, or None}."""
+    return {k: max((c.lr for c in g if c.stable), default=None)
+            for k, g in _group(cells, lambda c: (c.variant, c.layers, c.warmup)).items()}
+
+
+def lr_sensitivity(records):
+    """{(variant, layers, warmup): Wortsman et al.'s LR sensitivity over the learning rates run, or None
+    where a run of the group lacks its initial loss}; see SENSITIVITY."""
+    counted = [r for r in records if r.status in ("finished", "diverged")]
+    result = {}
+    for key, runs in _group(counted, lambda r: (r.variant, r.layers, r.warmup)).items():
+        if any(r.initial_loss is None or (r.status == "finished" and r.final_valid_loss is None) for r in runs):
+            result[key] = None
+            continue
+        final = {id(r): r.initial_loss if r.status == "diverged" else r.final_valid_loss for r in runs}
+        by_lr = _group(runs, lambda r: r.lr).values()
+        clipped = [sum(min(final[id(r)], r.initial_loss) for r in g) / len(g) for g in by_lr]
+        best = min(sum(final[id(r)] for r in g) / len(g) for g in by_lr)
+        result[key] = sum(clipped) / len(clipped) - best
+    return result
+
+
+# ---------------------------------------------------------------- CSV
+
+def write_csv(cells, path):
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["label"] + [f.name for f in fields(Cell)])
+    for c in cells:
+        w.writerow([VARIANTS[c.variant].label] + ["" if v is None else repr(v) if isinstance(v, float) else str(v) for v in asdict(c).values()])
+    return write_text(path, buf.getvalue())
+
+
+def read_csv(path):
+    types = {"variant": str, "layers": int, "warmup": int, "lr": float, "seeds": int, "diverged": int,
+             "final_valid_loss": float, "bleu": float, "stable": lambda s: s == "True"}
+    with open(path, encoding="utf-8", newline="") as f:
+        return [Cell(**{k: (types[k](v) if v != "" else None) for k, v in row.items() if k in types})
+                for row in csv.DictReader(f)]
+
+
+# ---------------------------------------------------------------- figures
+
+def _fmt_warmup(w):
+    return "none" if w == 0 else str(w)
+
+
+def heatmap(cells, variant, layers):
+    """The matrices one heatmap draws: rows warm-up, columns learning rate (both ascending)."""
+    sel = {(c.warmup, c.lr): c for c in cells if (c.variant, c.layers) == (variant, layers)}
+    warmups, lrs = sorted({w for w, _ in sel}), sorted({lr for _, lr in sel})
+
+    def get(attr, empty):
+        return [[getattr(sel[w, lr], attr) if (w, lr) in sel else empty for lr in lrs] for w in warmups]
+
+    loss = [[math.nan if v is None else v for v in row] for row in get("final_valid_loss", None)]
+    return {"warmups": warmups, "lrs": lrs, "loss": loss, "bleu": get("bleu", None),
+            "diverged": get("diverged", 0), "seeds": get("seeds", 0)}
+
+
+def _plt():
+    import logging
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's import turns DEBUG on
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_heatmaps(cells, path):
+    """One panel per (depth, architecture); returns {(variant, layers): heatmap(...)} as drawn."""
+    plt = _plt()
+    from matplotlib.patches import Rectangle
+
+    variants = [v for v in VARIANTS if any(c.variant == v for c in cells)]
+    depths = sorted({c.layers for c in cells})
+    finite = [c.final_valid_loss for c in cells if c.final_valid_loss is not None and not c.diverged]
+    vmin, vmax = (min(finite), max(finite)) if finite else (0, 1)
+    fig, axes = plt.subplots(len(depths), len(variants), squeeze=False,
+                             figsize=(3.6 * len(variants), 3.0 * len(depths)))
+    drawn = {}
+    for i, layers in enumerate(depths):
+        for j, variant in enumerate(variants):
+            ax, m = axes[i][j], heatmap(cells, variant, layers)
+            drawn[variant, layers] = m
+            ax.set_title(f"{VARIANTS[variant].label}, {layers} layers", fontsize=9)
+            if not m["lrs"]:
+                ax.axis("off")
+                continue
+            im = ax.imshow(m["loss"], cmap="viridis_r", vmin=vmin, vmax=vmax, aspect="auto")
+            for r, w in enumerate(m["warmups"]):
+                for k, _ in enumerate(m["lrs"]):
+                    n, d, loss, bleu = m["seeds"][r][k], m["diverged"][r][k], m["loss"][r][k], m["bleu"][r][k]
+                    text = "" if math.isnan(loss) else f"{loss:.2f}" + (f"\n{bleu:.1f}" if bleu is not None else "")
+                    if d:
+                        ax.add_patch(Rectangle((k - 0.5, r - 0.5), 1, 1, fill=False, hatch="xx", color="red", lw=0))
+                        text = "x" if d == n else f"{text}\nx {d}/{n}"
+                    dark = not math.isnan(loss) and (loss - vmin) > 0.6 * (vmax - vmin)  # viridis_r: dark at high loss
+                    ax.text(k, r, text, ha="center", va="center", fontsize=6, color="white" if dark else "black")
+            ax.set_xticks(range(len(m["lrs"])))
+            ax.set_xticklabels([f"{lr:g}" for lr in m["lrs"]], fontsize=7)
+            ax.set_yticks(range(len(m["warmups"])))
+            ax.set_yticklabels([_fmt_warmup(w) for w in m["warmups"]], fontsize=7)
+            ax.set_xlabel("learning rate", fontsize=8)
+            ax.set_ylabel("warm-up updates", fontsize=8)
+            fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.suptitle("Final validation loss (bits, mean over seeds; second line: test tok BLEU where scored); "
+                 "x = diverged", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return drawn
+
+
+def plot_sensitivity(sens, path):
+    """LR sensitivity against depth, one line per architecture, one panel per warm-up; returns
+    {warmup: {variant: [(layers, sensitivity), ...]}} as drawn."""
+    plt = _plt()
+    warmups = sorted({w for _, _, w in sens})
+    fig, axes = plt.subplots(1, len(warmups), squeeze=False, figsize=(4 * len(warmups), 3.2))
+    drawn = {}
+    for j, w in enumerate(warmups):
+        ax = axes[0][j]
+        drawn[w] = {v: [(l, s) for (v2, l, w2), s in sorted(sens.items()) if v2 == v and w2 == w and s is not None]
+                    for v in VARIANTS}
+        drawn[w] = {v: pts for v, pts in drawn[w].items() if pts}
+        for v, pts in drawn[w].items():
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=VARIANTS[v].label)
+        ax.set_title(f"warm-up {_fmt_warmup(w)}", fontsize=9)
+        ax.set_xticks(sorted({l for pts in drawn[w].values() for l, _ in pts}))
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("layers (encoder = decoder)")
+        ax.set_ylabel("LR sensitivity (bits)")
+        ax.grid(alpha=0.3)
+        if drawn[w]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return drawn
+
+
+# ---------------------------------------------------------------- Markdown
+
+def _num(v, fmt=".3f"):
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+
+def _table(values, fmt):
+    """{(variant, layers, warmup): value} as a table: a row per architecture and depth, a column per warm-up."""
+    warmups = sorted({w for _, _, w in values})
+    lines = ["| architecture | layers | " + " | ".join(f"warm-up {_fmt_warmup(w)}" for w in warmups) + " |",
+             "|---|---|" + "---|" * len(warmups)]
+    for (v, layers), _ in _group(values, lambda k: k[:2]).items():
+        row = [fmt(values[v, layers, w]) if (v, layers, w) in values else "" for w in warmups]
+        lines.append(f"| {VARIANTS[v].label} | {layers} | " + " | ".join(row) + " |")
+    return lines
+
+
+def markdown(out, records, cells, margin):
+    counts = {s: sum(r.status == s for r in records) for s in ("finished", "diverged", "failed", "unfinished")}
+    lines = [f"# Stability map of {out}", "",
+             f"{len(records)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + ". Unfinished and "
+             "failed runs are not counted. Losses in bits (fairseq's base 2), label smoothing included.", ""]
+    for (variant, layers), _ in _group(cells, lambda c: (c.variant, c.layers)).items():
+        m = heatmap(cells, variant, layers)
+        lines += [f"## {VARIANTS[variant].label}, {layers} layers: final validation loss (mean over seeds)", "",
+                  "| warm-up \\ lr | " + " | ".join(f"{lr:g}" for lr in m["lrs"]) + " |",
+                  "|---" * (len(m["lrs"]) + 1) + "|"]
+        for r, w in enumerate(m["warmups"]):
+            row = []
+            for k in range(len(m["lrs"])):
+                n, d, loss, bleu = m["seeds"][r][k], m["diverged"][r][k], m["loss"][r][k], m["bleu"][r][k]
+                text = _num(loss) + (f" (BLEU {bleu:.1f})" if bleu is not None else "") if n else ""
+                row.append(("x" if d == n else f"{text}, x {d}/{n}") if d else text)
+            lines.append(f"| {_fmt_warmup(w)} | " + " | ".join(row) + " |")
+        lines.append("")
+    lines += ["x: diverged (x d/n: d of n seeds diverged; the loss shown is the mean of the others).", ""]
+    stable, sens = max_stable_lr(cells), lr_sensitivity(records)
+    lines += ["## Largest stable learning rate per warm-up", "",
+              f"Stable: no seed diverged and the final validation loss within {margin:g} bits of the best cell "
+              f"of that architecture and depth (--margin; '-': no stable learning rate).", ""]
+    lines += _table(stable, lambda lr: "-" if lr is None else f"{lr:g}")
+    grids = {k: ", ".join(f"{lr:g}" for lr in sorted({c.lr for c in cells if (c.variant, c.layers, c.warmup) == k}))
+             for k in sens}
+    lines += ["", "## LR sensitivity (bits)", "", SENSITIVITY, ""]
+    if len(set(grids.values())) == 1:
+        lines += [f"Learning-rate grid: {next(iter(grids.values()))}.", ""]
+        lines += _table(sens, lambda s: "initial loss not recorded" if s is None else f"{s:.3f}")
+    else:
+        lines += _table({k: (s, grids[k]) for k, s in sens.items()},
+                        lambda v: ("initial loss not recorded" if v[0] is None else f"{v[0]:.3f}") + f" (lr {v[1]})")
+    left = [r for r in records if r.status in ("failed", "unfinished")]
+    if left:
+        lines += ["", "## Not counted", ""] + [f"- {r.status}: {r.path}" for r in left]
+    return "\n".join(lines) + "\n"
+
+
+def _main(argv):
+    p = argparse.ArgumentParser(prog="stability_map.sh", description=__doc__.split("\n\n")[0])
+    p.add_argument("out", help="the output folder of a sweep (OUT/NAME/seedS/ run folders)")
+    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                   help="bits above the best cell that still count as stable (default: %(default)s)")
+    p.add_argument("--no-figures", action="store_true", help="write the CSV and Markdown only")
+    args = p.parse_args(argv)
+    if not args.margin >= 0:
+        raise LnposError(f"--margin {args.margin}: give a loss difference >= 0 in bits")
+    out = Path(args.out)
+    records = load_records(out)
+    cells = make_cells(records, args.margin)
+    write_csv(cells, out / "stability.csv")
+    md = markdown(out, records, cells, args.margin)
+    write_text(out / "stability.md", md)
+    if cells and not args.no_figures:
+        plot_heatmaps(cells, out / "stability_heatmaps.png")
+        sens = lr_sensitivity(records)
+        if sens:
+            plot_sensitivity(sens, out / "sensitivity_vs_depth.png")
+    print(md, end="")
+    return 0
+
+
+def main(argv=None):
+    return run_main("stability_map.sh", _main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""Stability map from run folders written here: cells, largest stable lr and LR sensitivity against
+numbers worked out by hand, the heatmap's data, the CSV round trip and bad run folders."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fairseq_lnpos.analysis import stability as S
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "stability_map.sh"
+
+
+def write_run(out, variant, lr, warmup, seed, final=None, initial=9.0, status="finished", layers=None,
+              bleu=None, done=True):
+    """One run folder as the grid writes it: config.json, eval/epoch1.json and (unless not ``done``) DONE.json."""
+    name = f"{variant}-L{layers or 6}-lr{lr:g}-w{warmup}"
+    d = Path(out) / name / f"seed{seed}"
+    (d / "eval").mkdir(parents=True)
+    run = {"name": name, "dataset": "synthetic", "ln": variant, "optimizer": "adam", "lr": lr, "warmup": warmup}
+    if layers is not None:
+        run["layers"] = layers
+    (d / "config.json").write_text(json.dumps({"hash": "0" * 16, "run": run, "seed": seed,
+                                               "arch": f"transformer_{variant}_tiny"}))
+    (d / "eval" / "epoch1.json").write_text(json.dumps({"epoch": 1, "num_updates": 100, "valid_loss": final,
+                                                        "train_loss": final, "bleu_tok": bleu}))
+    if done:
+        diverged = status.startswith("diverged")
+        (d / "DONE.json").write_text(json.dumps({
+            "status": status, "diverged_at": 40 if diverged else None, "epochs": [1], "initial_loss": initial,
+            "final_valid_loss": None if diverged else final, "updates": 40 if diverged else 100}))
+    return d
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """Post-LN at depth 6 (two seeds) and 12, Pre-LN at depth 6; lr x warm-up with divergences."""
+    out = tmp_path / "sweep"
+    for seed, init in ((1, 9.0), (2, 9.2)):
+        write_run(out, "postln", 1e-4, 0, seed, final=5.0 + (seed - 1) * 0.2, initial=init)
+        write_run(out, "postln", 1e-3, 0, seed, final=4.0 + (seed - 1) * 0.2, initial=init, bleu=20.0 + seed)
+    write_run(out, "postln", 1e-2, 0, 1, status="diverged at update 40", initial=9.0)
+    write_run(out, "postln", 1e-2, 0, 2, final=12.0, initial=9.2)  # finished, but above its initial loss
+    write_run(out, "postln", 1e-3, 1000, 1, final=4.15)
+    write_run(out, "postln", 1e-2, 1000, 1, final=4.18)
+    write_run(out, "postln", 1e-3, 0, 1, final=4.5, layers=12)
+    write_run(out, "postln", 1e-2, 0, 1, status="diverged at update 40", layers=12)
+    write_run(out, "preln", 1e-3, 0, 1, final=4.3)
+    write_run(out, "preln", 1e-2, 0, 1, final=4.35)
+    write_run(out, "preln", 1e-1, 0, 1, final=7.0, done=False)  # unfinished: listed, not counted
+    write_run(out, "keel", 1e-3, 0, 1, status="failed: fairseq-train exited 1")
+    return out
+
+
+def cell(cells, variant, layers, warmup, lr):
+    (c,) = [c for c in cells if (c.variant, c.layers, c.warmup, c.lr) == (variant, layers, warmup, lr)]
+    return c
+
+
+def test_records(sweep):
+    records = S.load_records(sweep)
+    assert len(records) == 14
+    status = {(r.variant, r.layers, r.lr, r.warmup, r.seed): r.status for r in records}
+    assert status[("preln", 6, 1e-1, 0, 1)] == "unfinished" and status[("keel", 6, 1e-3, 0, 1)] == "failed"
+    assert status[("postln", 12, 1e-2, 0, 1)] == "diverged"
+    (r,) = [r for r in records if (r.variant, r.lr, r.warmup, r.seed, r.layers) == ("postln", 1e-3, 0, 2, 6)]
+    assert (r.initial_loss, r.final_valid_loss, r.bleu) == (9.2, 4.2, 22.0)
+
+
+def test_cells_and_largest_stable_lr_by_hand(sweep):
+    records = S.load_records(sweep)
+    cells = S.make_cells(records, margin=0.1)
+    c = cell(cells, "postln", 6, 0, 1e-2)
+    assert (c.seeds, c.diverged, c.final_valid_loss, c.stable) == (2, 1, 12.0, False)
+    c = cell(cells, "postln", 6, 0, 1e-3)
+    assert (c.seeds, c.diverged, c.final_valid_loss, c.bleu, c.stable) == (2, 0, pytest.approx(4.1), 21.5, True)
+    assert not cell(cells, "postln", 6, 0, 1e-4).stable  # 5.1 > best 4.1 + 0.1
+    assert cell(cells, "postln", 6, 1000, 1e-2).stable  # 4.18 <= 4.2
+    assert not any(c.variant == "keel" for c in cells)  # failed runs are not cells
+    assert S.max_stable_lr(cells) == {("postln", 6, 0): 1e-3, ("postln", 6, 1000): 1e-2,
+                                      ("postln", 12, 0): 1e-3, ("preln", 6, 0): 1e-2}
+    # a wider margin admits lr 1e-4 (5.1), but the largest stable lr at no warm-up stays 1e-3 (1e-2 diverged once)
+    wide = S.make_cells(records, margin=1.0)
+    assert cell(wide, "postln", 6, 0, 1e-4).stable and S.max_stable_lr(wide)[("postln", 6, 0)] == 1e-3
+    # Pre-LN's 4.35 counts against its own best (4.3), not Post-LN's (4.1); a margin of 0.01 excludes it
+    assert S.max_stable_lr(S.make_cells(records, margin=0.01))[("preln", 6, 0)] == 1e-3
+
+
+def test_lr_sensitivity_by_hand(sweep):
+    sens = S.lr_sensitivity(S.load_records(sweep))
+    # Post-LN, 6 layers, no warm-up; per lr the mean over seeds of min(final, initial), a diverged final = initial:
+    #   1e-4: (5.0 + 5.2) / 2 = 5.1;  1e-3: (4.0 + 4.2) / 2 = 4.1;  1e-2: (min(9.0, 9.0) + min(12.0, 9.2)) / 2 = 9.1
+    # best final on the grid: 4.1 (lr 1e-3)  ->  (5.1 + 4.1 + 9.1) / 3 - 4.1 = 2.0
+    assert sens[("postln", 6, 0)] == pytest.approx(2.0)
+    assert sens[("postln", 6, 1000)] == pytest.approx((4.15 + 4.18) / 2 - 4.15)
+    assert sens[("postln", 12, 0)] == pytest.approx((4.5 + 9.0) / 2 - 4.5)  # the diverged lr counts as 9.0
+    assert sens[("preln", 6, 0)] == pytest.approx(0.025)
+    assert ("keel", 6, 0) not in sens
+
+
+def test_non_finite_final_loss_counts_as_diverged(tmp_path):
+    write_run(tmp_path, "postln", 1e-3, 0, 1, final=4.0)
+    write_run(tmp_path, "postln", 1e-2, 0, 1, final=float("nan"), initial=9.5)
+    (r,) = [r for r in S.load_records(tmp_path) if r.lr == 1e-2]
+    assert r.status == "diverged"
+    assert S.lr_sensitivity(S.load_records(tmp_path))[("postln", 6, 0)] == pytest.approx((4.0 + 9.5) / 2 - 4.0)
+
+
+def test_sensitivity_needs_initial_losses(tmp_path):
+    write_run(tmp_path, "preln", 1e-3, 0, 1, final=4.0, initial=None)
+    write_run(tmp_path, "preln", 1e-2, 0, 1, final=4.4)
+    assert S.lr_sensitivity(S.load_records(tmp_path)) == {("preln", 6, 0): None}
+    md = S.markdown(tmp_path, S.load_records(tmp_path), S.make_cells(S.load_records(tmp_path)), 0.1)
+    assert "Learning-rate grid: 0.001, 0.01.\n\n| architecture | layers | warm-up none |" in md
+    assert "| Pre-LN | 6 | initial loss not recorded |" in md
+
+
+def test_heatmap_data_and_png(sweep, tmp_path):
+    cells = S.make_cells(S.load_records(sweep))
+    m = S.heatmap(cells, "postln", 6)
+    assert (m["warmups"], m["lrs"]) == ([0, 1000], [1e-4, 1e-3, 1e-2])
+    assert m["loss"][0][:2] == [pytest.approx(5.1), pytest.approx(4.1)] and m["loss"][0][2] == 12.0
+    assert math.isnan(m["loss"][1][0]) and m["loss"][1][1:] == [4.15, 4.18]  # no run at lr 1e-4, warm-up 1000
+    assert m["diverged"] == [[0, 0, 1], [0, 0, 0]] and m["seeds"] == [[2, 2, 2], [0, 1, 1]]
+    assert m["bleu"][0] == [None, 21.5, None]
+    drawn = S.plot_heatmaps(cells, tmp_path / "h.png")
+    assert set(drawn) == {("postln", 6), ("postln", 12), ("preln", 6)} | {("preln", 12)}
+    assert drawn[("postln", 12)]["diverged"] == [[0, 1]] and drawn[("preln", 12)]["lrs"] == []
+    assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = S.plot_sensitivity(S.lr_sensitivity(S.load_records(sweep)), tmp_path / "s.png")
+    assert lines[0] == {"postln": [(6, pytest.approx(2.0)), (12, pytest.approx(2.25))], "preln": [(6, pytest.approx(0.025))]}
+    assert lines[1000] == {"postln": [(6, pytest.approx(0.015))]}
+
+
+def test_csv_round_trip(sweep, tmp_path):
+    cells = S.make_cells(S.load_records(sweep))
+    S.write_csv(cells, tmp_path / "c.csv")
+    assert S.read_csv(tmp_path / "c.csv") == cells
+    assert (tmp_path / "c.csv").read_text().splitlines()[0].startswith("label,variant,layers,warmup,lr,")
+
+
+def test_main_writes_everything_and_prints_the_markdown(sweep, capsys):
+    assert S.main([str(sweep), "--margin", "0.1"]) == 0
+    md = capsys.readouterr().out
+    assert md == (sweep / "stability.md").read_text()
+    assert "14 runs: 10 finished, 2 diverged, 1 failed, 1 unfinished" in md
+    assert "mean over the learning-rate grid of min(final loss, initial loss) minus the best final loss" in md
+    assert "| none | 5.100 | 4.100 (BLEU 21.5) | 12.000, x 1/2 |" in md  # Post-LN, 6 layers
+    # largest stable lr, then LR sensitivity (grids differ, so each value names its own)
+    assert "| architecture | layers | warm-up none | warm-up 1000 |\n|---|---|---|---|\n| Post-LN | 6 | 0.001 | 0.01 |\n" \
+        "| Post-LN | 12 | 0.001 |  |\n| Pre-LN | 6 | 0.01 |  |\n" in md
+    assert "| Post-LN | 6 | 2.000 (lr 0.0001, 0.001, 0.01) | 0.015 (lr 0.001, 0.01) |" in md
+    assert f"- unfinished: {sweep / 'preln-L6-lr0.1-w0' / 'seed1'}" in md
+    assert len(S.read_csv(sweep / "stability.csv")) == 9
+    for png in ("stability_heatmaps.png", "sensitivity_vs_depth.png"):
+        assert (sweep / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_unreadable_done_json_is_one_line_and_exit_2(sweep, capsys):
+    done = sweep / "postln-L6-lr0.001-w0" / "seed2" / "DONE.json"
+    done.write_bytes(b"\xff\xfe")
+    assert S.main([str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"stability_map.sh: error: {done} cannot be read")
+    assert not (sweep / "stability.md").exists()
+
+
+@pytest.mark.slow  # the entry point imports the package, hence fairseq
+def test_entry_point_exit_2_for_a_done_json_cut_short(sweep):
+    done = sweep / "postln-L6-lr0.001-w0" / "seed2" / "DONE.json"
+    done.write_text('{"status": "fini')
+    res = subprocess.run([str(SCRIPT), str(sweep), "--no-figures"], capture_output=True, text=True,
+                         env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith(f"stability_map.sh: error: {done} is damaged")
+    assert not (sweep / "stability.md").exists()
+
+
+def test_bad_folders_are_one_line_errors(tmp_path, capsys):
+    assert S.main([str(tmp_path / "nowhere")]) == 2
+    assert "nowhere: no such folder" in capsys.readouterr().err
+    assert S.main([str(tmp_path)]) == 2
+    assert "no run folders" in capsys.readouterr().err
+    d = write_run(tmp_path, "postln", 1e-3, 0, 1, final=4.0)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "run": {**cfg["run"], "ln": "admin"}}))
+    assert S.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(d / "config.json") in err and "'admin'" in err
