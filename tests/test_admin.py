@@ -31,7 +31,8 @@ def fixed_batch(task, seed=0):
 
 
 def skips(model):
-    return [[getattr(layer, n).detach().clone() for n in layer.skip_names]
+    """Every layer's ``w`` (one per sublayer)."""
+    return [[layer.skip_weight(n).detach().clone() for n in layer.skip_names]
             for stack in (model.encoder, model.decoder) for layer in stack.layers]
 
 
@@ -136,13 +137,32 @@ def test_zero_batches_keeps_w_one_and_a_negative_count_is_an_error(toy_data):
         build_model(toy_data, "transformer_admin_tiny", *SMALL, "--admin-profile-batches", -1)
 
 
+def test_profiled_w_survives_parameters_written_back_from_a_copy_taken_before(admin):
+    # fairseq's --fp16 optimizer copies the parameters when it is built (before the first forward)
+    # and writes its fp32 copies back into the model after every update
+    model, task, _ = admin
+    copies = [p.detach().clone() for p in model.parameters()]
+    profile_once(model, fixed_batch(task))
+    profiled = skips(model)
+    with torch.no_grad():
+        for p, c in zip(model.parameters(), copies):
+            p.copy_(c)
+    assert profiled[1][0][0] > 1.2
+    assert all(torch.equal(a, b) for la, lb in zip(profiled, skips(model)) for a, b in zip(la, lb))
+    assert {n for n, _ in model.named_parameters() if "skip" in n} == {
+        f"{stack}.layers.{i}.{sub}_skip_delta" for stack, subs, n_layers in
+        (("encoder", ["self_attn", "ffn"], 2), ("decoder", ["self_attn", "encoder_attn", "ffn"], 3))
+        for i in range(n_layers) for sub in subs}
+
+
 def set_random_skips(model, seed=0):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for stack in (model.encoder, model.decoder):
             for layer in stack.layers:
                 for n in layer.skip_names:
-                    getattr(layer, n).copy_(0.5 + 2 * torch.rand(layer.embed_dim, generator=g))
+                    getattr(layer, f"{n}_init").copy_(0.5 + 2 * torch.rand(layer.embed_dim, generator=g))
+                    getattr(layer, f"{n}_delta").copy_(0.1 * torch.randn(layer.embed_dim, generator=g))
 
 
 def test_encoder_layer_is_ln_of_w_x_plus_sublayer_elementwise(admin):
@@ -151,8 +171,9 @@ def test_encoder_layer_is_ln_of_w_x_plus_sublayer_elementwise(admin):
     layer = model.encoder.layers[1]
     x = torch.randn(6, 2, 128)
     with torch.no_grad():
-        h = layer.self_attn_layer_norm(layer.self_attn_skip * x + layer.self_attn(x, x, x, need_weights=False)[0])
-        expected = layer.final_layer_norm(layer.ffn_skip * h + ffn(layer, h))
+        w = {n: layer.skip_weight(n) for n in layer.skip_names}
+        h = layer.self_attn_layer_norm(w["self_attn_skip"] * x + layer.self_attn(x, x, x, need_weights=False)[0])
+        expected = layer.final_layer_norm(w["ffn_skip"] * h + ffn(layer, h))
         got = layer(x, encoder_padding_mask=None)
     assert torch.allclose(got, expected, atol=1e-5)
 
@@ -164,11 +185,12 @@ def test_decoder_layer_is_ln_of_w_x_plus_sublayer_for_all_three_sublayers(admin)
     x, enc = torch.randn(5, 2, 128), torch.randn(7, 2, 128)
     mask = torch.triu(torch.full((5, 5), float("-inf")), 1)
     with torch.no_grad():
-        h = layer.self_attn_layer_norm(layer.self_attn_skip * x + layer.self_attn(x, x, x, attn_mask=mask,
-                                                                                  need_weights=False)[0])
-        h = layer.encoder_attn_layer_norm(layer.encoder_attn_skip * h + layer.encoder_attn(h, enc, enc,
-                                                                                           need_weights=False)[0])
-        expected = layer.final_layer_norm(layer.ffn_skip * h + ffn(layer, h))
+        w = {n: layer.skip_weight(n) for n in layer.skip_names}
+        h = layer.self_attn_layer_norm(w["self_attn_skip"] * x + layer.self_attn(x, x, x, attn_mask=mask,
+                                                                                 need_weights=False)[0])
+        h = layer.encoder_attn_layer_norm(w["encoder_attn_skip"] * h + layer.encoder_attn(h, enc, enc,
+                                                                                          need_weights=False)[0])
+        expected = layer.final_layer_norm(w["ffn_skip"] * h + ffn(layer, h))
         got = layer(x, encoder_out=enc, encoder_padding_mask=None, self_attn_mask=mask)[0]
     assert torch.allclose(got, expected, atol=1e-5)
 
@@ -230,7 +252,8 @@ def fairseq_generate(data, save_dir):
 @pytest.mark.slow
 def test_admin_trains_decodes_and_resumes_without_profiling_again(toy_data, tmp_path):
     log = fairseq_train(toy_data, tmp_path, "transformer_admin_tiny")
-    profiled = re.findall(r"Admin: w profiled on batch 1/1 \(\d+ sentences\): encoder ([\d. ]+); decoder ([\d. ]+)", log)
+    profiled = re.findall(r"Admin: w profiled on batch 1/1 \(\d+ sentences\): encoder ([\d. ]+); decoder ([\d. ]+)",
+                          log)
     assert len(profiled) == 1
     enc, dec = (list(map(float, s.split())) for s in profiled[0])
     assert len(enc) == 12 and len(dec) == 18 and enc[0] == dec[0] == 1.0 and enc[-1] > 1.2

@@ -3,9 +3,8 @@ arXiv 2004.08249), as in its official code (LiyuanLucasLiu/Transformer-Clinic,
 ``fairseq/fairseq/modules/transformer_layer.py``, ``--init-type adaptive-profiling`` / ``adaptive``).
 
 Each sublayer computes ``x_i = LN(w_i * x_{i-1} + F_i(x_{i-1}))``: fairseq's Post-LN layer with the
-skip scaled element-wise by ``w_i``, a trainable vector of ``embed_dim`` entries (an ``nn.Parameter``,
-as in the official code; weight decay applies to it like to every other parameter). All other
-weights keep fairseq's initialisation, as for Post-LN.
+skip scaled element-wise by ``w_i``, a trainable vector of ``embed_dim`` entries, as in the official
+code (an ``nn.Parameter`` there). All other weights keep fairseq's initialisation, as for Post-LN.
 
 ``w`` is set at initialisation by a profiling forward pass on a training batch (training mode, so
 with dropout, and without gradients), per stack, sublayer by sublayer in forward order::
@@ -17,27 +16,31 @@ padding positions included, and ``F_i`` the sublayer's output after dropout; the
 decoder each start at ``r_1 = 1``. Since ``x_{i-1}`` is a LayerNorm output for i > 1 (variance 1 at
 initialisation), this is the paper's ``w_i^2 = sum_{j<i} Var[F_j]`` plus the embedding's variance.
 
-Where the official code differs, or is silent:
+Where this differs from the official code, or the code is silent:
 
+* ``w = w_init + w_delta``: the profiled value is a buffer (``<sublayer>_skip_init``), what training
+  learns a parameter initialised to 0 (``<sublayer>_skip_delta``). Adam's updates of ``w`` are the
+  same either way (the gradient of ``w_delta`` is that of ``w``); weight decay pulls ``w`` towards
+  ``w_init`` instead of 0. Why: fairseq's ``--fp16`` optimizer keeps fp32 copies of the parameters,
+  taken when it is built, before the first forward, and writes them back after every update: a
+  profiled parameter would be reset to 1.
 * The official code profiles in a separate run (one batch, then exit) that writes a file the
   training run reads. Here the model profiles itself lazily: the first training-mode forward of a
   model built from scratch first runs the profiling pass on its own batch, then the real forward
-  with the profiled ``w``. ``--admin-profile-batches K`` (default 1, as the official code) profiles
-  the first K training-mode forwards: each sets ``w^2`` to the mean of the ``r^2`` measured so far,
-  so batches 2..K are measured after the updates in between (use K > 1 only with that in mind);
-  0 keeps ``w = 1`` (Post-LN with a trainable skip scale). Why lazily: fairseq builds the model
-  (``build_model``) before it loads a checkpoint and before it loads the training data, in
-  fairseq-train, fairseq-generate and the Fig. 3 analysis alike, so only the first training-mode
-  forward knows both that the model is trained and what a training batch is.
-* The number of batches profiled (and K) is a buffer in the state dict, ``admin_profile =
-  [done, K]``: a checkpoint (fairseq-generate, ``--restore-file``, resuming) loads ``done = K`` and
-  never profiles again.
-* With several workers the ``r^2`` are averaged over all workers before they are used, so every
-  replica starts from the same ``w``; LayerDrop is off during the profiling pass.
-* Each profiled batch is logged: ``Admin: w profiled on batch 1/1: encoder ...; decoder ...``.
+  with the profiled ``w``. Why lazily: fairseq builds the model before it loads a checkpoint and
+  before it loads the training data (fairseq-train, fairseq-generate, the Fig. 3 analysis), so only
+  the first training-mode forward knows both that the model is trained and what a training batch is.
+* ``--admin-profile-batches K`` (default 1, as the official code) profiles the first K
+  training-mode forwards: each sets ``w_init^2`` to the mean of the ``r^2`` measured so far, so
+  batches 2..K are measured after the updates in between; 0 keeps ``w_init = 1``.
+* The buffer ``admin_profile = [batches profiled, K]`` is in the state dict: a checkpoint
+  (fairseq-generate, ``--restore-file``, resuming) never profiles again.
+* With several workers the ``r^2`` are averaged over all of them, so every replica starts from the
+  same ``w``; LayerDrop is off during the profiling pass.
+* Each profiled batch is logged: ``Admin: w profiled on batch 1/1 (B sentences): encoder ...; decoder ...``.
 
-The skip costs one ``torch.addcmul`` per sublayer, the same operator count as fairseq's
-``residual + x``.
+The skip costs one ``torch.addcmul`` per sublayer (fairseq's ``residual + x`` is one ``add``) and the
+``embed_dim``-sized sum ``w_init + w_delta``; no matmul.
 """
 import logging
 import math
@@ -59,11 +62,11 @@ class SkipProfile:
 
     def __init__(self):
         self.ratio = 1.0
-        self.measured = []  # (skip parameter, r_i), in forward order
+        self.measured = []  # (w_init buffer, r_i), in forward order
 
-    def step(self, skip, branch, residual):
+    def step(self, w_init, branch, residual):
         w = self.ratio
-        self.measured.append((skip, w))
+        self.measured.append((w_init, w))
         var = (residual.float() * w).var(unbiased=False) + branch.float().var(unbiased=False)
         self.ratio = math.sqrt(float(var))
         return w
@@ -77,19 +80,24 @@ class AdminLayer:
     def admin_init(self, sublayers):
         self.skip_names = [f"{name}_skip" for name in sublayers]
         for name in self.skip_names:
-            setattr(self, name, nn.Parameter(torch.ones(self.embed_dim)))
+            self.register_buffer(f"{name}_init", torch.ones(self.embed_dim))  # w at initialisation (profiled)
+            setattr(self, f"{name}_delta", nn.Parameter(torch.zeros(self.embed_dim)))  # what training adds
         self._sublayer = 0
+
+    def skip_weight(self, name):
+        """``w = w_init + w_delta`` of the sublayer ``name`` (one of ``skip_names``)."""
+        return getattr(self, f"{name}_init") + getattr(self, f"{name}_delta")
 
     def forward(self, *args, **kwargs):
         self._sublayer = 0  # fairseq's forward calls residual_connection once per sublayer, in order
         return super().forward(*args, **kwargs)
 
     def residual_connection(self, x, residual):  # fairseq: residual + x
-        skip = getattr(self, self.skip_names[self._sublayer])
+        name = self.skip_names[self._sublayer]
         self._sublayer += 1
         if self.profile is not None:
-            return x + self.profile.step(skip, x, residual) * residual
-        return torch.addcmul(x, residual, skip)
+            return x + self.profile.step(getattr(self, f"{name}_init"), x, residual) * residual
+        return torch.addcmul(x, residual, self.skip_weight(name))
 
 
 class AdminEncoderLayer(AdminLayer, TransformerEncoderLayerBase):
@@ -113,8 +121,17 @@ def mean_over_workers(t):
 
 @register_model("transformer_admin")
 class AdminTransformerModel(VariantTransformerModel):
+    """Profiles ``w`` on its first training-mode forward(s) unless ``admin_profile`` says it is done."""
+
     encoder_layer_cls = AdminEncoderLayer
     decoder_layer_cls = AdminDecoderLayer
+
+    def __init__(self, args, encoder, decoder):
+        super().__init__(args, encoder, decoder)
+        k = getattr(args, "admin_profile_batches", 1)
+        check(k >= 0, f"--admin-profile-batches must be 0 or more, got {k}")
+        self.register_buffer("admin_profile", torch.tensor([0, k]))  # [batches profiled, batches to profile]
+        self._admin_done = k == 0
 
     @classmethod
     def add_args(cls, parser):
@@ -123,13 +140,6 @@ class AdminTransformerModel(VariantTransformerModel):
                             help="training batches whose forward pass sets Admin's skip weights w "
                                  "(the first K training-mode forwards of a model built from scratch; "
                                  "0: w = 1)")
-
-    def __init__(self, args, encoder, decoder):
-        super().__init__(args, encoder, decoder)
-        k = getattr(args, "admin_profile_batches", 1)
-        check(k >= 0, f"--admin-profile-batches must be 0 or more, got {k}")
-        self.register_buffer("admin_profile", torch.tensor([0, k]))  # [batches profiled, batches to profile]
-        self._admin_done = k == 0
 
     def load_state_dict(self, *args, **kwargs):
         self._admin_done = False  # read admin_profile again at the next training-mode forward
@@ -166,16 +176,16 @@ class AdminTransformerModel(VariantTransformerModel):
                 for layer in layers:
                     layer.profile = None
         measured = profiles["encoder"].measured + profiles["decoder"].measured
-        skips = [skip for skip, _ in measured]
-        r_sq = mean_over_workers(torch.tensor([r * r for _, r in measured], device=skips[0].device))
+        inits = [w_init for w_init, _ in measured]
+        r_sq = mean_over_workers(torch.tensor([r * r for _, r in measured], device=inits[0].device))
         done = int(self.admin_profile[0])
-        for skip, r2 in zip(skips, r_sq):
-            skip.copy_(((done * skip.float() ** 2 + r2) / (done + 1)).sqrt())
+        for w_init, r2 in zip(inits, r_sq):
+            w_init.copy_(((done * w_init.float() ** 2 + r2) / (done + 1)).sqrt())
         self.admin_profile[0] += 1
         self._admin_done = done + 1 >= int(self.admin_profile[1])
 
         def fmt(stack):
-            return " ".join("%.3f" % float(skip.mean()) for skip, _ in profiles[stack].measured)
+            return " ".join("%.3f" % float(w_init.mean()) for w_init, _ in profiles[stack].measured)
 
         logger.info("Admin: w profiled on batch %d/%d (%d sentences): encoder %s; decoder %s",
                     done + 1, int(self.admin_profile[1]), src_tokens.size(0), fmt("encoder"), fmt("decoder"))

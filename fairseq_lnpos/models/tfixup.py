@@ -71,20 +71,20 @@ class TFixupDecoderLayer(TFixupLayer, TransformerDecoderLayerBase):
 
 @register_model("transformer_tfixup")
 class TFixupTransformerModel(VariantTransformerModel):
+    """The layers scale their own weights; the model scales the input embeddings."""
+
     encoder_layer_cls = TFixupEncoderLayer
     decoder_layer_cls = TFixupDecoderLayer
 
-    @classmethod
-    def build_model(cls, args, task):
+    def __init__(self, args, encoder, decoder):
         check(not getattr(args, "layernorm_embedding", False), "T-Fixup has no LayerNorm: drop --layernorm-embedding")
+        super().__init__(args, encoder, decoder)
         scales = tfixup_scales(args.encoder_layers, args.decoder_layers)
-        model = super().build_model(args, task)
         with torch.no_grad():
-            model.encoder.embed_tokens.weight.mul_(scales["encoder"][1])
-            if model.decoder.embed_tokens is not model.encoder.embed_tokens:
-                model.decoder.embed_tokens.weight.mul_(scales["decoder"][1])
+            encoder.embed_tokens.weight.mul_(scales["encoder"][1])
+            if decoder.embed_tokens is not encoder.embed_tokens:
+                decoder.embed_tokens.weight.mul_(scales["decoder"][1])
         logger.info(
             "T-Fixup %d-%d: encoder sublayers x%.4f, embeddings x%.4f; decoder sublayers x%.4f, embeddings x%.4f",
             args.encoder_layers, args.decoder_layers, *scales["encoder"], *scales["decoder"],
         )
-        return model
