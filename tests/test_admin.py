@@ -114,6 +114,21 @@ def test_profiling_runs_on_the_first_training_forward_only(admin, caplog):
     assert len(logged[0].split("; decoder ")[1].split()) == 9
 
 
+def test_profile_if_due_profiles_in_training_mode_from_eval_mode_once(toy_data):
+    model, task, _ = build_model(toy_data, "transformer_admin_tiny", *SMALL, seed=4)  # dropout 0.1
+    torch.manual_seed(0)
+    model.profile_if_due(*fixed_batch(task))
+    assert not model.training and model.admin_profile.tolist() == [1, 1]
+    once = skips(model)
+    model.profile_if_due(*fixed_batch(task, seed=3))
+    assert all(torch.equal(a, b) for la, lb in zip(once, skips(model)) for a, b in zip(la, lb))
+    twin, _, _ = build_model(toy_data, "transformer_admin_tiny", *SMALL, seed=4)
+    twin.train()
+    torch.manual_seed(0)
+    twin(*fixed_batch(task))  # the same dropout masks as in training mode
+    assert all(torch.equal(a, b) for la, lb in zip(once, skips(twin)) for a, b in zip(la, lb))
+
+
 def test_k_batches_average_the_squared_ratios(toy_data):
     runs = {}
     for k, seeds in ((1, [0]), (1, [7]), (2, [0, 7])):

@@ -147,11 +147,23 @@ class AdminTransformerModel(VariantTransformerModel):
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
         if self.training and not self._admin_done:
-            done, total = self.admin_profile.tolist()
-            self._admin_done = done >= total
-            if not self._admin_done:
-                self.profile_skips(src_tokens, src_lengths, prev_output_tokens)
+            self.profile_if_due(src_tokens, src_lengths, prev_output_tokens)
         return super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)
+
+    def profile_if_due(self, src_tokens, src_lengths, prev_output_tokens):
+        """Profile this batch, in training mode, if fewer than K batches are profiled: what the first
+        training-mode forwards do; code that measures an Admin model at initialisation in eval mode
+        calls it first with a training batch."""
+        done, total = self.admin_profile.tolist()
+        self._admin_done = done >= total
+        if self._admin_done:
+            return
+        was_training = self.training
+        self.train()
+        try:
+            self.profile_skips(src_tokens, src_lengths, prev_output_tokens)
+        finally:
+            self.train(was_training)
 
     def skip_layers(self):
         return {"encoder": list(self.encoder.layers), "decoder": list(self.decoder.layers)}
