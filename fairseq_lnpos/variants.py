@@ -18,6 +18,8 @@ VARIANTS = {
     "preln": Variant("Pre-LN", "transformer", True),
     "deepnorm": Variant("DeepNorm", "transformer_deepnorm", False),
     "keel": Variant("Keel", "transformer_keel", False),
+    "admin": Variant("Admin", "transformer_admin", False),
+    "tfixup": Variant("T-Fixup", "transformer_tfixup", False),
 }
 
 # size name -> arch-name suffix; dimensions come from fairseq's arch of the same suffix, except tiny

@@ -1,6 +1,6 @@
-"""Named architectures: {postln, preln, deepnorm, keel} x {base, iwslt_de_en, wmt_en_de, tiny}.
+"""Named architectures: {postln, preln, deepnorm, keel, admin, tfixup} x {base, iwslt_de_en, wmt_en_de, tiny}.
 
-A variant fixes where LayerNorm sits (and, for DeepNorm, the model class); a size fills in
+A variant fixes where LayerNorm sits (and, except for Post-LN and Pre-LN, the model class); a size fills in
 fairseq's defaults for dimensions and depth, which the command line can override as usual.
 Post-LN and Pre-LN are fairseq's own ``transformer`` model: Pre-LN is exactly
 ``--encoder-normalize-before --decoder-normalize-before`` (fairseq then adds the final
@@ -11,7 +11,7 @@ from fairseq.models.transformer import base_architecture, transformer_iwslt_de_e
 
 from ..errors import check
 from ..variants import SIZES, TINY, VARIANTS, arch_name
-from . import deepnorm, keel  # noqa: F401  (register the transformer_deepnorm and transformer_keel models)
+from . import admin, deepnorm, keel, tfixup  # noqa: F401  (register the models named in variants.VARIANTS)
 
 
 def tiny_architecture(args):
