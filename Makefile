@@ -1,5 +1,5 @@
-# Set-up commands: `make demo` (the main job) and `make test` (the full test suite).
-# Both create the virtualenv .venv if it is missing.
+# Set-up commands: `make demo` (the main job) and `make test` (the full test suite);
+# `make test-fast` is the fast loop (tests not marked slow). All create the virtualenv .venv if missing.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,7 +11,7 @@ VENV_FLAGS ?=
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: venv demo test bench clean-venv
+.PHONY: venv demo test test-fast bench clean-venv
 
 venv: $(VENV)/.installed
 
@@ -28,6 +28,9 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+test-fast: venv
+	$(PY) -m pytest tests -m "not slow" $(PYTEST_ARGS)
 
 bench: venv
 	$(PY) -m fairseq_lnpos.bench

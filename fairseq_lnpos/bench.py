@@ -1,8 +1,9 @@
 """Benchmarks, measured side by side in one process (``scripts/bench.sh``, ``make bench``).
 
 * training throughput (target tokens/s through fairseq's own ``Trainer.train_step``) of each
-  plugin architecture as a ratio to fairseq's ``transformer`` with the same sizes and flags
-  (Pre-LN is compared with ``--encoder-normalize-before --decoder-normalize-before``);
+  plugin architecture as a ratio to fairseq's ``transformer`` with the same sizes and flags and the
+  variant's LayerNorm placement (``variants.VARIANTS``: Pre-LN against
+  ``--encoder-normalize-before --decoder-normalize-before``, every other variant against Post-LN);
 * the overhead of ``--log-grad-norms`` at intervals 1 and 100, as a ratio to the same run
   without it, and as the time spent inside the hook itself;
 * the wall time of the Fig. 3 analysis (``scripts/init_grad_analysis.sh``) with its defaults.
@@ -14,11 +15,10 @@ ratios, with a bootstrap 95 % confidence interval of that median: on a shared or
 single update's time varies by 5-15 %, and only the interval says whether a 1 % target is
 resolved. Work counts (aten operator calls, elements they write, matmul FLOPs of one training
 update, counted by PyTorch's dispatcher) are exact and say what an extra cost consists of.
-Results go to a JSON file.
+Results go to a JSON file. Python callers use :func:`benchmark` and :func:`summary`.
 """
 import argparse
 import gc
-import json
 import logging
 import os
 import statistics
@@ -29,26 +29,34 @@ import time
 from itertools import islice
 from pathlib import Path
 
-from .errors import LnposError, check
+from .common import USER_DIR, write_json
+from .errors import check, run_main
+from .variants import SIZES, TINY, VARIANTS, arch_name
 
-USER_DIR = str(Path(__file__).resolve().parent)
-BASELINE_FLAGS = {"postln": [], "preln": ["--encoder-normalize-before", "--decoder-normalize-before"],
-                  "deepnorm": [], "keel": []}
-# issue 6: plugin throughput / fairseq throughput at least this (Keel has no target)
+# plugin throughput / fairseq throughput at least this (no target for the other variants)
 THROUGHPUT_TARGETS = {"postln": 0.99, "preln": 0.99, "deepnorm": 0.97}
 # --log-grad-norms: time with / time without, minus 1, at most this (percent)
 OVERHEAD_TARGETS = {"interval_1": 5.0, "interval_100": 1.0}
+DEFAULT_SIZES = ("tiny", "iwslt_de_en")
+NORMALIZE_BEFORE = ("--encoder-normalize-before", "--decoder-normalize-before")
 
 
-def baseline_name(variant):
-    return "fairseq_preln" if BASELINE_FLAGS[variant] else "fairseq_postln"
+def baseline(variant):
+    """fairseq's own ``transformer`` with the variant's LayerNorm placement: (name, flags).
+
+    Every variant is compared with the model it modifies: Pre-LN placements with fairseq's
+    Pre-LN, all others with fairseq's Post-LN."""
+    if VARIANTS[variant].normalize_before:
+        return "fairseq_preln", list(NORMALIZE_BEFORE)
+    return "fairseq_postln", []
 
 
-FAIRSEQ_SIZE = {"tiny": ("transformer", ["--encoder-layers", "6", "--decoder-layers", "6", "--encoder-embed-dim",
-                                         "128", "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512",
-                                         "--decoder-ffn-embed-dim", "512", "--encoder-attention-heads", "4",
-                                         "--decoder-attention-heads", "4"]),
-                "iwslt_de_en": ("transformer_iwslt_de_en", [])}
+def fairseq_size(size):
+    """fairseq's own arch and flags with the dimensions of the plugin's archs of ``size``."""
+    if size == "tiny":  # fairseq has no tiny arch: its base arch with the registry's tiny dimensions
+        return "transformer", [f for side in ("encoder", "decoder") for key, value in TINY.items()
+                               for f in (f"--{side}-{key.replace('_', '-')}", str(value))]
+    return "transformer" + SIZES[size], []
 
 
 def make_trainer(data, arch, extra=(), max_tokens=2048, device="cpu", save_dir=None):
@@ -58,7 +66,7 @@ def make_trainer(data, arch, extra=(), max_tokens=2048, device="cpu", save_dir=N
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
 
-    argv = [str(data), "--user-dir", USER_DIR, "--arch", arch, "--optimizer", "adam",
+    argv = [str(data), "--user-dir", str(USER_DIR), "--arch", arch, "--optimizer", "adam",
             "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4", "--lr-scheduler", "warmup_inverse_sqrt",
             "--warmup-updates", "1", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
             "--max-tokens", str(max_tokens), "--seed", "1", "--no-progress-bar", *extra]
@@ -196,106 +204,104 @@ def work_ratios(work, base):
     return {k: work[k] / base[k] if base[k] else None for k in work}
 
 
+def throughput_results(seconds, work, variants, fairseq_arch):
+    """Per variant: its per-update times paired with those of its fairseq baseline (same batches,
+    so the time ratio is the throughput ratio), the work ratios and, where a target exists, the
+    verdict. ``seconds``/``work``: configuration name -> update times / work counts."""
+    out = {}
+    for v in variants:
+        base, flags = baseline(v)
+        r = paired(seconds[base], seconds[v])
+        r.update(baseline=" ".join(["fairseq", fairseq_arch, *flags]),
+                 seconds_per_update=statistics.median(seconds[v]), work=work[v],
+                 work_ratio=work_ratios(work[v], work[base]))
+        if v in THROUGHPUT_TARGETS:
+            r.update(target=THROUGHPUT_TARGETS[v], verdict=verdict(r["ci95"], THROUGHPUT_TARGETS[v], True))
+        out[v] = r
+    return out
+
+
+def overhead_results(seconds, hook):
+    """``--log-grad-norms`` at each interval against the same model without it ("off"); ``hook``:
+    configuration name -> seconds spent inside the hook's own work."""
+    out = {}
+    for k, target in OVERHEAD_TARGETS.items():
+        r = paired(seconds[k], seconds["off"])  # time with / time without
+        ci = [100 * (c - 1) for c in r["ci95"]]
+        out[k] = {
+            "time_ratio": r, "overhead_percent": 100 * (r["median"] - 1), "overhead_percent_ci95": ci,
+            "target_percent": target, "verdict": verdict(ci, target, False),
+            # the hook's own work over the rest of the update: the cost without the timing noise
+            "hook_percent": 100 * hook[k] / (sum(seconds[k]) - hook[k]),
+        }
+    return out
+
+
 def default_data(out_dir, log):
     """The project's synthetic corpus (generated once under out_dir)."""
     bin_dir = Path(out_dir) / "synthetic-bin"
     if not (bin_dir / "lnpos-data.json").exists():
         log(f"generating the synthetic corpus in {bin_dir}")
         from .data import synthetic
+
         status = synthetic.main(["--out", str(Path(out_dir) / "synthetic-text"), "--bin", str(bin_dir), "--seed", "1"])
         check(status == 0, "generating the synthetic corpus failed (see above)")
     return bin_dir
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="bench.sh", description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", help="binarized data dir (default: the synthetic corpus, generated)")
-    p.add_argument("--out", default="bench-out/bench.json", help="JSON result file")
-    p.add_argument("--sizes", default="tiny,iwslt_de_en", help="comma list of: tiny, iwslt_de_en")
-    p.add_argument("--variants", default="postln,preln,deepnorm,keel")
-    p.add_argument("--steps", type=int, default=20, help="timed updates per repetition")
-    p.add_argument("--reps", type=int, default=5, help="repetitions (each configuration: steps x reps updates)")
-    p.add_argument("--max-tokens", type=int, default=2048, help="tokens per batch")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="cuda: fairseq's GPU training (fp32; add flags with --fairseq-args)")
-    p.add_argument("--fairseq-args", default="", help="extra fairseq-train flags for every configuration, e.g. --fp16")
-    p.add_argument("--no-analysis", action="store_true", help="skip timing the Fig. 3 analysis")
-    p.add_argument("--quick", action="store_true", help="CI mode: tiny size, 2 reps of 2 steps, no analysis")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.sizes, args.steps, args.reps, args.no_analysis = "tiny", 2, 2, True
-    check(args.steps >= 1 and args.reps >= 1 and args.threads >= 0,
-          "--steps and --reps must be at least 1, --threads at least 0")
-    sizes, variants = args.sizes.split(","), args.variants.split(",")
-    unknown = [s for s in sizes if s not in FAIRSEQ_SIZE] + [v for v in variants if v not in BASELINE_FLAGS]
-    check(not unknown, f"unknown size or variant {unknown}: sizes are {list(FAIRSEQ_SIZE)}, variants {list(BASELINE_FLAGS)}")
-    logging.disable(logging.WARNING)  # fairseq's per-model INFO lines would drown the progress
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    log = lambda msg: print(msg, flush=True)  # noqa: E731
-    data = Path(args.data) if args.data else default_data(out.parent, log)
+def check_choices(kind, given, known):
+    unknown = [x for x in given if x not in known]
+    check(not unknown, f"unknown {kind} {', '.join(unknown)}: choose from {', '.join(known)}")
+
+
+def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, reps=5, max_tokens=2048,
+              device="cpu", fairseq_args=(), analysis=True, log=print):
+    """Measure throughput of every variant at every size against fairseq's own model, the
+    ``--log-grad-norms`` overhead (at the first size) and, with ``analysis``, the wall time of the
+    Fig. 3 analysis. Returns the result as a dict (what :func:`summary` prints)."""
+    check_choices("size", sizes, list(SIZES))
+    check_choices("variant", variants, list(VARIANTS))
+    check(steps >= 1 and reps >= 1, "--steps and --reps must be at least 1")
+    data = Path(data)
     check(data.is_dir() and any(data.glob("dict.*.txt")), f"{data} is not a binarized data dir (no dict.*.txt)")
     import torch
 
-    if args.device == "cuda":
+    if device == "cuda":
         check(torch.cuda.is_available(), "--device cuda: torch sees no GPU here")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    extra = args.fairseq_args.split()
-    result = {"data": str(data), "steps": args.steps, "reps": args.reps, "cpu_count": os.cpu_count(),
-              "torch_threads": torch.get_num_threads(), "device": args.device, "fairseq_args": extra,
-              "max_tokens": args.max_tokens, "throughput": {}, "grad_norm_overhead": {}}
+    extra = list(fairseq_args)
+    result = {"data": str(data), "steps": steps, "reps": reps, "cpu_count": os.cpu_count(),
+              "torch_threads": torch.get_num_threads(), "device": device, "fairseq_args": extra,
+              "max_tokens": max_tokens, "throughput": {}, "grad_norm_overhead": {}}
     t0 = time.time()
     with tempfile.TemporaryDirectory() as save_dir:  # --log-grad-norms writes its JSONL there
         for size in sizes:
-            fairseq_arch, size_flags = FAIRSEQ_SIZE[size]
+            fairseq_arch, size_flags = fairseq_size(size)
             configs = {}
             for v in variants:
-                # one fairseq baseline per LayerNorm placement: DeepNorm and Keel share Post-LN's
-                configs[baseline_name(v)] = (fairseq_arch, size_flags + BASELINE_FLAGS[v] + extra)
-                configs[v] = (f"transformer_{v}_{size}", extra)
-            log(f"throughput at size {size} ({len(configs)} configurations, {args.reps} reps x {args.steps} updates)")
-            secs, _, work = measure(configs, data, args.steps, args.reps, log, args.max_tokens, args.device, save_dir)
-            result["throughput"][size] = {}
-            for v in variants:
-                base = baseline_name(v)
-                r = paired(secs[base], secs[v])  # same tokens: time ratio = throughput ratio
-                r.update(baseline=f"fairseq {fairseq_arch} {' '.join(BASELINE_FLAGS[v])}".strip(),
-                         seconds_per_update=statistics.median(secs[v]), work=work[v],
-                         work_ratio=work_ratios(work[v], work[base]))
-                if v in THROUGHPUT_TARGETS:
-                    r.update(target=THROUGHPUT_TARGETS[v], verdict=verdict(r["ci95"], THROUGHPUT_TARGETS[v], True))
-                result["throughput"][size][v] = r
-        arch = f"transformer_preln_{sizes[0]}"
+                base, flags = baseline(v)  # one fairseq model per LayerNorm placement, shared
+                configs[base] = (fairseq_arch, size_flags + flags + extra)
+                configs[v] = (arch_name(v, size), extra)
+            log(f"throughput at size {size} ({len(configs)} configurations, {reps} reps x {steps} updates)")
+            secs, _, work = measure(configs, data, steps, reps, log, max_tokens, device, save_dir)
+            result["throughput"][size] = throughput_results(secs, work, variants, fairseq_arch)
+        arch = arch_name("preln", sizes[0])
         log(f"--log-grad-norms overhead ({arch})")
         task = ["--task", "translation_lnpos", *extra]
         secs, hook, _ = measure(
             {"off": (arch, task), "interval_1": (arch, task + ["--log-grad-norms", "--grad-norm-interval", "1"]),
              "interval_100": (arch, task + ["--log-grad-norms", "--grad-norm-interval", "100"])},
-            data, args.steps, args.reps, log, args.max_tokens, args.device, save_dir)
-    for k, target in OVERHEAD_TARGETS.items():
-        r = paired(secs[k], secs["off"])  # time with / time without
-        result["grad_norm_overhead"][k] = {
-            "time_ratio": r, "overhead_percent": 100 * (r["median"] - 1),
-            "overhead_percent_ci95": [100 * (c - 1) for c in r["ci95"]], "target_percent": target,
-            "verdict": verdict([100 * (c - 1) for c in r["ci95"]], target, False),
-            # the hook's own work over the rest of the update: the cost without the timing noise
-            "hook_percent": 100 * hook[k] / (sum(secs[k]) - hook[k]),
-        }
-    if not args.no_analysis:
+            data, steps, reps, log, max_tokens, device, save_dir)
+    result["grad_norm_overhead"] = overhead_results(secs, hook)
+    if analysis:
         log("Fig. 3 analysis with its default settings (scripts/init_grad_analysis.sh)")
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp:  # timed as the command a user runs
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "fairseq_lnpos.analysis.init_grad", "--out", tmp],
-                           check=True, stdout=subprocess.DEVNULL)
+            done = subprocess.run([sys.executable, "-m", "fairseq_lnpos.analysis.init_grad", "--out", tmp],
+                                  stdout=subprocess.DEVNULL)
+            check(done.returncode == 0, f"the Fig. 3 analysis failed (exit {done.returncode}, message above): "
+                                        "rerun with --no-analysis")
             result["fig3_analysis_seconds"] = time.perf_counter() - start
     result["total_seconds"] = time.time() - t0
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(out)
-    log(summary(result))
-    log(f"written {out}")
     return result
 
 
@@ -319,8 +325,49 @@ def summary(result):
     return "\n".join(lines)
 
 
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="bench.sh", description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", help="binarized data dir (default: the synthetic corpus, generated)")
+    p.add_argument("--out", default="bench-out/bench.json", help="JSON result file")
+    p.add_argument("--sizes", default=",".join(DEFAULT_SIZES), help=f"comma list of: {', '.join(SIZES)}")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma list (default: every variant)")
+    p.add_argument("--steps", type=int, default=20, help="timed updates per repetition")
+    p.add_argument("--reps", type=int, default=5, help="repetitions (each configuration: steps x reps updates)")
+    p.add_argument("--max-tokens", type=int, default=2048, help="tokens per batch")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: fairseq's GPU training (fp32; add flags with --fairseq-args)")
+    p.add_argument("--fairseq-args", default="", help="extra fairseq-train flags for every configuration, e.g. --fp16")
+    p.add_argument("--no-analysis", action="store_true", help="skip timing the Fig. 3 analysis")
+    p.add_argument("--quick", action="store_true", help="CI mode: tiny size, 2 reps of 2 steps, no analysis")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.sizes, args.steps, args.reps, args.no_analysis = "tiny", 2, 2, True
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    sizes, variants = args.sizes.split(","), args.variants.split(",")
+    check_choices("size", sizes, list(SIZES))
+    check_choices("variant", variants, list(VARIANTS))
+    check(args.threads >= 0, "--threads must be at least 0")
+    logging.disable(logging.WARNING)  # fairseq's per-model INFO lines would drown the progress
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    data = Path(args.data) if args.data else default_data(out.parent, log)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    result = benchmark(data, sizes, variants, args.steps, args.reps, args.max_tokens, args.device,
+                       args.fairseq_args.split(), not args.no_analysis, log)
+    write_json(out, result)
+    log(summary(result))
+    log(f"written {out}")
+    return 0
+
+
 if __name__ == "__main__":
-    try:
-        main()
-    except LnposError as e:
-        sys.exit(f"bench.sh: error: {e}")
+    sys.exit(run_main("bench.sh", main))

@@ -1,10 +1,14 @@
-"""The benchmark's quick mode writes its JSON (no timing assertions: timings are not tested)."""
+"""The benchmark: its fairseq baselines match the plugin's archs, its statistics and verdicts give
+known answers on hand-made timings, and its quick mode writes exact work counts."""
 import json
 import subprocess
 import sys
 
-from conftest import REPO, toy_data  # noqa: F401
-from fairseq_lnpos.bench import paired, verdict
+import pytest
+
+from conftest import REPO, build_model, toy_data  # noqa: F401
+from fairseq_lnpos.bench import baseline, fairseq_size, overhead_results, paired, throughput_results, verdict
+from fairseq_lnpos.variants import VARIANTS, arch_name
 
 
 def bench(*args):
@@ -12,9 +16,11 @@ def bench(*args):
                           env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
 
 
+@pytest.mark.slow
 def test_quick_benchmark_writes_ratios_for_every_arch(toy_data, tmp_path):
     out = tmp_path / "bench.json"
-    result = bench("--quick", "--data", toy_data, "--max-tokens", 400, "--out", out)
+    result = bench("--quick", "--data", toy_data, "--max-tokens", 400, "--out", out,
+                   "--variants", "postln,preln,deepnorm,keel")
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
     assert set(data["throughput"]) == {"tiny"}
@@ -22,13 +28,10 @@ def test_quick_benchmark_writes_ratios_for_every_arch(toy_data, tmp_path):
         r = data["throughput"]["tiny"][arch]
         # 2 reps x 2 updates, each paired with fairseq's update on the same batch
         assert r["n"] == 4 and r["ci95"][0] <= r["median"] <= r["ci95"][1] and r["seconds_per_update"] > 0
-        assert r["baseline"].startswith("fairseq transformer")
-        if arch == "keel":  # the issue sets no target for Keel
-            assert "target" not in r and "verdict" not in r
-        else:
-            assert r["target"] == (0.97 if arch == "deepnorm" else 0.99)
-            assert r["verdict"] == verdict(r["ci95"], r["target"], True)
-    assert "--encoder-normalize-before" in data["throughput"]["tiny"]["preln"]["baseline"]
+        assert ("target" in r) == ("verdict" in r) == (arch != "keel")  # Keel has no target
+    assert data["throughput"]["tiny"]["preln"]["baseline"] == \
+        "fairseq transformer --encoder-normalize-before --decoder-normalize-before"
+    assert data["throughput"]["tiny"]["keel"]["baseline"] == "fairseq transformer"
     # the work counts are exact: Post-LN and Pre-LN are fairseq's model, DeepNorm adds residual
     # multiplies, Keel adds LayerNorms; none of them adds a matmul
     work = {a: data["throughput"]["tiny"][a]["work_ratio"] for a in ("postln", "preln", "deepnorm", "keel")}
@@ -41,11 +44,31 @@ def test_quick_benchmark_writes_ratios_for_every_arch(toy_data, tmp_path):
     assert "| tiny | keel |" in result.stdout
 
 
+@pytest.mark.slow
 def test_bad_size_is_a_one_line_error(toy_data, tmp_path):
     result = bench("--sizes", "huge", "--data", toy_data, "--out", tmp_path / "b.json")
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith("bench.sh: error: unknown size or variant ['huge']")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "bench.sh: error: unknown size huge: choose from base, iwslt_de_en, wmt_en_de, tiny"]
     assert not (tmp_path / "b.json").exists()
+
+
+def test_each_variant_is_compared_with_fairseqs_model_of_its_layernorm_placement():
+    assert baseline("preln") == ("fairseq_preln", ["--encoder-normalize-before", "--decoder-normalize-before"])
+    for v in ("postln", "deepnorm", "keel"):
+        assert baseline(v) == ("fairseq_postln", [])
+    assert {baseline(v)[0] for v, spec in VARIANTS.items() if not spec.normalize_before} == {"fairseq_postln"}
+    assert fairseq_size("iwslt_de_en") == ("transformer_iwslt_de_en", [])
+
+
+@pytest.mark.parametrize("size", ["tiny", "iwslt_de_en"])
+def test_fairseq_baseline_is_the_plugins_post_ln_model_parameter_for_parameter(toy_data, size):
+    fairseq_arch, flags = fairseq_size(size)
+    theirs, _, _ = build_model(toy_data, fairseq_arch, *flags, seed=5)
+    ours, _, _ = build_model(toy_data, arch_name("postln", size), seed=5)
+    a, b = theirs.state_dict(), ours.state_dict()
+    assert list(a) == list(b)
+    assert all(a[k].shape == b[k].shape and a[k].equal(b[k]) for k in a)
 
 
 def test_verdict_needs_the_whole_interval_on_one_side():
@@ -63,3 +86,36 @@ def test_paired_ratios_pair_update_by_update():
     other = [0.5, 1.5, 0.5, 1.5, 0.5]
     r = paired(base, other)
     assert r["median"] == 2.0 and r["ci95"] == [2.0, 2.0] and r["n"] == 5
+
+
+def test_throughput_verdicts_on_hand_made_timings():
+    work = {"aten_calls": 100, "output_elements": 1000, "matmul_flops": 10}
+    seconds = {
+        "fairseq_postln": [1.0, 2.0, 1.0, 2.0],
+        "postln": [1.0, 2.0, 1.0, 2.0],                     # ratio 1.0 every update: met (>= 0.99)
+        "deepnorm": [1 / 0.9, 2 / 0.9, 1 / 0.9, 2 / 0.9],   # ratio 0.9 every update: missed (>= 0.97)
+        "keel": [1 / 0.8, 2 / 0.8, 1 / 0.8, 2 / 0.8],        # ratio 0.8: no target
+        "fairseq_preln": [1.0, 1.0, 1.0, 1.0],
+        "preln": [1 / 0.9, 1 / 0.9, 1 / 1.1, 1 / 1.1],       # ratios 0.9, 0.9, 1.1, 1.1: CI [0.9, 1.1]
+    }
+    works = {name: dict(work) for name in seconds}
+    works["keel"] = {"aten_calls": 110, "output_elements": 1000, "matmul_flops": 10}
+    r = throughput_results(seconds, works, ["postln", "preln", "deepnorm", "keel"], "transformer")
+    assert (r["postln"]["median"], r["postln"]["verdict"]) == (1.0, "met")
+    assert r["deepnorm"]["median"] == pytest.approx(0.9) and r["deepnorm"]["verdict"] == "missed"
+    assert r["preln"]["median"] == pytest.approx(1.0) and r["preln"]["ci95"] == pytest.approx([0.9, 1.1])
+    assert r["preln"]["verdict"] == "unresolved"
+    assert r["keel"]["median"] == pytest.approx(0.8) and "verdict" not in r["keel"]
+    assert r["keel"]["work_ratio"] == {"aten_calls": 1.1, "output_elements": 1.0, "matmul_flops": 1.0}
+    assert r["keel"]["seconds_per_update"] == pytest.approx((1 / 0.8 + 2 / 0.8) / 2)
+    assert r["preln"]["baseline"] == "fairseq transformer --encoder-normalize-before --decoder-normalize-before"
+
+
+def test_grad_norm_overhead_on_hand_made_timings():
+    seconds = {"off": [1.0] * 4, "interval_1": [1.02] * 4, "interval_100": [1.03] * 4}
+    r = overhead_results(seconds, {"interval_1": 0.08, "interval_100": 0.0})
+    assert r["interval_1"]["overhead_percent"] == pytest.approx(2.0)
+    assert r["interval_1"]["verdict"] == "met"        # 2 % <= 5 %
+    assert r["interval_100"]["verdict"] == "missed"   # 3 % > 1 %
+    assert r["interval_1"]["hook_percent"] == pytest.approx(100 * 0.08 / 4.0)  # 0.08 s of 4.08 s
+    assert r["interval_100"]["hook_percent"] == 0

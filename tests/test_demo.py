@@ -1,11 +1,45 @@
-"""`make demo` end to end in its quick setting: table structure and every figure written."""
+"""`make demo`: its verdict rule on hand-made summaries, and the whole demo in its quick setting."""
 import csv
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
+from fairseq_lnpos.demo import verdict
 
 
+def summary(bad, warmup, preln):
+    """Best tok BLEU per seed of the three core runs -> the summary ``verdict`` reads."""
+    runs = {"demo-postln-nowu": bad, "demo-postln-wu100": warmup, "demo-preln-nowu": preln}
+    return {run: {"seeds": len(v), "best_bleu_tok": (sum(v) / len(v), min(v), max(v))} for run, v in runs.items()}
+
+
+def test_verdict_shown_when_the_best_no_warmup_seed_is_at_most_half_the_worst_reference():
+    text = verdict(summary(bad=[0.0, 2.0], warmup=[68.0, 76.0], preln=[98.1, 99.3]))
+    assert text.startswith("effect SHOWN: Post-LN without warm-up reaches tokenized BLEU 1.0 (best seed 2.0); "
+                           "with warm-up 72.0 (worst seed 68.0); Pre-LN without warm-up 98.7 (worst seed 98.1)")
+
+
+def test_verdict_boundary_of_the_half_rule():
+    # worst reference seed 40.0: best no-warm-up seed 20.0 is exactly half (shown), 20.5 is not
+    assert verdict(summary(bad=[20.0], warmup=[40.0, 80.0], preln=[90.0]))[:13] == "effect SHOWN:"
+    assert verdict(summary(bad=[20.5], warmup=[40.0, 80.0], preln=[90.0]))[:17] == "effect NOT shown:"
+    # the worst seed of either reference counts, and the best seed of Post-LN without warm-up
+    assert verdict(summary(bad=[0.0, 30.0], warmup=[50.0], preln=[90.0])).startswith("effect NOT shown")
+    assert verdict(summary(bad=[10.0], warmup=[90.0], preln=[19.0, 99.0])).startswith("effect NOT shown")
+
+
+@pytest.mark.parametrize("missing", ["demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu"])
+def test_verdict_cannot_be_judged_without_bleu_for_a_core_run(missing):
+    s = summary(bad=[0.0], warmup=[70.0], preln=[98.0])
+    s[missing] = {"seeds": 1, "status": ["diverged at update 3"]}  # a run with no scored epoch
+    assert verdict(s) == "the effect cannot be judged: some of the three core runs have no BLEU yet"
+    del s[missing]
+    assert verdict(s).startswith("the effect cannot be judged")
+
+
+@pytest.mark.slow
 def test_quick_demo_writes_table_and_figures_and_resumes(tmp_path):
     out = tmp_path / "demo-out"
     cmd = [sys.executable, "-m", "fairseq_lnpos.demo", "--quick", "--seeds", "1", "--out", str(out)]

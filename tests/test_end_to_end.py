@@ -23,6 +23,7 @@ def trained(toy_data, tmp_path_factory):
     return save, result.stderr + result.stdout
 
 
+@pytest.mark.slow
 def test_training_logs_deepnorm_coefficients_and_the_schedule(trained):
     _, log = trained
     assert "DeepNorm 6-6: encoder alpha 1.4179 beta 0.4970, decoder alpha 2.0598 beta 0.3433" in log
@@ -31,6 +32,7 @@ def test_training_logs_deepnorm_coefficients_and_the_schedule(trained):
     assert lrs == pytest.approx([1e-3 / 2 ** 0.5, 1e-3 / 3 ** 0.5, 1e-3 / 2])
 
 
+@pytest.mark.slow
 def test_checkpoint_needs_only_argparse_namespace_beyond_torch_safe_globals(trained):
     if not hasattr(torch.serialization, "get_unsafe_globals_in_checkpoint"):
         pytest.skip(f"torch {torch.__version__} has no safe loader to configure (before 2.6 torch.load unpickles all)")
@@ -43,6 +45,7 @@ def test_checkpoint_needs_only_argparse_namespace_beyond_torch_safe_globals(trai
     assert state["cfg"]["model"].arch == "transformer_deepnorm_tiny"
 
 
+@pytest.mark.slow
 def test_generate_loads_plugin_checkpoint_and_prints_bleu(toy_data, trained):
     save, _ = trained
     result = run(fairseq_cmd(
@@ -54,6 +57,7 @@ def test_generate_loads_plugin_checkpoint_and_prints_bleu(toy_data, trained):
     assert len(re.findall(r"^H-\d+", result.stdout, flags=re.M)) == 40
 
 
+@pytest.mark.slow
 def test_restore_file_resumes_from_checkpoint_last(toy_data, trained):
     save, _ = trained
     result = run(fairseq_cmd(
@@ -74,6 +78,7 @@ def test_restore_file_resumes_from_checkpoint_last(toy_data, trained):
     (["--optimizer", "radam", "--adam-betas", "(0.9, 2)"], "--adam-betas must be two numbers"),
     (["--arch", "transformer_nonsense"], "invalid choice: 'transformer_nonsense'"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_a_one_line_error(toy_data, tmp_path, extra, message):
     args = ["--arch", "transformer_preln_tiny", *extra] if "--arch" not in extra else extra
     result = run(fairseq_cmd("fairseq-train", toy_data, *TRAIN, "--max-update", "1", "--save-dir", tmp_path, *args))

@@ -52,6 +52,7 @@ def rows(out):
         return {r["run"]: r for r in csv.DictReader(f)}
 
 
+@pytest.mark.slow
 def test_grid_end_to_end(uninterrupted, data):
     out, run, table = uninterrupted
     assert run.returncode == 0, run.stderr[-2000:]
@@ -121,6 +122,7 @@ def _numbers_close(a, b):
         assert abs(x - y) <= max(0.05 * abs(y), 1.0), (k, x, y)
 
 
+@pytest.mark.slow
 def test_kill_and_resume_gives_the_same_table(uninterrupted, data, tmp_path):
     ref_out = uninterrupted[0]
     ref_epoch1 = json.loads((ref_out / GOOD / "seed1" / "eval" / "epoch1.json").read_text())

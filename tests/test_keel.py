@@ -87,6 +87,7 @@ def test_incremental_decoding_equals_the_full_forward(keel):
     assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_keel_trains_and_decodes_with_fairseq(toy_data, tmp_path):
     common = ["--user-dir", USER_DIR, "--cpu"]
     train = run(fairseq_cmd(

@@ -130,6 +130,7 @@ def test_user_options_work_as_with_fairseq(toy_data):
     ("transformer_deepnorm_tiny", "--encoder-layers"),
     ("transformer_postln_tiny", "--decoder-layers"),
 ])
+@pytest.mark.slow
 def test_zero_layers_is_a_one_line_error(toy_data, arch, flag):
     result = run(fairseq_cmd("fairseq-train", toy_data, "--user-dir", __import__("conftest").USER_DIR,
                              "--arch", arch, flag, "0", "--max-update", "1", "--cpu"))

@@ -51,6 +51,7 @@ def fairseq_score(sys_path, ref_path, *extra):
     return float(re.search(r"BLEU4 = ([\d.]+),", out).group(1))
 
 
+@pytest.mark.slow
 def test_tok_bleu_equals_fairseq_score(files, tmp_path):
     ours = E.tok_bleu(HYPS, REFS)
     assert 20 < ours < 80  # a non-trivial value, so the comparison means something
@@ -60,6 +61,7 @@ def test_tok_bleu_equals_fairseq_score(files, tmp_path):
     assert lc > ours and round(lc, 2) == fairseq_score(files["hyp"], files["ref"], "--ignore-case")
 
 
+@pytest.mark.slow
 def test_compound_split_as_fairseq_recipe(files, tmp_path):
     line = "a well @-@ known long-term x-y-z -"
     assert E.compound_split(line) == "a well @ ##AT##-##AT## @ known long ##AT##-##AT## term x ##AT##-##AT## y-z -"
