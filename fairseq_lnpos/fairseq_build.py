@@ -7,9 +7,20 @@ Used wherever the project builds fairseq objects itself (the Fig. 3 analysis, th
 grid's parameter count, the tests). It registers the plugin first (:func:`fairseq_lnpos.register`):
 fairseq does not import a ``--user-dir`` package that is imported already.
 """
+import warnings
 from collections import namedtuple
 
 Built = namedtuple("Built", "args cfg task model")
+
+
+def _to_config(args):
+    """fairseq's ``convert_namespace_to_omegaconf`` without the deprecation warnings of the hydra
+    version fairseq pins (they would precede every message of the project's commands)."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(ConfigStore schema|strict flag)", category=UserWarning)
+        return convert_namespace_to_omegaconf(args)
 
 
 def parse(argv):
@@ -26,10 +37,9 @@ def parse(argv):
 def setup(argv):
     """``(args, cfg, task)``: the parsed arguments, fairseq's config and the task (dictionaries loaded)."""
     from fairseq import tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     args = parse(argv)
-    cfg = convert_namespace_to_omegaconf(args)
+    cfg = _to_config(args)
     return args, cfg, tasks.setup_task(cfg.task)
 
 
@@ -40,10 +50,8 @@ def build(argv, seed=None, task=None):
     if task is None:
         args, cfg, task = setup(argv)
     else:
-        from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
         args = parse(argv)
-        cfg = convert_namespace_to_omegaconf(args)
+        cfg = _to_config(args)
     if seed is not None:
         import torch
 

@@ -399,15 +399,16 @@ def run(opts, t_start=None):
     logging.getLogger("fairseq").setLevel(logging.WARNING)
     from fairseq_lnpos import fairseq_build, register
     from fairseq_lnpos.analysis import plots, summary as summarize
+    from fairseq_lnpos.data.pipeline import check_writable_folder
 
     register()  # the plugin's archs, for resolve_arch
     archs = [(name,) + resolve_arch(name, opts.size) for name in opts.archs]
     out = Path(opts.out)
+    check_writable_folder(out, "--out")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise LnposError(f"--out {out}: cannot create the folder ({e.strerror}): choose a writable folder") from None
-    check(out.is_dir(), f"--out {out} is a file: choose a folder")
     task, dataset, data_desc = load_data(opts)
     settings = settings_of(opts, data_desc)
     key = settings_key(settings)

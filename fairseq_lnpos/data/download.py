@@ -145,10 +145,18 @@ def check_member(member, root):
         raise UnsafeMember(f"member {name!r} is a device or FIFO file")
 
 
+def _data_filter(member, path):
+    """tarfile's ``data`` filter, which would extract an absolute name below the folder; such an
+    archive is refused instead, as :func:`check_member` does."""
+    if os.path.isabs(member.name) or member.name.startswith(("/", "\\")):
+        raise UnsafeMember(f"member {member.name!r} has an absolute path")
+    return tarfile.data_filter(member, path)
+
+
 def extract(archive, dest_dir, log=print):
     """Extract a tar(.gz) archive into ``dest_dir`` via a temporary sibling folder, refusing
-    members and links that lead outside it (tarfile's ``filter="data"`` where this Python has it,
-    :func:`check_member` member by member where not)."""
+    absolute names, and members and links that lead outside it (tarfile's ``filter="data"`` where
+    this Python has it, :func:`check_member` member by member where not)."""
     archive, dest_dir = Path(archive), Path(dest_dir)
     tmp = dest_dir.with_name("." + dest_dir.name + ".extracting")
     if tmp.exists():
@@ -158,7 +166,7 @@ def extract(archive, dest_dir, log=print):
     try:
         with tarfile.open(archive) as tar:
             if hasattr(tarfile, "data_filter"):
-                tar.extractall(tmp, filter="data")
+                tar.extractall(tmp, filter=_data_filter)
             else:
                 for member in tar:  # checked one by one, after the links extracted before it
                     check_member(member, tmp)

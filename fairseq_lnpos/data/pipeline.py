@@ -218,10 +218,14 @@ def run_dataset(out, bin_dir, workers, dataset, langs, stages, lowercase, compou
                      {"bpe": p_bpe, "raw": p_raw, "out": str(out.resolve()), "v": 1},
                      manifest_fields(dataset, out, src, tgt, counts, lowercase=lowercase,
                                      compound_split=compound_split))
-    except BaseException:
+    except BaseException as e:
         for p in created:
             if p.is_dir() and not any(p.iterdir()):
                 p.rmdir()
+        if isinstance(e, OSError):  # a folder that cannot be written, a full disk, an unreadable input
+            where = f"{e.filename}: " if e.filename else ""
+            raise DataError(f"{where}{e.strerror or e}: check that the path exists, is readable and its folder "
+                            f"writable (and the free disk space), then run again") from None
         raise
     summary(label or dataset, counts, out, bin_dir)
     return counts
