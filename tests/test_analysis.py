@@ -26,6 +26,7 @@ def small_run(tmp_path_factory):
     return out, result
 
 
+@pytest.mark.slow
 def test_pre_ln_last_w2_falls_with_depth_post_ln_does_not(small_run):
     out, _ = small_run
     ratio = json.loads((out / "fig3.json").read_text())["ratio_last_w2"]
@@ -34,6 +35,7 @@ def test_pre_ln_last_w2_falls_with_depth_post_ln_does_not(small_run):
         assert ratio["Pre-LN"][stack] < 0.7, (stack, ratio)  # Theorem 1: falls like 1/sqrt(L)
 
 
+@pytest.mark.slow
 def test_json_fields_figures_and_progress(small_run):
     out, result = small_run
     fig3 = json.loads((out / "fig3.json").read_text())
@@ -66,6 +68,7 @@ def test_json_fields_figures_and_progress(small_run):
     assert "time taken:" in result.stdout
 
 
+@pytest.mark.slow
 def test_rerun_resumes_from_records(small_run, capsys):
     from fairseq_lnpos.analysis import init_grad
 
@@ -93,12 +96,14 @@ def test_bad_input_one_line_error(tmp_path, capsys, args, message):
     assert not (tmp_path / "fig3.json").exists()
 
 
+@pytest.mark.slow
 def test_unknown_arch_through_the_script(tmp_path):
     result = analysis("--archs", "postln,nosuch", "--out", tmp_path)
     assert result.returncode == 2
     assert "init_grad_analysis: error: unknown architecture 'nosuch' in --archs: use postln, preln" in result.stderr
 
 
+@pytest.mark.slow
 def test_data_dir_and_checkpoint(toy_data, tmp_path):
     """A binarized data dir, plus a trained checkpoint as the third line of Fig. 3a/b."""
     ckpt = tmp_path / "ckpt"

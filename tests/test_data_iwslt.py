@@ -219,6 +219,7 @@ def test_real_devtest_xml_gives_6750_test_lines():
         "Und ich weiß , dass einige von Ihnen sagen : &quot; Ist es nicht besser so ? &quot; Wäre")
 
 
+@pytest.mark.slow
 def test_wrapper_exit_status_and_one_line_error(tmp_path):
     import subprocess
     import sys

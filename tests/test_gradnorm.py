@@ -118,6 +118,7 @@ def test_bad_interval_is_one_line_error():
         GradNormLogger(-1)
 
 
+@pytest.mark.slow
 def test_fairseq_train_writes_tensorboard_and_jsonl(toy_data, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
