@@ -276,12 +276,14 @@ CASES = [
     # --- fairseq's commands with --task translation_lnpos
     Case("train-missing-data-folder", TRAIN[:1] + ("{S}/nowhere",) + TRAIN[2:],
          r"^fairseq-train: error: data folder \S*nowhere does not exist", writes=("out",), slow=True),
-    Case("train-empty-dict", TRAIN, r"^fairseq-train: error: \S*data/dict\.de\.txt is empty",
-         setup=toy_copy(empty_dict), writes=("out",), needs=("data",), slow=True),
+    # fairseq's default --save-dir ./checkpoints, where it saved crash.pt despite --no-save: nothing may appear
+    Case("train-empty-dict", tuple(a for a in TRAIN if a not in ("--save-dir", "{S}/out")),
+         r"^fairseq-train: error: \S*data/dict\.de\.txt is empty", setup=toy_copy(empty_dict), writes=(),
+         needs=("data",), slow=True),
     Case("train-missing-dict", TRAIN, r"^fairseq-train: error: \S*data/dict\.en\.txt is missing \(found dict\.de\.txt\)",
          setup=toy_copy(no_target_dict), writes=("out",), needs=("data",), slow=True),
-    Case("train-restore-file-of-another-arch", TRAIN[:-4] + ("--restore-file", "{CKPT}", "--arch",
-                                                               "transformer_preln_iwslt_de_en"),
+    Case("train-restore-file-of-another-arch", TRAIN + ("--restore-file", "{CKPT}", "--arch",
+                                                          "transformer_preln_iwslt_de_en"),
          r"^fairseq-train: error: the checkpoint's weights do not fit --arch transformer_preln_iwslt_de_en",
          setup=toy_copy(), writes=("out",), needs=("data", "ckpt"), slow=True),
     Case("train-bad-grad-norm-interval", TRAIN + ("--log-grad-norms", "--grad-norm-interval", "-1"),

@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 JSONL_NAME = "grad_norms.jsonl"
 TAG_PREFIX = "gnorm/"
+# fairseq imports the plugin while it parses the command line, before fairseq-train creates --save-dir
+LOADED_AT = time.time()
 
 
 @dataclass
@@ -143,6 +145,16 @@ class GradNormLogger:
             f.write(json.dumps(rec) + "\n")
 
 
+def _remove_new_empty_folder(path):
+    """fairseq-train creates --save-dir (default ./checkpoints) before it sets the task up: on bad
+    data, remove it again if it is empty and this run made it (changed after the plugin loaded)."""
+    try:
+        if path and os.path.isdir(path) and not os.listdir(path) and os.stat(path).st_mtime >= LOADED_AT:
+            os.rmdir(path)
+    except Exception:  # save_dir not resolvable (a task config alone) or removed meanwhile: leave it
+        pass
+
+
 @register_task("translation_lnpos", dataclass=TranslationLnposConfig)
 class TranslationLnposTask(TranslationTask):
     """fairseq's translation task; ``--log-grad-norms`` adds per-layer gradient norms."""
@@ -164,7 +176,11 @@ class TranslationLnposTask(TranslationTask):
 
     @classmethod
     def setup_task(cls, cfg, **kwargs):
-        cfg.source_lang, cfg.target_lang = check_data_dir(cfg.data, cfg.source_lang, cfg.target_lang)
+        try:
+            cfg.source_lang, cfg.target_lang = check_data_dir(cfg.data, cfg.source_lang, cfg.target_lang)
+        except DataError:
+            _remove_new_empty_folder(getattr(cfg, "save_dir", None))
+            raise
         guard_checkpoint_loading()
         return super().setup_task(cfg, **kwargs)
 
