@@ -70,8 +70,11 @@ def guard_state_loading(model, arch):
         try:
             return original(state_dict, *args, **kwargs)
         except RuntimeError as e:
+            # torch: "Error(s) in loading state_dict for X:" then one line per mismatch; the first says which
+            lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+            detail = lines[1][:200] if len(lines) > 1 else _first_line(e)
             raise CheckpointError(
-                f"the checkpoint's weights do not fit --arch {arch} ({_first_line(e)}): pass a checkpoint of "
+                f"the checkpoint's weights do not fit --arch {arch} ({detail}): pass a checkpoint of "
                 "the same architecture and sizes, or leave out --restore-file to start from scratch") from e
 
     model.load_state_dict = load_state_dict
