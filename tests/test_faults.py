@@ -438,3 +438,37 @@ def test_extraction_refuses_the_same_members_with_and_without_tarfiles_filter(tm
     evil_archive(("de-en/a.txt", "file", "text"), ("de-en/lnk", "symlink", "a.txt"))(good)
     dest = extract(good / "de-en.tgz", good / "extracted", log=lambda m: None)
     assert (dest / "de-en" / "lnk").read_text() == "text"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["[tok] building", "[binarize] building"])
+def test_ctrl_c_on_the_script_is_one_line_130_and_a_rerun_resumes(tmp_path, stage):
+    """A real SIGINT to the whole process group (as a terminal's Ctrl-C), fairseq-preprocess's
+    worker processes included: one line from the command, none from the workers."""
+    import signal
+    import time
+
+    script = REPO / "data-prep" / "make-synthetic.sh"
+    argv = [str(script), "--out", str(tmp_path / "out"), "--bin", str(tmp_path / "bin"), "--train", "3000",
+            "--valid", "50", "--test", "50", "--workers", "2"]
+    env = dict(os.environ, PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    seen = ""
+    deadline = time.time() + 120
+    for line in proc.stdout:  # wait until the stage runs
+        seen += line
+        if stage in line or time.time() > deadline:
+            break
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert stage in seen, seen
+    if proc.returncode == 0:  # the stage was faster than the signal: nothing to check
+        pytest.skip(f"the run finished before Ctrl-C reached it ({stage})")
+    lines = [l for l in err.strip().splitlines() if l.strip()]
+    assert proc.returncode == 130 and lines == [f"make-synthetic.sh: {INTERRUPTED}"], err[-3000:]
+    assert not list(tmp_path.glob("out/.*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+    res = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "[raw] complete" in res.stdout and (tmp_path / "bin" / "lnpos-data.json").is_file()
