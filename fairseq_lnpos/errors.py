@@ -5,6 +5,7 @@ command-line entry points print it as one line and exit with :data:`USAGE_EXIT` 
 own commands run the plugin (``--user-dir``), :func:`install_excepthook` does the same for errors
 raised while fairseq builds a model, optimizer, scheduler or task.
 """
+import argparse
 import sys
 
 USAGE_EXIT = 2        # bad input: the message says what to do
@@ -19,14 +20,28 @@ class StateError(LnposError):
     """A file the project wrote earlier (a run folder, a manifest) is missing or unreadable."""
 
 
+def project_error(exc):
+    """``exc`` if it is an :class:`LnposError`, else the first one it was raised from or while
+    handling (fairseq re-raises some errors as a plain ``Exception``), else ``None``."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, LnposError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def _excepthook(exc_type, exc, tb, _previous=sys.excepthook):
-    if issubclass(exc_type, LnposError):
-        print(f"{sys.argv[0].rsplit('/', 1)[-1]}: error: {exc}", file=sys.stderr)
+    err = project_error(exc)
+    if err is not None:
+        print(f"{sys.argv[0].rsplit('/', 1)[-1]}: error: {err}", file=sys.stderr)
         sys.exit(USAGE_EXIT)
     _previous(exc_type, exc, tb)
 
 
 def install_excepthook():
+    """Print uncaught project errors as one line (exit 2): fairseq's commands, with ``--user-dir``."""
     if getattr(sys.excepthook, "__name__", "") != "_excepthook":
         sys.excepthook = _excepthook
 
@@ -48,3 +63,17 @@ def run_main(prog, main, argv=None):
         print(f"{prog}: interrupted; run the same command again to resume", file=sys.stderr)
         return INTERRUPT_EXIT
     return 0 if status is None else status
+
+
+class CommandParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors (unknown option, a value that is not a number)
+    are one line ``PROG: error: ...`` and exit 2, like the project's other errors."""
+
+    def error(self, message):
+        self.exit(USAGE_EXIT, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def at_least(minimum, name, value):
+    """``value`` if it is >= ``minimum``, else an :class:`LnposError` naming option ``name``."""
+    check(value >= minimum, f"{name} must be at least {minimum}, got {value}")
+    return value

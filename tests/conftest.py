@@ -59,23 +59,18 @@ def toy_data(tmp_path_factory):
     return binarize(write_toy_corpus(root / "text"), root / "bin")
 
 
-def parse_train_args(data, arch, *extra):
-    from fairseq import options
-
-    parser = options.get_training_parser()
-    argv = [str(data), "--user-dir", USER_DIR, "--task", "translation", "-s", "de", "-t", "en",
-            "--arch", arch, *map(str, extra)]
-    return options.parse_args_and_arch(parser, argv)
+def train_argv(data, arch, *extra):
+    return [data, "--user-dir", USER_DIR, "--task", "translation", "-s", "de", "-t", "en", "--arch", arch, *extra]
 
 
 def build_model(data, arch, *extra, seed=1):
-    """Build a model exactly as fairseq-train does, seeded."""
-    import torch
-    from fairseq import tasks
+    """Build a model exactly as fairseq-train does, seeded (fairseq_lnpos.fairseq_build)."""
+    from fairseq_lnpos import fairseq_build
 
-    args = parse_train_args(data, arch, *extra)
-    task = tasks.setup_task(args)
-    torch.manual_seed(seed)
-    model = task.build_model(args)
-    model.eval()
-    return model, task, args
+    built = fairseq_build.build(train_argv(data, arch, *extra), seed=seed)
+    built.model.eval()
+    return built.model, built.task, built.args
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: starts fairseq or data-prep processes (deselect with -m 'not slow')")

@@ -1,4 +1,5 @@
-"""Downloads: resume from .part, sha256 verification, no second download, honest 'unknown checksum'."""
+"""Downloads: resume from .part, sha256 verification against the recorded table, no second download,
+an honest note where no checksum is recorded."""
 import hashlib
 import io
 
@@ -91,7 +92,31 @@ def test_network_error_is_one_line_with_the_offline_options(tmp_path, sums):
     assert "\n" not in str(e.value)
 
 
-def test_recorded_iwslt_checksum_is_honest():
-    # no sha256 of fairseq's de-en.tgz is documented anywhere we could find: none is recorded
-    assert download.recorded_sha256("de-en.tgz") is None
-    assert "de-en.tgz" in download.CHECKSUMS.read_text()
+def test_a_recorded_checksum_is_verified_for_an_archive_passed_by_hand(tmp_path, sums):
+    # the table (fixture file in SHA256SUMS format) records data.tgz: the right file is accepted,
+    # any other file with that name is refused with one line naming it; the table is looked up by name
+    assert download.recorded_sha256("data.tgz") == hashlib.sha256(PAYLOAD).hexdigest()
+    assert download.recorded_sha256("other.tgz") is None
+    good = tmp_path / "good" / "data.tgz"
+    good.parent.mkdir()
+    good.write_bytes(PAYLOAD)
+    msgs = []
+    assert download.verify(good, log=msgs.append) == hashlib.sha256(PAYLOAD).hexdigest()
+    assert msgs == [f"verified {good} (sha256 {hashlib.sha256(PAYLOAD).hexdigest()[:12]}...)"]
+    wrong = tmp_path / "wrong" / "data.tgz"
+    wrong.parent.mkdir()
+    wrong.write_bytes(PAYLOAD[:-1] + b"!")
+    with pytest.raises(DataError, match=rf"{wrong}: sha256 [0-9a-f]{{64}} does not match the recorded") as e:
+        download.verify(wrong, log=lambda m: None)
+    assert "\n" not in str(e.value)
+    # extract_once verifies before extracting: the wrong archive leaves no extracted folder
+    with pytest.raises(DataError, match="does not match"):
+        download.extract_once(wrong, tmp_path / "extracted", check=True, log=lambda m: None)
+    assert not (tmp_path / "extracted").exists()
+
+
+def test_shipped_checksum_table_is_well_formed():
+    for line in download.CHECKSUMS.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            digest, name = line.split()
+            assert len(digest) == 64 and int(digest, 16) >= 0 and name

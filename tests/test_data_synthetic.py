@@ -100,6 +100,7 @@ def test_rerun_skips_and_new_seed_rebuilds(made, capsys):
 
 
 def test_bad_size_is_one_line_error(tmp_path, capsys):
-    assert syn.main(["--out", str(tmp_path / "o"), "--bin", str(tmp_path / "b"), "--train", "0"]) == 1
+    assert syn.main(["--out", str(tmp_path / "o"), "--bin", str(tmp_path / "b"), "--train", "0"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "error: --train 0: give at least 1 sentence pair"
+    assert err == "make-synthetic.sh: error: --train 0: give at least 1 sentence pair"
+    assert not (tmp_path / "o").exists() and not (tmp_path / "b").exists()

@@ -71,17 +71,17 @@ def test_rerun_skips_everything(prepared, capsys):
 def test_bad_inputs(tmp_path, capsys):
     orig = make_wmt_orig(tmp_path / "orig", n=8)
     (orig / "test-full" / "newstest2014-deen-ref.de.sgm").unlink()
-    assert wmt.main(["--orig", str(orig), "--out", str(tmp_path / "o"), "--bin", str(tmp_path / "b")]) == 1
+    assert wmt.main(["--orig", str(orig), "--out", str(tmp_path / "o"), "--bin", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err.strip()
     assert "newstest2014-deen-ref.de.sgm" in err and "\n" not in err
     orig = make_wmt_orig(tmp_path / "orig2", n=8)
     cc = orig / "commoncrawl.de-en.de"
     cc.write_text(cc.read_text() + "Eine Zeile zu viel.\n")
-    assert wmt.main(["--orig", str(orig), "--out", str(tmp_path / "o"), "--bin", str(tmp_path / "b")]) == 1
+    assert wmt.main(["--orig", str(orig), "--out", str(tmp_path / "o"), "--bin", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err.strip()
     assert "commoncrawl.de-en.de has 5 lines" in err and "commoncrawl.de-en.en has 4" in err
     assert not (tmp_path / "o" / "tok").exists() and not (tmp_path / "b").exists()
-    assert wmt.main(["--archive", str(tmp_path / "x.tgz"), "--out", str(tmp_path / "o")]) == 1
+    assert wmt.main(["--archive", str(tmp_path / "x.tgz"), "--out", str(tmp_path / "o")]) == 2
     assert "unknown file name" in capsys.readouterr().err
 
 

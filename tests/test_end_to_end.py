@@ -7,6 +7,8 @@ import torch
 
 from conftest import USER_DIR, fairseq_cmd, run, toy_data  # noqa: F401
 
+pytestmark = pytest.mark.slow  # every test here runs fairseq-train or fairseq-generate
+
 TRAIN = ["--user-dir", USER_DIR, "--cpu", "--no-progress-bar", "--log-interval", "1", "--max-tokens", "1000",
          "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--seed", "3"]
 
@@ -39,7 +41,9 @@ def test_checkpoint_needs_only_argparse_namespace_beyond_torch_safe_globals(trai
     save, _ = trained
     unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(save / "checkpoint_last.pt"))
     assert set(unsafe) <= {"argparse.Namespace"}
-    import fairseq_lnpos  # noqa: F401
+    import fairseq_lnpos
+
+    fairseq_lnpos.register()  # what fairseq's --user-dir import does: argparse.Namespace allow-listed
     state = torch.load(save / "checkpoint_last.pt", map_location="cpu")  # weights_only=True, the default
     assert isinstance(state["args"], (argparse.Namespace, type(None)))
     assert state["cfg"]["model"].arch == "transformer_deepnorm_tiny"

@@ -62,24 +62,17 @@ def test_plan_counts_shared_tensors_once():
 
 
 def _trainer(data, save_dir, *extra):
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
 
-    import fairseq_lnpos.tasks  # noqa: F401  (registers translation_lnpos)
+    from fairseq_lnpos import fairseq_build
 
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
-        str(data), "--user-dir", USER_DIR, "--task", "translation_lnpos", "-s", "de", "-t", "en",
-        "--arch", "transformer", *map(str, TINY + NO_DROPOUT), "--cpu", "--optimizer", "adam",
+    cfg, task, model = fairseq_build.build([
+        data, "--user-dir", USER_DIR, "--task", "translation_lnpos", "-s", "de", "-t", "en",
+        "--arch", "transformer", *TINY, *NO_DROPOUT, "--cpu", "--optimizer", "adam",
         "--lr", "1e-3", "--max-tokens", "200", "--criterion", "label_smoothed_cross_entropy",
         "--label-smoothing", "0.1", "--log-grad-norms", "--grad-norm-interval", "1",
-        "--save-dir", str(save_dir), "--seed", "3", *map(str, extra)])
-    cfg = convert_namespace_to_omegaconf(args)
-    task = tasks.setup_task(cfg.task)
+        "--save-dir", save_dir, "--seed", "3", *extra], seed=3)[1:]
     task.load_dataset("train")
-    torch.manual_seed(3)
-    model = task.build_model(cfg.model)
     criterion = task.build_criterion(cfg.criterion)
     trainer = Trainer(cfg, task, model, criterion)
     itr = task.get_batch_iterator(task.dataset("train"), max_tokens=200, seed=1).next_epoch_itr(shuffle=False)

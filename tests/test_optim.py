@@ -7,9 +7,12 @@ from fairseq.optim import build_optimizer
 from fairseq.optim.lr_scheduler import build_lr_scheduler
 from omegaconf import OmegaConf
 
-import fairseq_lnpos  # noqa: F401  (registers radam and the schedulers)
+import fairseq_lnpos
 from fairseq_lnpos.errors import LnposError
 from fairseq_lnpos.optim.radam import supports_decoupled_weight_decay
+
+
+fairseq_lnpos.register()  # radam and the schedulers
 
 
 def cfg(**kw):
@@ -53,7 +56,7 @@ def test_radam_under_fairseq_fp16_wrapper_follows_fp32_radam():
     base = quadratic_params()
     half = [torch.nn.Parameter(p.detach().to(torch.bfloat16)) for p in base]
     args = options.parse_args_and_arch(options.get_training_parser(), [
-        "unused-data-dir", "--user-dir", fairseq_lnpos.USER_DIR, "--arch", "transformer_preln_tiny", "--bf16",
+        "unused-data-dir", "--user-dir", str(fairseq_lnpos.USER_DIR), "--arch", "transformer_preln_tiny", "--bf16",
         "--optimizer", "radam", "--lr", "1e-2", "--adam-betas", "(0.9, 0.98)", "--fp16-init-scale", "1",
     ])
     c = convert_namespace_to_omegaconf(args)

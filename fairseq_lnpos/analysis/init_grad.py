@@ -23,7 +23,7 @@ settings skips what is there (``--fresh`` starts over). At the end ``fig3.json``
 are written (fairseq_lnpos.analysis.plots).
 """
 import argparse
-import glob
+import dataclasses
 import hashlib
 import json
 import os
@@ -31,20 +31,72 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import List, Optional
 
+from fairseq_lnpos.common import fmt_time, write_json
+from fairseq_lnpos.errors import CommandParser, LnposError, at_least, check, run_main
+from fairseq_lnpos.variants import SIZES, VARIANTS, arch_name
+
+PROG = "init_grad_analysis"
 DEFAULTS = {"tokens": 256, "batches": 2, "seeds": 2}
 PAPER = {"tokens": 4096, "seeds": 10}  # Sec. 3.4: ten seeds; 4096-token batches as in training
-SHORT_ARCHS = ("postln", "preln", "deepnorm", "keel")
-LABELS = {"postln": "Post-LN", "preln": "Pre-LN", "deepnorm": "DeepNorm", "keel": "Keel"}
 
 
-def fail(message):
-    print(f"init_grad_analysis: error: {message}", file=sys.stderr)
-    sys.exit(2)
+@dataclasses.dataclass
+class Options:
+    """What to measure; the command-line options of the same names (see ``--help``)."""
+    out: str = "analysis-out"
+    data: Optional[str] = None
+    split: Optional[str] = None
+    source_lang: Optional[str] = None
+    target_lang: Optional[str] = None
+    archs: List[str] = dataclasses.field(default_factory=lambda: ["postln", "preln"])
+    size: str = "iwslt_de_en"
+    model_args: str = ""
+    vocab: int = 8000
+    depths: List[int] = dataclasses.field(default_factory=lambda: [6, 8, 10, 12, 14])
+    layers_depth: int = 6
+    seeds: int = DEFAULTS["seeds"]
+    first_seed: int = 1
+    tokens: int = DEFAULTS["tokens"]
+    batches: int = DEFAULTS["batches"]
+    dropout: float = 0.1
+    label_smoothing: float = 0.1
+    checkpoint: Optional[str] = None
+    checkpoint_label: str = "Post-LN after warm-up"
+    lemma2: bool = True
+    fresh: bool = False
+    threads: Optional[int] = None
+    device: str = "cpu"
+
+    def validate(self):
+        """Normalise the lists and range-check every value; raises :class:`LnposError`."""
+        self.archs = [a.strip() for a in self.archs if a.strip()]
+        check(self.archs, "--archs is empty: give e.g. postln,preln")
+        check(self.size in SIZES or self.size == "", f"--size {self.size!r}: one of {', '.join(SIZES)} ('' = base)")
+        self.depths = sorted(set(self.depths))
+        check(self.depths and min(self.depths) >= 1, "--depths must list positive layer counts, e.g. 6,8,10,12,14")
+        check(self.layers_depth in self.depths,
+              f"--layers-depth {self.layers_depth} is not in --depths {self.depths}")
+        for name in ("seeds", "tokens", "batches", "vocab"):
+            at_least(1, "--" + name, getattr(self, name))
+        at_least(0, "--first-seed", self.first_seed)
+        if self.threads is not None:
+            at_least(1, "--threads", self.threads)
+        for name in ("dropout", "label_smoothing"):
+            value = getattr(self, name)
+            check(0 <= value < 1, f"--{name.replace('_', '-')} must be in [0, 1), got {value}")
+        check(self.device.split(":")[0] in ("cpu", "cuda"), f"--device {self.device!r}: cpu or cuda")
+        check(not self.checkpoint or self.data, "--checkpoint needs --data: the binarized data dir whose "
+              "dictionaries the checkpoint was trained with")
+        check(not self.source_lang == (self.target_lang is None),
+              "give --source-lang and --target-lang together")
+        return self
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
+    """:class:`Options` from the command line."""
+    p = CommandParser(
         prog="init_grad_analysis.sh",
         description="Gradient norms of the FFN weights at initialization (Xiong et al. 2020, Fig. 3) "
         "and residual-stream norms (Lemma 2).",
@@ -55,11 +107,11 @@ def parse_args(argv=None):
     p.add_argument("--source-lang", "-s")
     p.add_argument("--target-lang", "-t")
     p.add_argument("--archs", default="postln,preln",
-                   help="comma-separated: short names (postln, preln, deepnorm, keel: "
-                   "transformer_<name>_<size>) or full fairseq arch names (default: postln,preln)")
+                   help=f"comma-separated: variants ({', '.join(VARIANTS)}: transformer_<variant>_<size>) or "
+                   "full fairseq arch names (default: postln,preln)")
     p.add_argument("--size", default="iwslt_de_en",
-                   help="size suffix for short arch names: iwslt_de_en (6+6, d 512, FFN 1024, 4 heads; "
-                   "the paper's IWSLT model, default), wmt_en_de, tiny, or '' for base")
+                   help="size of the variants' archs: iwslt_de_en (6+6, d 512, FFN 1024, 4 heads; "
+                   "the paper's IWSLT model, default), wmt_en_de, tiny, or base ('' = base)")
     p.add_argument("--model-args", default="",
                    help="extra fairseq model options, one quoted string, e.g. "
                    "\"--encoder-embed-dim 64 --decoder-embed-dim 64\" (for quick looks and tests)")
@@ -85,28 +137,18 @@ def parse_args(argv=None):
     p.add_argument("--fresh", action="store_true", help="ignore results of an earlier run in --out")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    args = p.parse_args(argv)
+    a = p.parse_args(argv)
     for key, value in DEFAULTS.items():
-        if getattr(args, key) is None:
-            setattr(args, key, PAPER.get(key, value) if args.paper else value)
+        if getattr(a, key) is None:
+            setattr(a, key, PAPER.get(key, value) if a.paper else value)
     try:
-        args.depths = sorted({int(x) for x in args.depths.split(",") if x.strip()})
+        depths = [int(x) for x in a.depths.split(",") if x.strip()]
     except ValueError:
-        fail(f"--depths takes comma-separated integers, got {args.depths!r}")
-    args.archs = [a.strip() for a in args.archs.split(",") if a.strip()]
-    if not args.archs:
-        fail("--archs is empty: give e.g. postln,preln")
-    for name, value in (("--seeds", args.seeds), ("--tokens", args.tokens), ("--batches", args.batches)):
-        if value < 1:
-            fail(f"{name} must be at least 1, got {value}")
-    if not args.depths or min(args.depths) < 1:
-        fail("--depths must list positive layer counts, e.g. 6,8,10,12,14")
-    if args.layers_depth not in args.depths:
-        fail(f"--layers-depth {args.layers_depth} is not in --depths {args.depths}")
-    if args.checkpoint and not args.data:
-        fail("--checkpoint needs --data: the binarized data dir whose dictionaries the checkpoint was "
-             "trained with")
-    return args
+        raise LnposError(f"--depths takes comma-separated integers, got {a.depths!r}") from None
+    fields = {f.name for f in dataclasses.fields(Options)}
+    values = {k: v for k, v in vars(a).items() if k in fields}
+    values.update(archs=a.archs.split(","), depths=depths, lemma2=not a.no_lemma2)
+    return Options(**values).validate()
 
 
 # ---------------------------------------------------------------- models and data
@@ -115,70 +157,59 @@ def resolve_arch(name, size):
     """``postln`` -> ``(transformer_postln_iwslt_de_en, Post-LN)``; full names pass through."""
     from fairseq.models import ARCH_MODEL_REGISTRY
 
-    if name in SHORT_ARCHS:
-        arch = f"transformer_{name}" + (f"_{size}" if size else "")
-        label = LABELS[name]
-    else:
-        arch, label = name, name
-    if arch not in ARCH_MODEL_REGISTRY:
-        short = [n for n in SHORT_ARCHS if f"transformer_{n}" in ARCH_MODEL_REGISTRY]
-        fail(f"unknown architecture {arch!r} in --archs: use {', '.join(short)} (with --size) or a "
-             f"registered fairseq arch name such as transformer_postln_iwslt_de_en")
-    return arch, label
+    if name in VARIANTS:
+        return arch_name(name, size or "base"), VARIANTS[name].label
+    if name not in ARCH_MODEL_REGISTRY:
+        raise LnposError(f"unknown architecture {name!r} in --archs: use {', '.join(VARIANTS)} (with --size) or "
+                         "a registered fairseq arch name such as transformer_postln_iwslt_de_en")
+    return name, name
 
 
-def fairseq_args(arch, layers, args, data="-"):
-    from fairseq import options
-
+def fairseq_argv(arch, layers, opts, data="-"):
+    """fairseq-train's arguments for one model of the analysis."""
     argv = [data, "--task", "translation", "--arch", arch, "--criterion", "label_smoothed_cross_entropy",
-            "--label-smoothing", str(args.label_smoothing), "--dropout", str(args.dropout),
-            "--max-tokens", str(args.tokens)]
-    argv += shlex.split(args.model_args)
+            "--label-smoothing", str(opts.label_smoothing), "--dropout", str(opts.dropout),
+            "--max-tokens", str(opts.tokens)]
+    argv += shlex.split(opts.model_args)
     if layers is not None:
         argv += ["--encoder-layers", str(layers), "--decoder-layers", str(layers)]
-    if args.source_lang:
-        argv += ["-s", args.source_lang, "-t", args.target_lang]
-    return options.parse_args_and_arch(options.get_training_parser(), argv)
+    if opts.source_lang:
+        argv += ["-s", opts.source_lang, "-t", opts.target_lang]
+    return argv
 
 
-def load_data(args):
-    """``(task, dataset, description)``: a fairseq TranslationTask over --data or generated data."""
-    from fairseq.tasks.translation import TranslationTask
+def load_data(opts):
+    """``(task, dataset, description)``: a fairseq TranslationTask over --data or generated data.
+    Fills in ``opts.source_lang``/``target_lang`` when they are not given."""
+    from fairseq_lnpos import fairseq_build
 
-    if args.data is None:
+    if opts.data is None:
+        from fairseq.tasks.translation import TranslationTask
+
         from fairseq_lnpos.analysis.synthetic import make_corpus
 
         src_dict, tgt_dict, dataset = make_corpus(
-            n_sentences=max(2000, args.tokens * args.batches // 10), vocab=args.vocab)
-        args.source_lang, args.target_lang = args.source_lang or "src", args.target_lang or "tgt"
-        task = TranslationTask(fairseq_args("transformer", None, args), src_dict, tgt_dict)
+            n_sentences=max(2000, opts.tokens * opts.batches // 10), vocab=opts.vocab)
+        opts.source_lang, opts.target_lang = opts.source_lang or "src", opts.target_lang or "tgt"
+        task = TranslationTask(fairseq_build.parse(fairseq_argv("transformer", None, opts)), src_dict, tgt_dict)
         return task, dataset, f"generated Markov corpus ({len(dataset)} pairs, {len(tgt_dict)} types)"
-    data = Path(args.data)
-    if not data.is_dir():
-        fail(f"--data {data} is not a folder: give a fairseq-preprocess output dir, or omit --data")
-    if not args.source_lang:
-        langs = sorted(Path(f).name[len("dict."):-len(".txt")] for f in glob.glob(str(data / "dict.*.txt")))
+    from fairseq_lnpos.data.bindir import check_data_dir
+    from fairseq_lnpos.data.manifest import ManifestError, read_manifest
+
+    data = Path(opts.data)
+    if opts.source_lang is None and data.is_dir():
         try:
-            from fairseq_lnpos.data.manifest import read_manifest
-
             m = read_manifest(data)
-            args.source_lang, args.target_lang = m["source_lang"], m["target_lang"]
-        except Exception:
-            if len(langs) != 2:
-                fail(f"cannot tell the languages of {data} (dict files: {langs or 'none'}): "
-                     "pass --source-lang and --target-lang")
-            args.source_lang, args.target_lang = langs
-    split = args.split
-    if split is None:
-        split = "train" if glob.glob(str(data / "train.*.idx")) else "valid"
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    cfg = convert_namespace_to_omegaconf(fairseq_args("transformer", None, args, data=str(data)))
-    task = TranslationTask.setup_task(cfg.task)
+            opts.source_lang, opts.target_lang = m["source_lang"], m["target_lang"]
+        except ManifestError:  # a folder binarized without the data-prep scripts: its file names tell
+            pass
+    opts.source_lang, opts.target_lang = check_data_dir(data, opts.source_lang, opts.target_lang)
+    split = opts.split or ("train" if list(data.glob("train.*.idx")) else "valid")
+    _, _, task = fairseq_build.setup(fairseq_argv("transformer", None, opts, data=str(data)))
     try:
         task.load_dataset(split)
     except FileNotFoundError as e:
-        fail(f"{e}: --split {split} is not in {data}")
+        raise LnposError(f"{e}: --split {split} is not in {data}") from None
     dataset = task.dataset(split)
     return task, dataset, f"{data} [{split}] ({len(dataset)} pairs, {len(task.target_dictionary)} types)"
 
@@ -194,26 +225,17 @@ def draw_batches(task, dataset, tokens, k, seed):
         if len(out) == k:
             break
     if len(out) < k:
-        fail(f"the data has only {len(out)} batches of {tokens} tokens: lower --batches or --tokens")
+        raise LnposError(f"the data has only {len(out)} batches of {tokens} tokens: lower --batches or --tokens")
     return out
-
-
-def build_model(task, fargs, seed):
-    import torch
-
-    torch.manual_seed(seed)
-    return task.build_model(fargs)
 
 
 def load_checkpoint_model(task, path, dropout):
     from fairseq import checkpoint_utils
 
-    import fairseq_lnpos  # noqa: F401  (torch >= 2.6 loading, plugin archs)
+    from fairseq_lnpos.checkpoint import guard_checkpoint_loading
 
-    try:
-        state = checkpoint_utils.load_checkpoint_to_cpu(path)
-    except Exception as e:
-        fail(f"cannot load --checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0]}")
+    guard_checkpoint_loading()  # an unreadable file: CheckpointError naming it
+    state = checkpoint_utils.load_checkpoint_to_cpu(path)
     cfg = state["cfg"].model
     from omegaconf import open_dict
 
@@ -231,8 +253,8 @@ def load_checkpoint_model(task, path, dropout):
     try:
         model.load_state_dict(state["model"], strict=True, model_cfg=cfg)
     except RuntimeError as e:
-        fail(f"--checkpoint {path} does not fit --data {task.cfg.data} ({str(e).splitlines()[0][:200]}...): "
-             "pass the data dir the checkpoint was trained on")
+        raise LnposError(f"--checkpoint {path} does not fit --data {task.cfg.data} ({str(e).splitlines()[0][:200]}"
+                         "...): pass the data dir the checkpoint was trained on") from None
     layers = len(model.encoder.layers)
     return model, cfg.arch, layers
 
@@ -323,8 +345,8 @@ def lemma2_stats(model, sample):
 
 # ---------------------------------------------------------------- driver
 
-def settings_of(args, data_desc):
-    s = {k: getattr(args, k) for k in ("tokens", "batches", "dropout", "label_smoothing", "size", "model_args",
+def settings_of(opts, data_desc):
+    s = {k: getattr(opts, k) for k in ("tokens", "batches", "dropout", "label_smoothing", "size", "model_args",
                                        "first_seed", "split", "data", "checkpoint")}
     s["data_desc"] = data_desc
     return s
@@ -350,50 +372,63 @@ def process_start_time():
         return time.time()
 
 
-def fmt_time(seconds):
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
-        f"{seconds // 60}m{seconds % 60:02d}s"
-
-
 def main(argv=None):
-    args = parse_args(argv)
-    t_start = process_start_time() if argv is None else time.time()
+    """The command: options from ``argv``; one line and exit 2 for bad input, 130 for Ctrl-C."""
+    t_start = process_start_time() if argv is None else None
+
+    def command(argv):
+        run(parse_args(argv), t_start)
+
+    return run_main(PROG, command, argv)
+
+
+def run(opts, t_start=None):
+    """Measure, write ``<out>/records.jsonl``, ``fig3.json`` and the figures; return fig3.json's
+    content. Raises :class:`LnposError` for bad input."""
+    opts = opts.validate()
+    t_start = time.time() if t_start is None else t_start
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    check(opts.device == "cpu" or torch.cuda.is_available(),
+          f"--device {opts.device}: torch {torch.__version__} sees no GPU here; use --device cpu")
     import logging
 
     logging.getLogger().setLevel(logging.WARNING)  # fairseq's import sets the root logger up
     logging.getLogger("fairseq").setLevel(logging.WARNING)
-    import fairseq_lnpos  # noqa: F401  (registers the plugin archs)
+    from fairseq_lnpos import fairseq_build, register
     from fairseq_lnpos.analysis import plots, summary as summarize
+    from fairseq_lnpos.data.pipeline import check_writable_folder
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    task, dataset, data_desc = load_data(args)
-    settings = settings_of(args, data_desc)
+    register()  # the plugin's archs, for resolve_arch
+    archs = [(name,) + resolve_arch(name, opts.size) for name in opts.archs]
+    out = Path(opts.out)
+    check_writable_folder(out, "--out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LnposError(f"--out {out}: cannot create the folder ({e.strerror}): choose a writable folder") from None
+    task, dataset, data_desc = load_data(opts)
+    settings = settings_of(opts, data_desc)
     key = settings_key(settings)
-    archs = [(name,) + resolve_arch(name, args.size) for name in args.archs]
-    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    deepest = max(args.depths)
+    seeds = list(range(opts.first_seed, opts.first_seed + opts.seeds))
+    deepest = max(opts.depths)
 
     jobs = []
     for seed in seeds:
         for name, arch, label in archs:
-            for depth in args.depths:
+            for depth in opts.depths:
                 jobs.append({"label": label, "arch": arch, "depth": depth, "seed": seed,
-                             "full": depth == args.layers_depth,
-                             "lemma2": depth == deepest and not args.no_lemma2})
-        if args.checkpoint:
-            jobs.append({"label": args.checkpoint_label, "arch": None, "depth": None, "seed": seed,
-                         "full": True, "lemma2": False, "checkpoint": args.checkpoint})
+                             "full": depth == opts.layers_depth, "lemma2": depth == deepest and opts.lemma2})
+        if opts.checkpoint:
+            jobs.append({"label": opts.checkpoint_label, "arch": None, "depth": None, "seed": seed,
+                         "full": True, "lemma2": False, "checkpoint": opts.checkpoint})
 
     records_path = out / "records.jsonl"
     done = {}
-    if records_path.exists() and not args.fresh:
-        for line in records_path.read_text().splitlines():
+    if records_path.exists() and not opts.fresh:
+        for line in records_path.read_text(encoding="utf-8").splitlines():
             try:
                 r = json.loads(line)
             except json.JSONDecodeError:
@@ -403,18 +438,18 @@ def main(argv=None):
     elif records_path.exists():
         records_path.unlink()
 
-    device = torch.device(args.device)
+    device = torch.device(opts.device)
     print(f"init_grad_analysis: {len(jobs)} models ({', '.join(l for _, _, l in archs)}"
-          f"{', ' + args.checkpoint_label if args.checkpoint else ''}; depths {args.depths}; "
-          f"seeds {seeds}), K={args.batches} batches of <= {args.tokens} tokens, "
+          f"{', ' + opts.checkpoint_label if opts.checkpoint else ''}; depths {opts.depths}; "
+          f"seeds {seeds}), K={opts.batches} batches of <= {opts.tokens} tokens, "
           f"data: {data_desc}, {torch.get_num_threads()} threads", flush=True)
-    total_cost = sum(job_cost(j["depth"] or args.layers_depth, j["full"], j["lemma2"]) for j in jobs)
+    total_cost = sum(job_cost(j["depth"] or opts.layers_depth, j["full"], j["lemma2"]) for j in jobs)
     spent_cost, spent_time = 0.0, 0.0
     batches = {}
     records = []
     for i, job in enumerate(jobs, 1):
         jkey = (job["label"], job["depth"], job["seed"])
-        cost = job_cost(job["depth"] or args.layers_depth, job["full"], job["lemma2"])
+        cost = job_cost(job["depth"] or opts.layers_depth, job["full"], job["lemma2"])
         if jkey in done:
             records.append(done[jkey])
             total_cost -= cost
@@ -425,15 +460,15 @@ def main(argv=None):
         seed = job["seed"]
         if seed not in batches:
             batches = {seed: [
-                _to(s, device) for s in draw_batches(task, dataset, args.tokens, args.batches, seed)]}
+                _to(s, device) for s in draw_batches(task, dataset, opts.tokens, opts.batches, seed)]}
         samples = batches[seed]
         if job.get("checkpoint"):
-            model, arch, depth = load_checkpoint_model(task, job["checkpoint"], args.dropout)
-            fargs = fairseq_args(arch, depth, args, data=args.data)
+            model, arch, depth = load_checkpoint_model(task, job["checkpoint"], opts.dropout)
+            fargs = fairseq_build.parse(fairseq_argv(arch, depth, opts, data=opts.data))
         else:
             arch, depth = job["arch"], job["depth"]
-            fargs = fairseq_args(arch, depth, args)
-            model = build_model(task, fargs, seed)
+            built = fairseq_build.build(fairseq_argv(arch, depth, opts), seed=seed, task=task)
+            fargs, model = built.args, built.model
         model.to(device)
         criterion = task.build_criterion(fargs)
         weights = ffn_weights(model)
@@ -466,12 +501,11 @@ def main(argv=None):
               f"{fmt_time(time.time() - t_start)}, ETA {fmt_time(eta)})", flush=True)
         del model, criterion
 
-    result = summarize.summarize(records, settings, args)
+    result = summarize.summarize(records, settings, depths=opts.depths, layers_depth=opts.layers_depth,
+                                 seeds=opts.seeds, lemma2=opts.lemma2)
     result["seconds"] = round(time.time() - t_start, 1)
     result["cpu_seconds"] = round(time.process_time(), 1)
-    tmp = out / "fig3.json.tmp"
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(out / "fig3.json")
+    write_json(out / "fig3.json", result)
     written = plots.plot_all(result, out)
     print(summarize.headline(result))
     print(f"wrote {out / 'fig3.json'}, {', '.join(str(p) for p in written)}")
@@ -488,4 +522,4 @@ def _to(sample, device):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

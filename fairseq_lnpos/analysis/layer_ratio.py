@@ -6,13 +6,17 @@ The Keel paper predicts that Post-LN's ratio shrinks with depth (gradients vanis
 input) and Keel's does not. Uses the paper's statistic (norm of the batch-averaged gradient) of
 the per-layer models (``--layers-depth``) of each file.
 """
-import argparse
-import json
+import sys
+
+from fairseq_lnpos.common import read_json
+from fairseq_lnpos.errors import CommandParser, StateError, run_main
 
 
 def ratios(fig3, weight="fc2"):
     """{arch: {stack: (depth, first / last)}} for one fig3.json."""
     out = {}
+    if not isinstance(fig3, dict) or "per_layer" not in fig3:
+        raise StateError("not a fig3.json of scripts/init_grad_analysis.sh (no per_layer): pass that file")
     for arch, stacks in fig3["per_layer"].items():
         for stack, weights in stacks.items():
             norms = weights[weight]["mean"]
@@ -21,18 +25,27 @@ def ratios(fig3, weight="fc2"):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="layer_ratio", description=__doc__.split("\n\n")[0])
-    p.add_argument("fig3_json", nargs="+")
-    p.add_argument("--weight", default="fc2", choices=("fc1", "fc2"))
-    args = p.parse_args(argv)
-    print(f"| arch | stack | depth | first / last layer {args.weight} gradient norm |")
-    print("|---|---|---|---|")
-    for path in args.fig3_json:
-        with open(path) as f:
-            for arch, stacks in ratios(json.load(f), args.weight).items():
-                for stack, (depth, r) in stacks.items():
-                    print(f"| {arch} | {stack} | {depth} | {r:.3f} |")
+    def command(argv):
+        p = CommandParser(prog="layer_ratio", description=__doc__.split("\n\n")[0])
+        p.add_argument("fig3_json", nargs="+")
+        p.add_argument("--weight", default="fc2", choices=("fc1", "fc2"))
+        a = p.parse_args(argv)
+        table = []
+        for path in a.fig3_json:  # every file is read before anything is printed
+            fig3 = read_json(path, what_to_do="pass a fig3.json written by scripts/init_grad_analysis.sh")
+            try:
+                table.append(ratios(fig3, a.weight))
+            except StateError as e:
+                raise StateError(f"{path}: {e}") from None
+        print(f"| arch | stack | depth | first / last layer {a.weight} gradient norm |")
+        print("|---|---|---|---|")
+        for r in table:
+            for arch, stacks in r.items():
+                for stack, (depth, ratio) in stacks.items():
+                    print(f"| {arch} | {stack} | {depth} | {ratio:.3f} |")
+
+    return run_main("layer_ratio", command, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

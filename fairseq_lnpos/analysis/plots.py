@@ -7,9 +7,11 @@ architectures). ``lemma2.png``: ||x||^2 / d at every LayerNorm input with the le
 
     python -m fairseq_lnpos.analysis.plots analysis-out/fig3.json   # redraw
 """
-import json
 import sys
 from pathlib import Path
+
+from fairseq_lnpos.common import read_json
+from fairseq_lnpos.errors import CommandParser, run_main
 
 STATS = {"mean_grad": ("mean", "fig3.png", "norm of the gradient averaged over batches (paper)"),
          "batch_norm": ("batch_norm_mean", "fig3_per_batch.png", "mean per-batch gradient norm")}
@@ -113,8 +115,16 @@ def plot_all(result, out):
     return paths + ([lemma] if lemma else [])
 
 
+def main(argv=None):
+    def command(argv):
+        p = CommandParser(prog="plots", description="Redraw the figures of a fig3.json next to it.")
+        p.add_argument("fig3_json")
+        src = Path(p.parse_args(argv).fig3_json)
+        result = read_json(src, what_to_do="pass a fig3.json written by scripts/init_grad_analysis.sh")
+        print("\n".join(str(p) for p in plot_all(result, src.parent)))
+
+    return run_main("plots", command, argv)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m fairseq_lnpos.analysis.plots OUT/fig3.json")
-    src = Path(sys.argv[1])
-    print("\n".join(str(p) for p in plot_all(json.loads(src.read_text()), src.parent)))
+    sys.exit(main())

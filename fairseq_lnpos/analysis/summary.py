@@ -25,7 +25,8 @@ def _labels(records):
     return seen
 
 
-def summarize(records, settings, args):
+def summarize(records, settings, depths, layers_depth, seeds, lemma2=True):
+    """fig3.json's content from init_grad's per-model ``records``; the other values are the run's settings."""
     labels = _labels(records)
     per_layer, last_w2, ratio, lemma2 = {}, {}, {}, {}
     for label in labels:
@@ -67,8 +68,8 @@ def summarize(records, settings, args):
             lemma2[label] = {stack: _lemma2(with_lemma, stack) for stack in STACKS}
     return {
         "paper": PAPER,
-        "settings": dict(settings, archs=labels, depths=list(args.depths), layers_depth=args.layers_depth,
-                         seeds=args.seeds, lemma2=not args.no_lemma2),
+        "settings": dict(settings, archs=labels, depths=list(depths), layers_depth=layers_depth,
+                         seeds=seeds, lemma2=lemma2),
         "per_layer": per_layer,
         "last_w2": last_w2,
         "ratio_last_w2": ratio,

@@ -8,11 +8,12 @@ shows every layer's total norm (colour = depth), and a third panel the embedding
 projection and total; ``--groups`` picks any other group names by regular expression
 (e.g. ``'decoder/\\d+/fc2$'``).
 """
-import argparse
 import json
 import re
 import sys
 from pathlib import Path
+
+from fairseq_lnpos.errors import CommandParser, LnposError, run_main
 
 
 def read_jsonl(path):
@@ -47,13 +48,12 @@ def plot(path, out, groups_regex=None):
 
     updates, series = read_jsonl(path)
     if not updates:
-        raise SystemExit(f"train_curves: error: {path} has no records: train with --log-grad-norms")
+        raise LnposError(f"{path} has no records: train with --task translation_lnpos --log-grad-norms")
     if groups_regex:
         pat = re.compile(groups_regex)
         chosen = [g for g in series if pat.search(g)]
         if not chosen:
-            raise SystemExit(f"train_curves: error: no group matches {groups_regex!r}; groups look like "
-                             f"{', '.join(list(series)[:5])}")
+            raise LnposError(f"no group matches {groups_regex!r}; groups look like {', '.join(list(series)[:5])}")
         panels = [("selected groups", [(g, g) for g in chosen])]
     else:
         panels = [(stack, [(f"layer {i + 1}", g) for i, g in _layer_groups(series, stack)])
@@ -78,19 +78,24 @@ def plot(path, out, groups_regex=None):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="train_curves", description=__doc__.split("\n\n")[0])
-    p.add_argument("jsonl", help="grad_norms.jsonl from a --log-grad-norms run")
-    p.add_argument("--groups", help="regular expression over group names (default: per-layer totals)")
-    p.add_argument("--out", help="PNG to write (default: next to the JSONL, grad_norms.png)")
-    args = p.parse_args(argv)
-    src = Path(args.jsonl)
-    if not src.is_file():
-        print(f"train_curves: error: {src} not found: pass <save-dir>/grad_norms.jsonl of a run trained "
-              "with --task translation_lnpos --log-grad-norms", file=sys.stderr)
-        sys.exit(2)
-    out = Path(args.out) if args.out else src.with_name("grad_norms.png")
-    print(plot(src, out, args.groups))
+    def command(argv):
+        p = CommandParser(prog="train_curves", description=__doc__.split("\n\n")[0])
+        p.add_argument("jsonl", help="grad_norms.jsonl from a --log-grad-norms run")
+        p.add_argument("--groups", help="regular expression over group names (default: per-layer totals)")
+        p.add_argument("--out", help="PNG to write (default: next to the JSONL, grad_norms.png)")
+        a = p.parse_args(argv)
+        src = Path(a.jsonl)
+        if not src.is_file():
+            raise LnposError(f"{src} not found: pass <save-dir>/grad_norms.jsonl of a run trained with "
+                             "--task translation_lnpos --log-grad-norms")
+        try:
+            re.compile(a.groups or "")
+        except re.error as e:
+            raise LnposError(f"--groups {a.groups!r} is not a regular expression ({e})") from None
+        print(plot(src, Path(a.out) if a.out else src.with_name("grad_norms.png"), a.groups))
+
+    return run_main("train_curves", command, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

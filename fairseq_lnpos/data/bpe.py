@@ -5,16 +5,24 @@ which ``fairseq-generate --post-process sentencepiece`` turns back into the toke
 Normalisation is off (``identity``) so that decoding gives back exactly the tokenized references,
 and every character of the training text is kept (``character_coverage=1``).
 """
-import sentencepiece as spm
 
+from fairseq_lnpos.data.download import DataError
 from fairseq_lnpos.data.pipeline import log, read_lines, write_lines
 
 
 def learn(train_files, model_prefix, vocab_size, workers=1, sample=0, seed=1):
     """Train ``<model_prefix>.model``; ``sample`` > 0 learns on that many randomly chosen lines."""
+    import sentencepiece as spm
+
+    for f in train_files:
+        with open(f, "rb") as text:
+            if not any(line.strip() for line in text):
+                raise DataError(f"{f} has no text to learn the BPE from: the training data is empty; "
+                                "pass the original files")
+
     log(f"  learning joint BPE ({vocab_size} pieces) on {', '.join(str(f) for f in train_files)}")
     spm.set_random_generator_seed(seed)
-    spm.SentencePieceTrainer.train(
+    options = dict(
         input=[str(f) for f in train_files],
         model_prefix=str(model_prefix),
         model_type="bpe",
@@ -30,10 +38,17 @@ def learn(train_files, model_prefix, vocab_size, workers=1, sample=0, seed=1):
         eos_id=-1,
         minloglevel=2,
     )
+    try:
+        spm.SentencePieceTrainer.train(**options)
+    except RuntimeError as e:  # e.g. --bpe-size below the number of distinct characters
+        raise DataError(f"sentencepiece cannot learn a {vocab_size}-piece BPE on {', '.join(map(str, train_files))} "
+                        f"({(str(e).strip().splitlines() or ['?'])[-1]}): choose another --bpe-size") from None
     return f"{model_prefix}.model"
 
 
 def apply(model, in_path, out_path, workers=1):
+    import sentencepiece as spm
+
     sp = spm.SentencePieceProcessor(model_file=str(model))
     lines = read_lines(in_path)
     pieces = sp.encode(lines, out_type=str, num_threads=workers)

@@ -5,14 +5,14 @@ finished file is verified against the sha256 recorded in ``SHA256SUMS`` (next to
 and only then renamed to its final name. A file already in place is verified, not fetched again.
 """
 import hashlib
-import json
+import os
 import shutil
-import sys
 import tarfile
 import urllib.request
 from pathlib import Path
 
-from fairseq_lnpos.errors import LnposError
+from fairseq_lnpos.common import read_json, write_json
+from fairseq_lnpos.errors import LnposError, StateError
 
 CHECKSUMS = Path(__file__).with_name("SHA256SUMS")
 CHUNK = 1 << 20
@@ -116,26 +116,72 @@ def download(url, dest, name=None, log=print, opener=urllib.request.urlopen):
     return dest
 
 
+class UnsafeMember(DataError):
+    """An archive member that would be written outside the extraction folder."""
+
+
+def check_member(member, root):
+    """Refuse (:class:`UnsafeMember`) what tarfile's ``filter="data"`` refuses: absolute names,
+    names or link targets that lead outside ``root`` (through ``..`` or links extracted before),
+    and device or FIFO files. For Pythons whose tarfile has no filters."""
+    root = os.path.realpath(root)
+
+    def inside(path):
+        return os.path.commonpath([root, os.path.realpath(path)]) == root
+
+    name = member.name
+    if os.path.isabs(name) or name.startswith(("/", "\\")):
+        raise UnsafeMember(f"member {name!r} has an absolute path")
+    path = os.path.join(root, name)
+    if not inside(path):
+        raise UnsafeMember(f"member {name!r} would be written outside the extraction folder")
+    if member.issym() or member.islnk():
+        if os.path.isabs(member.linkname):
+            raise UnsafeMember(f"link {name!r} points to the absolute path {member.linkname!r}")
+        base = os.path.dirname(path) if member.issym() else root
+        if not inside(os.path.join(base, member.linkname)):
+            raise UnsafeMember(f"link {name!r} -> {member.linkname!r} points outside the extraction folder")
+    elif not (member.isfile() or member.isdir()):
+        raise UnsafeMember(f"member {name!r} is a device or FIFO file")
+
+
+def _data_filter(member, path):
+    """tarfile's ``data`` filter, which would extract an absolute name below the folder; such an
+    archive is refused instead, as :func:`check_member` does."""
+    if os.path.isabs(member.name) or member.name.startswith(("/", "\\")):
+        raise UnsafeMember(f"member {member.name!r} has an absolute path")
+    return tarfile.data_filter(member, path)
+
+
 def extract(archive, dest_dir, log=print):
-    """Extract a tar(.gz) archive into ``dest_dir`` via a temporary sibling folder."""
+    """Extract a tar(.gz) archive into ``dest_dir`` via a temporary sibling folder, refusing
+    absolute names, and members and links that lead outside it (tarfile's ``filter="data"`` where
+    this Python has it, :func:`check_member` member by member where not)."""
     archive, dest_dir = Path(archive), Path(dest_dir)
     tmp = dest_dir.with_name("." + dest_dir.name + ".extracting")
     if tmp.exists():
         _rmtree(tmp)
     tmp.mkdir(parents=True)
+    filter_errors = (UnsafeMember,) + ((tarfile.FilterError,) if hasattr(tarfile, "FilterError") else ())
     try:
         with tarfile.open(archive) as tar:
-            if sys.version_info >= (3, 12):
-                tar.extractall(tmp, filter="data")
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(tmp, filter=_data_filter)
             else:
-                for member in tar.getmembers():
-                    if member.name.startswith("/") or ".." in Path(member.name).parts:
-                        raise DataError(f"{archive}: unsafe path {member.name} in the archive")
-                tar.extractall(tmp)
+                for member in tar:  # checked one by one, after the links extracted before it
+                    check_member(member, tmp)
+                    tar.extract(member, tmp)
+    except filter_errors as e:
+        _rmtree(tmp)
+        raise UnsafeMember(f"{archive}: refusing to extract it: {e}: download the archive again from its "
+                           "official address") from None
     except (tarfile.TarError, EOFError, OSError) as e:
         _rmtree(tmp)
         reason = (str(e).splitlines() or [type(e).__name__])[0]
         raise DataError(f"{archive}: not a readable tar archive ({reason}): delete it and download it again") from e
+    except BaseException:
+        _rmtree(tmp)
+        raise
     log(f"extracted {archive} -> {dest_dir}")
     tmp.replace(dest_dir)
     return dest_dir
@@ -153,15 +199,15 @@ def extract_once(archive, dest_dir, name=None, check=True, log=print):
     key = {"archive": str(archive.resolve()), "size": st.st_size, "mtime": int(st.st_mtime)}
     stamp = dest_dir / ".extracted.json"
     try:
-        if json.loads(stamp.read_text()) == key:
+        if read_json(stamp, missing_ok=True) == key:
             log(f"[orig] {archive} already extracted in {dest_dir}: skipped")
             return dest_dir
-    except (OSError, ValueError):
+    except StateError:  # a damaged stamp: extract again
         pass
     if check:
         log(f"[orig] verifying {archive}")
         verify(archive, name, log=log)
     _rmtree(dest_dir)
     extract(archive, dest_dir, log=log)
-    stamp.write_text(json.dumps(key))
+    write_json(stamp, key)
     return dest_dir

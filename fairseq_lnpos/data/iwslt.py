@@ -10,7 +10,6 @@ around them, the typographic apostrophe mapped to ', tokenized and lowercased; t
 dev2010 + TEDX dev2012 + TED tst2010..2012. Then joint BPE (sentencepiece instead of subword-nmt)
 and fairseq-preprocess --joined-dictionary.
 """
-import argparse
 import re
 import sys
 from functools import partial
@@ -22,6 +21,7 @@ from fairseq_lnpos.data.pipeline import (
     check_parallel, counts_of, default_workers, log, map_lines, raw_segments, read_lines, require_files,
     run_dataset, run_stage, write_lines, xml_segments,
 )
+from fairseq_lnpos.errors import CommandParser, at_least, run_main
 
 URL = "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"
 ARCHIVE = "de-en.tgz"
@@ -47,22 +47,23 @@ def orig_files(orig):
     return train, xml
 
 
-def locate_orig(args, out):
+def locate_orig(out, archive=None, orig=None):
     """The folder holding train.tags.* and the XML files: --orig, an extracted --archive, or a download."""
-    if args.orig:
-        orig = Path(args.orig)
+    if orig:
+        orig = Path(orig)
         if not orig.is_dir():
             raise DataError(f"--orig {orig}: not a folder: pass the extracted de-en folder of {ARCHIVE}")
         if (orig / PAIR).is_dir() and not (orig / f"train.tags.{PAIR}.{SRC}").exists():
             orig = orig / PAIR
     else:
-        archive = Path(args.archive) if args.archive else out / "orig" / ARCHIVE
+        given = archive is not None
+        archive = Path(archive) if given else out / "orig" / ARCHIVE
         dest = out / "orig" / "extracted"
-        if args.archive and not archive.is_file():
+        if given and not archive.is_file():
             raise DataError(f"--archive {archive}: no such file: pass a local copy of {URL}")
-        if not args.archive:
+        if not given:
             download(URL, archive, ARCHIVE)  # verified; a complete file is not fetched again
-        extract_once(archive, dest, ARCHIVE, check=bool(args.archive))
+        extract_once(archive, dest, ARCHIVE, check=given)
         orig = dest / PAIR if (dest / PAIR).is_dir() else dest
     train, xml = orig_files(orig)
     require_files(train + xml, f"{orig} should be the de-en folder of fairseq's {ARCHIVE} "
@@ -98,6 +99,9 @@ def build_tok(orig, tmp, workers, max_len=175, ratio=1.5, valid_every=23):
     pairs = [(moses.squeeze(s), moses.squeeze(t)) for s, t in zip(side[SRC], side[TGT])]
     pairs = [(s, t) for s, t in pairs if moses.keep_pair(s, t, 1, max_len, ratio)]
     log(f"  clean-corpus-n (ratio {ratio}, 1..{max_len}): {len(pairs)} of {len(side[SRC])} pairs kept")
+    if not pairs:
+        raise DataError(f"{orig / f'train.tags.{PAIR}.{SRC}'} and its {TGT} side hold no sentence pair to train on "
+                        f"(empty, or only tag lines): pass the original files of {ARCHIVE}")
     counts = {}
     for i, lang in enumerate((SRC, TGT)):
         text = [moses.lowercase(p[i]) for p in pairs]
@@ -125,7 +129,7 @@ def build_tok(orig, tmp, workers, max_len=175, ratio=1.5, valid_every=23):
 
 
 def parser():
-    p = argparse.ArgumentParser(prog="prepare-iwslt14.sh", description=__doc__.split("\n\n")[0])
+    p = CommandParser(prog="prepare-iwslt14.sh", description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group()
     src.add_argument("--archive", help=f"a local copy of {ARCHIVE} (no download)")
     src.add_argument("--orig", help=f"the extracted de-en folder of {ARCHIVE} (no download)")
@@ -136,21 +140,35 @@ def parser():
     return p
 
 
+def prepare(out="data-bin/iwslt14.de-en.text", bin_dir="data-bin/iwslt14.de-en", archive=None, orig=None,
+            workers=1, bpe_size=10000):
+    """Text stages in ``out``, fairseq's binarized data and the manifest in ``bin_dir``; returns the
+    pair counts per split. ``archive`` (a local de-en.tgz) or ``orig`` (its extracted folder), else
+    downloaded. Raises :class:`DataError` for bad input."""
+    if archive and orig:
+        raise DataError("give either --orig or --archive, not both")
+    at_least(1, "--bpe-size", bpe_size)
+
+    def stages(out):
+        where = locate_orig(out, archive, orig)
+        files = [str(p) for group in orig_files(where) for p in group]
+        inputs = {Path(f).name: (Path(f).stat().st_size, int(Path(f).stat().st_mtime)) for f in files}
+        p_raw = run_stage(out / "raw", {"inputs": inputs, "v": 1}, partial(build_raw, where))
+        p_tok = run_stage(out / "tok", {"inputs": inputs, "v": 1}, lambda tmp: build_tok(where, tmp, workers))
+        p_bpe = run_stage(out / "bpe", {"tok": p_tok, "vocab": bpe_size, "v": 1},
+                          lambda tmp: bpe.build(out / "tok", tmp, bpe_size, workers, SRC, TGT))
+        return p_raw, p_bpe, counts_of(out / "tok", TGT)
+
+    return run_dataset(out, bin_dir, workers, "iwslt14.de-en", (SRC, TGT), stages, lowercase=True,
+                       compound_split=False)
+
+
 def main(argv=None):
-    args = parser().parse_args(argv)
-    return run_dataset(args, "iwslt14.de-en", (SRC, TGT), partial(stages, args), lowercase=True, compound_split=False)
+    def command(argv):
+        a = parser().parse_args(argv)
+        prepare(a.out, a.bin, a.archive, a.orig, a.workers, a.bpe_size)
 
-
-def stages(args, out):
-    out.mkdir(parents=True, exist_ok=True)
-    orig = locate_orig(args, out)
-    files = [str(p) for group in orig_files(orig) for p in group]
-    inputs = {Path(f).name: (Path(f).stat().st_size, int(Path(f).stat().st_mtime)) for f in files}
-    p_raw = run_stage(out / "raw", {"inputs": inputs, "v": 1}, partial(build_raw, orig))
-    p_tok = run_stage(out / "tok", {"inputs": inputs, "v": 1}, lambda tmp: build_tok(orig, tmp, args.workers))
-    p_bpe = run_stage(out / "bpe", {"tok": p_tok, "vocab": args.bpe_size, "v": 1},
-                      lambda tmp: bpe.build(out / "tok", tmp, args.bpe_size, args.workers, SRC, TGT))
-    return p_raw, p_bpe, counts_of(out / "tok", TGT)
+    return run_main("prepare-iwslt14.sh", command, argv)
 
 
 if __name__ == "__main__":

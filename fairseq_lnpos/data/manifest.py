@@ -20,16 +20,19 @@ text folders) or absolute.
 ``tok`` references are Moses-tokenized (and lowercased where ``lowercase``): the paper's
 tokenized BLEU. ``raw`` references are untokenized sentences: sacreBLEU's input.
 """
-import json
 import os
 from pathlib import Path
 
+from fairseq_lnpos.common import read_json, write_json
+from fairseq_lnpos.errors import StateError
+
 FILENAME = "lnpos-data.json"
 REQUIRED = ("dataset", "source_lang", "target_lang", "post_process", "refs")
+REDO = "re-run the data preparation (data-prep/*.sh), which writes it next to dict.*.txt"
 
 
-class ManifestError(ValueError):
-    pass
+class ManifestError(StateError):
+    """A data folder's manifest is missing, unreadable or incomplete."""
 
 
 def write_manifest(bin_dir, **fields):
@@ -45,27 +48,20 @@ def write_manifest(bin_dir, **fields):
     data = dict(fields, refs=refs)
     data.setdefault("lowercase", False)
     data.setdefault("compound_split", False)
-    tmp = bin_dir / (FILENAME + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(bin_dir / FILENAME)
-    return bin_dir / FILENAME
+    return write_json(bin_dir / FILENAME, data)
 
 
 def read_manifest(bin_dir):
     """Read a data dir's manifest; reference paths come back absolute."""
     bin_dir = Path(bin_dir)
     path = bin_dir / FILENAME
-    if not path.is_file():
-        raise ManifestError(
-            f"{path} not found: prepare the data with data-prep/*.sh, which write it next to dict.*.txt"
-        )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ManifestError(f"{path} is not valid JSON ({e}): re-run the data preparation") from e
-    missing = [k for k in REQUIRED if k not in data]
+        data = read_json(path, what_to_do=REDO)
+    except StateError as e:
+        raise ManifestError(str(e)) from None
+    missing = [k for k in REQUIRED if k not in data] if isinstance(data, dict) else list(REQUIRED)
     if missing:
-        raise ManifestError(f"{path} lacks {', '.join(missing)}: re-run the data preparation")
+        raise ManifestError(f"{path} lacks {', '.join(missing)}: {REDO}")
     data["refs"] = {
         kind: {split: str((bin_dir / p).resolve()) for split, p in files.items()}
         for kind, files in data["refs"].items()

@@ -14,19 +14,21 @@ import sys
 import unicodedata
 from functools import lru_cache
 
-from sacremoses import MosesPunctNormalizer, MosesTokenizer
-
 _WS = re.compile(r"\s+")
 _FINAL_ABBREV = re.compile(r"(\S)\.$")
 
 
 @lru_cache(maxsize=None)
 def _tokenizer(lang):
+    from sacremoses import MosesTokenizer  # imported on first use: it takes about a second
+
     return MosesTokenizer(lang=lang)
 
 
 @lru_cache(maxsize=None)
 def _normalizer(lang):
+    from sacremoses import MosesPunctNormalizer
+
     return MosesPunctNormalizer(lang=lang)
 
 

@@ -4,8 +4,10 @@ fairseq-preprocess and the manifest.
 A stage builds its output folder under a temporary name and renames it when complete, with a
 ``.stage.json`` stamp of its parameters: a re-run with the same parameters skips it, a re-run with
 other parameters rebuilds it (and every later stage, whose parameters include the earlier ones).
-An interrupted stage leaves only its temporary folder, which the next run deletes.
+A stage that fails or is interrupted (Ctrl-C) removes its temporary folder; the stages finished
+before it stay, so that a re-run resumes there.
 """
+import contextlib
 import hashlib
 import html
 import json
@@ -13,12 +15,14 @@ import multiprocessing
 import os
 import re
 import shutil
-import sys
+import signal
 import time
 from pathlib import Path
 
+from fairseq_lnpos.common import read_lines, write_json  # noqa: F401  (read_lines: the data modules import it from here)
 from fairseq_lnpos.data.download import DataError
 from fairseq_lnpos.data.manifest import write_manifest
+from fairseq_lnpos.errors import at_least
 
 STAMP = ".stage.json"
 BIN_STAMP = "lnpos-stage.json"
@@ -60,8 +64,12 @@ def run_stage(final, params, build, stamp_name=STAMP, label=None):
     tmp.mkdir(parents=True)
     t0 = time.time()
     log(f"[{label}] building {final}")
-    build(tmp)
-    (tmp / stamp_name).write_text(json.dumps({"fingerprint": fp, "params": params}, indent=1, default=str) + "\n")
+    try:
+        build(tmp)
+    except BaseException:  # an error or Ctrl-C: nothing half-built stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    write_json(tmp / stamp_name, {"fingerprint": fp, "params": params})
     if final.exists():
         shutil.rmtree(final)
     tmp.replace(final)
@@ -70,15 +78,6 @@ def run_stage(final, params, build, stamp_name=STAMP, label=None):
 
 
 # ---------------------------------------------------------------- line files
-
-def read_lines(path):
-    """Lines split on '\\n' only (as perl and grep do), without the newline."""
-    with open(path, encoding="utf-8", newline="\n", errors="strict") as f:
-        try:
-            return [line[:-1] if line.endswith("\n") else line for line in f]
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}: not UTF-8 text ({e}): pass the original file") from None
-
 
 def write_lines(path, lines):
     with open(path, "w", encoding="utf-8", newline="\n") as f:
@@ -128,10 +127,13 @@ def map_lines(fn, lines, workers=1, label="", chunk=2000):
             out.extend(res)
             if label and (i % report_every == 0 or i == len(chunks)) and n >= 10 * chunk:
                 log(f"  {label}: {len(out)}/{n} lines ({len(out) / max(time.time() - t0, 1e-9):.0f} lines/s)")
-    finally:
+    except BaseException:
         if pool is not None:
-            pool.close()
-            pool.join()
+            pool.terminate()
+        raise
+    if pool is not None:
+        pool.close()
+        pool.join()
     if label:
         log(f"  {label}: {n} lines in {time.time() - t0:.1f} s")
     return out
@@ -163,23 +165,70 @@ def binarize(bpe_dir, bin_dir, src, tgt, workers, params, manifest, splits=("tra
     return run_stage(bin_dir, params, build, stamp_name=BIN_STAMP, label="binarize")
 
 
-def run_dataset(args, dataset, langs, stages, lowercase, compound_split, label=None):
-    """The body of a data-prep command: ``stages(out)`` builds the text stages (raw, tok, bpe) in
-    ``args.out`` and returns (raw fingerprint, bpe fingerprint, pair counts per split); then
-    fairseq-preprocess into ``args.bin`` with the manifest, and a summary. A ``DataError`` anywhere
-    is one line on stderr and exit status 1; finished stages stay for the next run."""
-    out, bin_dir = Path(args.out), Path(args.bin)
-    src, tgt = langs
+@contextlib.contextmanager
+def interrupt_main_process_only():
+    """Ctrl-C (SIGINT, sent to every process of the terminal's group) stops this process with
+    KeyboardInterrupt; worker processes forked meanwhile (ours, fairseq-preprocess's) ignore it
+    instead of printing a traceback each, and are ended with this process."""
+    main_pid = os.getpid()
+
+    def on_sigint(signum, frame):
+        if os.getpid() == main_pid:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        p_raw, p_bpe, counts = stages(out)
-        binarize(out / "bpe", bin_dir, src, tgt, args.workers,
-                 {"bpe": p_bpe, "raw": p_raw, "out": str(out.resolve()), "v": 1},
-                 manifest_fields(dataset, out, src, tgt, counts, lowercase=lowercase, compound_split=compound_split))
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def check_writable_folder(path, option):
+    """Raise :class:`DataError` unless folder ``path`` exists and is writable, or can be created;
+    creates nothing."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise DataError(f"{option} {path} is a file, not a folder: give a folder (it is created if missing)")
+    existing = path
+    while not existing.exists():  # the nearest ancestor that exists is where the folder gets created
+        existing = existing.parent
+    if not existing.is_dir():
+        raise DataError(f"{option} {path}: {existing} is a file, not a folder: give another folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise DataError(f"{option} {path}: {existing} is not writable: give a folder you can write to")
+
+
+def run_dataset(out, bin_dir, workers, dataset, langs, stages, lowercase, compound_split, label=None):
+    """The body of a data-prep command: ``stages(out)`` builds the text stages (raw, tok, bpe) in
+    ``out`` and returns (raw fingerprint, bpe fingerprint, pair counts per split); then
+    fairseq-preprocess into ``bin_dir`` with the manifest, and a summary. Raises
+    :class:`DataError` (bad input) or KeyboardInterrupt; finished stages stay for the next run, and
+    a folder this call created stays only if something was finished in it."""
+    out, bin_dir = Path(out), Path(bin_dir)
+    at_least(1, "--workers", workers)
+    check_writable_folder(out, "--out")
+    check_writable_folder(bin_dir, "--bin")
+    src, tgt = langs
+    created = [p for p in (out, bin_dir) if not p.exists()]
+    try:
+        with interrupt_main_process_only():
+            out.mkdir(parents=True, exist_ok=True)
+            p_raw, p_bpe, counts = stages(out)
+            binarize(out / "bpe", bin_dir, src, tgt, workers,
+                     {"bpe": p_bpe, "raw": p_raw, "out": str(out.resolve()), "v": 1},
+                     manifest_fields(dataset, out, src, tgt, counts, lowercase=lowercase,
+                                     compound_split=compound_split))
+    except BaseException as e:
+        for p in created:
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+        if isinstance(e, OSError):  # a folder that cannot be written, a full disk, an unreadable input
+            where = f"{e.filename}: " if e.filename else ""
+            raise DataError(f"{where}{e.strerror or e}: check that the path exists, is readable and its folder "
+                            f"writable (and the free disk space), then run again") from None
+        raise
     summary(label or dataset, counts, out, bin_dir)
-    return 0
+    return counts
 
 
 def summary(name, counts, out_dir, bin_dir):

@@ -16,17 +16,14 @@ Output is the IWSLT layout: <out>/tok (lowercased, tokenized: here the generated
 <out>/raw/test.* (capitalised sentences with attached final period), <out>/bpe, and <bin> from
 fairseq-preprocess --joined-dictionary with the lnpos-data.json manifest.
 """
-import argparse
 import random
 import sys
 import time
-from functools import partial
 
 from fairseq_lnpos.data import bpe
 from fairseq_lnpos.data.download import DataError
-from fairseq_lnpos.data.pipeline import (
-    log, run_dataset, run_stage, write_lines,
-)
+from fairseq_lnpos.data.pipeline import log, run_dataset, run_stage, write_lines
+from fairseq_lnpos.errors import CommandParser, at_least, run_main
 
 SRC, TGT = "de", "en"
 LEXICON_SEED = 20200212  # the invented source lexicon is the same for every --seed
@@ -147,7 +144,7 @@ def generate(n_train, n_valid, n_test, seed):
 
 
 def parser():
-    p = argparse.ArgumentParser(prog="make-synthetic.sh", description=__doc__.split("\n\n")[0])
+    p = CommandParser(prog="make-synthetic.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="data-bin/synthetic.text", help="text folder (default: %(default)s)")
     p.add_argument("--bin", default="data-bin/synthetic", help="binarized folder (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1, help="chooses the sentences (default: %(default)s)")
@@ -160,47 +157,54 @@ def parser():
     return p
 
 
-def main(argv=None):
-    args = parser().parse_args(argv)
+def prepare(out="data-bin/synthetic.text", bin_dir="data-bin/synthetic", seed=1, train=24000, valid=1000,
+            test=1000, bpe_size=2000, workers=1):
+    """Generate the corpus: text stages in ``out``, binarized data and manifest in ``bin_dir``;
+    returns the pair counts per split. Raises :class:`DataError` for bad values."""
     t0 = time.time()
-    status = run_dataset(args, "synthetic", (SRC, TGT), partial(stages, args), lowercase=True, compound_split=False,
-                         label=f"synthetic (seed {args.seed})")
-    if status == 0:
-        log(f"   total {time.time() - t0:.1f} s")
-    return status
-
-
-def stages(args, out):
-    for name in ("train", "valid", "test"):
-        if getattr(args, name) < 1:
-            raise DataError(f"--{name} {getattr(args, name)}: give at least 1 sentence pair")
-    out.mkdir(parents=True, exist_ok=True)
-    gen = {"seed": args.seed, "train": args.train, "valid": args.valid, "test": args.test, "v": 1}
+    for name, n in (("--train", train), ("--valid", valid), ("--test", test)):
+        if n < 1:
+            raise DataError(f"{name} {n}: give at least 1 sentence pair")
+    at_least(0, "--seed", seed)
+    at_least(1, "--bpe-size", bpe_size)
+    sizes = {"train": train, "valid": valid, "test": test}
+    gen = dict(sizes, seed=seed, v=1)
     data = {}
-    p_raw = run_stage(out / "raw", gen, lambda tmp: write_raw(tmp, data, args))
-    p_tok = run_stage(out / "tok", gen, lambda tmp: write_tok(tmp, data, args))
-    p_bpe = run_stage(out / "bpe", {"tok": p_tok, "vocab": args.bpe_size, "v": 1},
-                      lambda tmp: bpe.build(out / "tok", tmp, args.bpe_size, args.workers, SRC, TGT))
-    return p_raw, p_bpe, {"train": args.train, "valid": args.valid, "test": args.test}
+
+    def pairs():
+        if not data:
+            data.update(generate(train, valid, test, seed))
+        return data
+
+    def write_raw(tmp):
+        write_lines(tmp / f"test.{SRC}", (detokenize(s) for s, _ in pairs()["test"]))
+        write_lines(tmp / f"test.{TGT}", (detokenize(t) for _, t in pairs()["test"]))
+
+    def write_tok(tmp):
+        for split, split_pairs in pairs().items():
+            write_lines(tmp / f"{split}.{SRC}", (" ".join(s + ["."]) for s, _ in split_pairs))
+            write_lines(tmp / f"{split}.{TGT}", (" ".join(t + ["."]) for _, t in split_pairs))
+            log(f"  tok/{split}.{{{SRC},{TGT}}}: {len(split_pairs)} lines")
+
+    def stages(out):
+        p_raw = run_stage(out / "raw", gen, write_raw)
+        p_tok = run_stage(out / "tok", gen, write_tok)
+        p_bpe = run_stage(out / "bpe", {"tok": p_tok, "vocab": bpe_size, "v": 1},
+                          lambda tmp: bpe.build(out / "tok", tmp, bpe_size, workers, SRC, TGT))
+        return p_raw, p_bpe, sizes
+
+    counts = run_dataset(out, bin_dir, workers, "synthetic", (SRC, TGT), stages, lowercase=True,
+                         compound_split=False, label=f"synthetic (seed {seed})")
+    log(f"   total {time.time() - t0:.1f} s")
+    return counts
 
 
-def _data(data, args):
-    if not data:
-        data.update(generate(args.train, args.valid, args.test, args.seed))
-    return data
+def main(argv=None):
+    def command(argv):
+        a = parser().parse_args(argv)
+        prepare(a.out, a.bin, a.seed, a.train, a.valid, a.test, a.bpe_size, a.workers)
 
-
-def write_raw(tmp, data, args):
-    d = _data(data, args)
-    write_lines(tmp / f"test.{SRC}", (detokenize(s) for s, _ in d["test"]))
-    write_lines(tmp / f"test.{TGT}", (detokenize(t) for _, t in d["test"]))
-
-
-def write_tok(tmp, data, args):
-    for split, pairs in _data(data, args).items():
-        write_lines(tmp / f"{split}.{SRC}", (" ".join(s + ["."]) for s, _ in pairs))
-        write_lines(tmp / f"{split}.{TGT}", (" ".join(t + ["."]) for _, t in pairs))
-        log(f"  tok/{split}.{{{SRC},{TGT}}}: {len(pairs)} lines")
+    return run_main("make-synthetic.sh", command, argv)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ Joint sentencepiece BPE (default 37000 pieces: the paper's 37K joint vocabulary)
 tokenized training text; then the training pairs are cleaned on BPE pieces (ratio 1.5, 1..250
 pieces; fairseq's order) and binarized with fairseq-preprocess --joined-dictionary.
 """
-import argparse
 import sys
 from functools import partial
 from pathlib import Path
@@ -23,6 +22,7 @@ from fairseq_lnpos.data.pipeline import (
     check_parallel, count_lines, default_workers, log, map_lines, raw_segments, read_lines, run_dataset,
     run_stage, write_lines, xml_segments,
 )
+from fairseq_lnpos.errors import CommandParser, at_least, run_main
 
 SRC, TGT = "en", "de"
 ARCHIVES = {  # file name -> address (fairseq's prepare-wmt14en2de.sh --icml17)
@@ -64,13 +64,13 @@ def input_files(orig):
     return files
 
 
-def locate_orig(args, out):
-    if args.orig:
-        orig = Path(args.orig)
+def locate_orig(out, archives=(), orig=None):
+    if orig:
+        orig = Path(orig)
         if not orig.is_dir():
             raise DataError(f"--orig {orig}: not a folder: pass the folder with the extracted WMT14 archives")
         return orig
-    given = {Path(a).name: Path(a) for a in args.archive or []}
+    given = {Path(a).name: Path(a) for a in archives or []}
     for name, path in given.items():
         if name not in ARCHIVES:
             raise DataError(f"--archive {path}: unknown file name; expected one of {', '.join(ARCHIVES)}")
@@ -137,7 +137,7 @@ def build_bpe(tok_dir, tmp, vocab_size, workers, sample, max_len=250, ratio=1.5)
 
 
 def parser():
-    p = argparse.ArgumentParser(prog="prepare-wmt14en2de.sh", description=__doc__.split("\n\n")[0])
+    p = CommandParser(prog="prepare-wmt14en2de.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("--archive", action="append", metavar="FILE",
                    help=f"a local copy of one of {', '.join(ARCHIVES)} (repeat; the others are downloaded)")
     p.add_argument("--orig", help="a folder with all archives extracted (no download)")
@@ -150,23 +150,34 @@ def parser():
     return p
 
 
-def main(argv=None):
-    args = parser().parse_args(argv)
-    return run_dataset(args, "wmt14.en-de", (SRC, TGT), partial(stages, args), lowercase=False, compound_split=True)
-
-
-def stages(args, out):
-    if args.orig and args.archive:
+def prepare(out="data-bin/wmt14.en-de.text", bin_dir="data-bin/wmt14.en-de", archives=(), orig=None, workers=1,
+            bpe_size=37000, bpe_sample=2000000):
+    """Text stages in ``out``, fairseq's binarized data and the manifest in ``bin_dir``; returns the
+    pair counts per split. ``archives``: local copies of some of :data:`ARCHIVES` (the others are
+    downloaded); ``orig``: a folder with all of them extracted. Raises :class:`DataError`."""
+    if orig and archives:
         raise DataError("give either --orig or --archive, not both")
-    out.mkdir(parents=True, exist_ok=True)
-    orig = locate_orig(args, out)
-    files = input_files(orig)
-    inputs = {k: (str(v), v.stat().st_size, int(v.stat().st_mtime)) for k, v in files.items()}
-    p_raw = run_stage(out / "raw", {"inputs": inputs, "v": 1}, partial(build_raw, files))
-    p_tok = run_stage(out / "tok", {"inputs": inputs, "v": 1}, lambda tmp: build_tok(files, tmp, args.workers))
-    p_bpe = run_stage(out / "bpe", {"tok": p_tok, "vocab": args.bpe_size, "sample": args.bpe_sample, "v": 1},
-                      lambda tmp: build_bpe(out / "tok", tmp, args.bpe_size, args.workers, args.bpe_sample))
-    return p_raw, p_bpe, {split: count_lines(out / "bpe" / f"{split}.{TGT}") for split in ("train", "valid", "test")}
+    at_least(1, "--bpe-size", bpe_size)
+    at_least(0, "--bpe-sample", bpe_sample)
+
+    def stages(out):
+        files = input_files(locate_orig(out, archives, orig))
+        inputs = {k: (str(v), v.stat().st_size, int(v.stat().st_mtime)) for k, v in files.items()}
+        p_raw = run_stage(out / "raw", {"inputs": inputs, "v": 1}, partial(build_raw, files))
+        p_tok = run_stage(out / "tok", {"inputs": inputs, "v": 1}, lambda tmp: build_tok(files, tmp, workers))
+        p_bpe = run_stage(out / "bpe", {"tok": p_tok, "vocab": bpe_size, "sample": bpe_sample, "v": 1},
+                          lambda tmp: build_bpe(out / "tok", tmp, bpe_size, workers, bpe_sample))
+        return p_raw, p_bpe, {split: count_lines(out / "bpe" / f"{split}.{TGT}") for split in ("train", "valid", "test")}
+
+    return run_dataset(out, bin_dir, workers, "wmt14.en-de", (SRC, TGT), stages, lowercase=False, compound_split=True)
+
+
+def main(argv=None):
+    def command(argv):
+        a = parser().parse_args(argv)
+        prepare(a.out, a.bin, a.archive or (), a.orig, a.workers, a.bpe_size, a.bpe_sample)
+
+    return run_main("prepare-wmt14en2de.sh", command, argv)
 
 
 if __name__ == "__main__":

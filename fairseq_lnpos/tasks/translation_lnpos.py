@@ -4,6 +4,12 @@ Models it builds never take upstream fairseq 0.12.2's fused encoder inference pa
 with torch >= 2.0 on padded batches (``models.variant.without_fused_inference``); the grid's
 evaluation generates through this task.
 
+Bad input is one line, not a traceback: the data folder is checked before fairseq reads it
+(``data.bindir.check_data_dir``: missing folder, language pair, missing, empty or damaged
+``dict.*.txt``), a missing split names its files, and a checkpoint that cannot be read or does not
+fit the model raises ``checkpoint.CheckpointError`` (fairseq-train's resume and ``--restore-file``,
+fairseq-generate's ``--path``).
+
 fairseq's trainer calls ``task.train_step`` once per micro-batch (``--update-freq``), then
 divides the summed gradients by the sample size (``optimizer.multiply_grads``; for fp16/bf16
 optimizers this only updates a pending factor that also holds 1/loss-scale) and then calls
@@ -25,6 +31,9 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
+from fairseq_lnpos.checkpoint import guard_checkpoint_loading, guard_state_loading
+from fairseq_lnpos.data.bindir import check_data_dir
+from fairseq_lnpos.data.download import DataError
 from fairseq_lnpos.errors import check
 from fairseq_lnpos.gradnorm import GradNormPlan, finite_or_none
 from fairseq_lnpos.models.variant import without_fused_inference
@@ -33,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 JSONL_NAME = "grad_norms.jsonl"
 TAG_PREFIX = "gnorm/"
+# fairseq imports the plugin while it parses the command line, before fairseq-train creates --save-dir
+LOADED_AT = time.time()
 
 
 @dataclass
@@ -134,6 +145,16 @@ class GradNormLogger:
             f.write(json.dumps(rec) + "\n")
 
 
+def _remove_new_empty_folder(path):
+    """fairseq-train creates --save-dir (default ./checkpoints) before it sets the task up: on bad
+    data, remove it again if it is empty and this run made it (changed after the plugin loaded)."""
+    try:
+        if path and os.path.isdir(path) and not os.listdir(path) and os.stat(path).st_mtime >= LOADED_AT:
+            os.rmdir(path)
+    except Exception:  # save_dir not resolvable (a task config alone) or removed meanwhile: leave it
+        pass
+
+
 @register_task("translation_lnpos", dataclass=TranslationLnposConfig)
 class TranslationLnposTask(TranslationTask):
     """fairseq's translation task; ``--log-grad-norms`` adds per-layer gradient norms."""
@@ -153,9 +174,27 @@ class TranslationLnposTask(TranslationTask):
                 + (f" to {path} and the train log" if path else "")
             )
 
+    @classmethod
+    def setup_task(cls, cfg, **kwargs):
+        try:
+            cfg.source_lang, cfg.target_lang = check_data_dir(cfg.data, cfg.source_lang, cfg.target_lang)
+        except DataError:
+            _remove_new_empty_folder(getattr(cfg, "save_dir", None))
+            raise
+        guard_checkpoint_loading()
+        return super().setup_task(cfg, **kwargs)
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        try:
+            return super().load_dataset(split, epoch, combine, **kwargs)
+        except FileNotFoundError as e:  # fairseq: "Dataset not found: <split> (<folder>)"
+            raise DataError(f"{e}: that split is not in the data folder; binarize it with fairseq-preprocess "
+                            "or choose another subset") from None
+
     def build_model(self, cfg, from_checkpoint=False):
         # fairseq's own Post-LN included: see without_fused_inference (upstream fairseq 0.12.2)
-        return without_fused_inference(super().build_model(cfg, from_checkpoint))
+        model = without_fused_inference(super().build_model(cfg, from_checkpoint))
+        return guard_state_loading(model, getattr(cfg, "arch", None) or getattr(cfg, "_name", "?"))
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         if self.grad_norm_logger is not None:

@@ -1,0 +1,59 @@
+"""fairseq command-line arguments -> task and model, in this process, the way fairseq-train builds them.
+
+    built = build(["DATA", "--arch", "transformer_preln_tiny", "--task", "translation", ...], seed=1)
+    built.args, built.cfg, built.task, built.model
+
+Used wherever the project builds fairseq objects itself (the Fig. 3 analysis, the benchmark, the
+grid's parameter count, the tests). It registers the plugin first (:func:`fairseq_lnpos.register`):
+fairseq does not import a ``--user-dir`` package that is imported already.
+"""
+import warnings
+from collections import namedtuple
+
+Built = namedtuple("Built", "args cfg task model")
+
+
+def _to_config(args):
+    """fairseq's ``convert_namespace_to_omegaconf`` without the deprecation warnings of the hydra
+    version fairseq pins (they would precede every message of the project's commands)."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(ConfigStore schema|strict flag)", category=UserWarning)
+        return convert_namespace_to_omegaconf(args)
+
+
+def parse(argv):
+    """fairseq-train's parser on ``argv`` (without the program name): the Namespace, with the
+    ``--arch`` defaults filled in."""
+    from fairseq_lnpos import register
+
+    register()
+    from fairseq import options
+
+    return options.parse_args_and_arch(options.get_training_parser(), [str(a) for a in argv])
+
+
+def setup(argv):
+    """``(args, cfg, task)``: the parsed arguments, fairseq's config and the task (dictionaries loaded)."""
+    from fairseq import tasks
+
+    args = parse(argv)
+    cfg = _to_config(args)
+    return args, cfg, tasks.setup_task(cfg.task)
+
+
+def build(argv, seed=None, task=None):
+    """:class:`Built` for ``argv``; the model's initialisation is seeded with ``seed`` (torch's
+    global generator, as fairseq-train's ``--seed``). ``task``: an existing task to build on
+    (e.g. one over an in-memory corpus); ``argv`` still gives the model's options."""
+    if task is None:
+        args, cfg, task = setup(argv)
+    else:
+        args = parse(argv)
+        cfg = _to_config(args)
+    if seed is not None:
+        import torch
+
+        torch.manual_seed(seed)
+    return Built(args, cfg, task, task.build_model(cfg.model))
