@@ -49,7 +49,7 @@ def read_json(path, missing_ok=False, what_to_do="delete it to redo that step"):
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise StateError(f"{path} is damaged (not JSON: {e.msg} at line {e.lineno}): {what_to_do}") from None
+        raise StateError(f"{path} is damaged (not JSON: {e.msg}, line {e.lineno}): {what_to_do}") from None
 
 
 def read_lines(path):

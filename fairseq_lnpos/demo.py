@@ -1,25 +1,22 @@
 """`make demo`: the paper's effect on a CPU in minutes, on data the project generates.
 
-    python -m fairseq_lnpos.demo [--out demo-out] [--seeds 1,2] [--with-keel] [--quick]
+    python -m fairseq_lnpos.demo [--out demo-out] [--seeds 1,2] [--with-keel] [--with-admin]
+                                 [--with-tfixup] [--quick]
 
 Steps (each resumes; a finished demo re-runs in seconds):
  1. the synthetic corpus (data-prep/make-synthetic.sh: 4500 training pairs, 300 valid, 300 test);
- 2. a grid of `_tiny` runs through scripts/grid.sh (the `demo-*` rows of experiments/runs.py):
-    Post-LN without warm-up, Post-LN with 100 warm-up updates, Pre-LN and DeepNorm without warm-up
-    (Keel with --with-keel), Adam lr 1e-3 (constant after the warm-up), 512-token batches, 3 epochs
-    (~100 updates each), per-layer gradient norms logged at every update, test BLEU per epoch;
+ 2. a grid of `_tiny` runs (the `demo-*` rows of experiments/runs.py): Post-LN without warm-up,
+    Post-LN with 100 warm-up updates, Pre-LN and DeepNorm without warm-up (Keel, Admin, T-Fixup on
+    request), Adam lr 1e-3 (constant after the warm-up), 512-token batches, 3 epochs (~100 updates
+    each), per-layer gradient norms logged at every update, test BLEU per epoch;
  3. the results table (scripts/make_table.sh): demo-out/results.csv, results.md, fig_demo.png;
  4. gradient norms of the first updates (grad_norms_first_updates.png);
  5. Fig. 3 at initialization at the tiny size (fig3/);
- 6. a summary over seeds, saying whether the effect shows.
+ 6. a summary over seeds, saying whether the effect shows, and the time spent scoring against the
+    time spent training.
 
-How the settings were chosen (all on the synthetic corpus, 2 CPU cores, same settings for every
-architecture): with 1024-token batches, lr 1e-3 and 150 updates, validation loss was Post-LN without
-warm-up 6.34, Post-LN with 60 warm-up updates 4.67, Pre-LN without warm-up 1.79; at lr 2e-3 and 100
-updates 6.73 / 5.72 / 4.59 (DeepNorm 2.29): the effect was there but Post-LN with warm-up had not
-learned yet. With 512-token batches, lr 1e-3 and 300 updates: Post-LN without warm-up 6.29, Post-LN
-with 100 warm-up updates 2.04, Pre-LN 1.42, at 0.24 s per update, or 0.17 s with two runs side by
-side on one core each. Those are the demo's settings.
+The settings are the same for every architecture; with them Post-LN with warm-up and Pre-LN learn
+the task within the 300 updates while Post-LN without warm-up does not (docs/results.md).
 """
 import argparse
 import csv
@@ -30,10 +27,10 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import LnposError, check
+from .errors import check, run_main
 
 RUNS = ["demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu", "demo-deepnorm-nowu"]
-KEEL = "demo-keel-nowu"
+OPTIONAL = ("keel", "admin", "tfixup")  # --with-keel, --with-admin, --with-tfixup: demo-<name>-nowu
 FIRST_UPDATES = 100  # updates shown in the gradient-norm figure
 
 
@@ -44,37 +41,43 @@ def log(msg):
 def make_data(out, quick):
     from .data import synthetic
 
-    sizes = ["--train", "600", "--valid", "100", "--test", "100"] if quick else \
-        ["--train", "4500", "--valid", "300", "--test", "300"]
-    status = synthetic.main(["--out", str(out / "data" / "text"), "--bin", str(out / "data" / "bin"),
-                             "--seed", "1", *sizes])
-    check(status == 0, "generating the synthetic corpus failed (message above); delete demo-out/data and retry")
+    sizes = dict(train=600, valid=100, test=100) if quick else dict(train=4500, valid=300, test=300)
+    synthetic.prepare(out / "data" / "text", out / "data" / "bin", seed=1, **sizes)
     return out / "data" / "bin"
 
 
 def run_grid(out, data, runs, seeds, jobs, quick):
     from .experiments import grid
 
-    argv = ["run", "--only", ",".join(runs), "--data", str(data), "--out", str(out / "grid"),
-            "--arch-size", "tiny", "--seeds", seeds, "--jobs", str(jobs), "--task", "translation_lnpos",
-            "--fairseq-args", "--log-grad-norms --grad-norm-interval 1",
-            # a translation is as long as its source: an untrained model then cannot spend minutes
-            # generating 200-token outputs (fairseq's default max length) at every evaluation
-            "--gen-args", "--max-len-a 1.2 --max-len-b 10"]
-    if quick:
-        argv += ["--max-epoch", "1"]
-    status = grid.main(argv)
+    opts = grid.run_options(only=",".join(runs), data=[str(data)], out=str(out / "grid"), arch_size="tiny",
+                            seeds=seeds, jobs=jobs, task="translation_lnpos",
+                            fairseq_args="--log-grad-norms --grad-norm-interval 1",
+                            max_epoch=1 if quick else None)
+    status = grid.run_grid(opts, grid.select_runs(opts))
     check(status == 0, f"the grid stopped with status {status} (message above); `make demo` resumes it")
 
 
 def make_table(out):
     from .experiments import report
 
-    report.main([str(out / "grid")])
+    report.make_table(out / "grid")
     for name in ("results.csv", "results.md"):
         shutil.copyfile(out / "grid" / name, out / name)
     with open(out / "results.csv", newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f))
+
+
+def time_split(grid_out):
+    """(seconds fairseq-train ran, seconds the evaluator spent scoring) over the demo's runs."""
+    from .common import read_json
+    from .experiments.rundir import RunDir
+
+    train = score = 0.0
+    for cfg in Path(grid_out).glob("*/seed*/config.json"):
+        rd = RunDir(cfg.parent)
+        train += (rd.done() or {}).get("train_seconds") or 0.0
+        score += sum(e.get("eval_seconds") or 0.0 for e in rd.evals())
+    return train, score
 
 
 def grad_norm_figure(out, runs, seed):
@@ -112,9 +115,8 @@ def grad_norm_figure(out, runs, seed):
 def fig3(out, archs, quick):
     from .analysis import init_grad
 
-    argv = ["--out", str(out / "fig3"), "--size", "tiny", "--archs", ",".join(archs)]
-    argv += ["--depths", "6,8", "--seeds", "1", "--tokens", "256"] if quick else ["--depths", "6,8,10,12,14", "--seeds", "2"]
-    init_grad.main(argv)  # raises on failure
+    size = dict(depths=[6, 8], seeds=1, tokens=256) if quick else dict(depths=[6, 8, 10, 12, 14], seeds=2)
+    init_grad.run(init_grad.Options(out=str(out / "fig3"), size="tiny", archs=list(archs), **size))
     return out / "fig3"
 
 
@@ -157,7 +159,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="demo-out", help="output folder (default demo-out/)")
     p.add_argument("--seeds", default="1,2", help="seeds, comma-separated (default 1,2)")
-    p.add_argument("--with-keel", action="store_true", help="add Keel without warm-up (about 2 more minutes)")
+    for name in OPTIONAL:
+        p.add_argument(f"--with-{name}", action="store_true",
+                       help=f"add demo-{name}-nowu (about 2 more minutes)")
     p.add_argument("--jobs", type=int, default=2, help="runs side by side on the CPU (default 2)")
     p.add_argument("--quick", action="store_true",
                    help="CI check: 600 training pairs, one epoch, small Fig. 3 (shows no effect)")
@@ -165,8 +169,9 @@ def main(argv=None):
     t0 = time.time()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs = RUNS + ([KEEL] if args.with_keel else [])
-    archs = ["postln", "preln", "deepnorm"] + (["keel"] if args.with_keel else [])
+    extra = [name for name in OPTIONAL if getattr(args, f"with_{name}")]
+    runs = RUNS + [f"demo-{name}-nowu" for name in extra]
+    archs = ["postln", "preln", "deepnorm"] + extra
     steps = ["synthetic corpus", f"grid of {len(runs)} runs x seeds {args.seeds}", "results table",
              "gradient norms of the first updates", "Fig. 3 at initialization (tiny size)"]
     say = lambda i: log(f"step {i}/{len(steps)}: {steps[i - 1]} (elapsed {time.time() - t0:.0f} s)")  # noqa: E731
@@ -200,12 +205,13 @@ def main(argv=None):
     log(f"table: {out / 'results.md'} and {out / 'results.csv'} (per seed)")
     log(f"figures: {out / 'grid' / 'fig_demo.png'} (BLEU and validation loss per epoch), {grad_png}, "
         f"{fig3_dir / 'fig3.png'}, {fig3_dir / 'lemma2.png'}")
+    train, score = time_split(out / "grid")
+    if train:
+        log(f"scoring took {score:.0f} s of evaluator time against {train:.0f} s of training "
+            f"(ratio {score / train:.2f})")
     log(f"total wall time {time.time() - t0:.0f} s")
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except LnposError as e:
-        sys.exit(f"demo: error: {e}")
+    sys.exit(run_main("demo", main))

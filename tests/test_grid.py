@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from fairseq_lnpos.common import read_lines
+from fairseq_lnpos.errors import run_main
 from fairseq_lnpos.experiments import grid as G
-from fairseq_lnpos.experiments.evaluate import read_lines, tok_bleu
+from fairseq_lnpos.experiments.evaluate import tok_bleu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from toydata import make_toy_data  # noqa: E402
@@ -25,8 +27,7 @@ GRID, TABLE = REPO / "scripts" / "grid.sh", REPO / "scripts" / "make_table.sh"
 BAD = "iwslt-postln-adam-lr5e-4-nowu"
 GOOD = "iwslt-preln-adam-lr5e-4-step8"  # Pre-LN, no warm-up
 ARGS = ["run", "--only", f"{BAD},{GOOD}", "--arch-size", "tiny", "--max-epoch", "2",
-        "--set", "max_tokens=512", "--set", "batch_tokens=512", "--set", f"{BAD}:lr=1e30",
-        "--gen-args", "--max-len-b 20"]
+        "--set", "max_tokens=512", "--set", "batch_tokens=512", "--set", f"{BAD}:lr=1e30"]
 ENV = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1")
 
 
@@ -77,6 +78,11 @@ def test_grid_end_to_end(uninterrupted, data):
         hyps = read_lines(good_dir / "eval" / f"epoch{e}.hyp")
         assert rec["bleu_tok"] == round(tok_bleu(hyps, refs, lowercase=True), 2)
     assert epochs[0]["num_updates"] < epochs[1]["num_updates"]
+    # scored by the grid's one evaluator process, with the default output-length cap
+    assert all(e["eval_seconds"] > 0 for e in epochs)
+    done = json.loads((good_dir / "DONE.json").read_text())
+    assert done["initial_loss"] > done["final_valid_loss"] == epochs[1]["valid_loss"]
+    assert 0 < done["train_seconds"] and done["updates"] == epochs[1]["num_updates"]
     r = rows(out)
     assert set(G_CSV_REQUIRED) <= set(next(iter(r.values())))
     assert list(r) == [BAD, GOOD]  # table order
@@ -171,7 +177,7 @@ def test_kill_and_resume_gives_the_same_table(uninterrupted, data, tmp_path):
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, data):
     def err(*argv):
-        assert G.main(list(argv)) == 2
+        assert run_main("grid", G.main, list(argv)) == 2
         msg = capsys.readouterr().err.strip()
         assert len(msg.splitlines()) == 1, msg
         return msg
@@ -203,3 +209,92 @@ def test_dry_run_prints_the_commands(capsys, data):
     assert total > 0 and total % 15 == 0
     assert out.count("fairseq-generate ") == 3 and "--beam 5 --lenpen 1.2" in out
     assert not Path("/nonexistent/out").exists()
+
+
+def _opts(**kw):
+    return G.run_options(**kw)
+
+
+def test_runs_per_gpu_puts_k_runs_on_each_gpu_and_shares_the_cores(monkeypatch, tmp_path):
+    opts = _opts(gpus="0,1", runs_per_gpu=3, out=str(tmp_path))
+    slots = G.plan_slots(opts, dry_run=True)
+    assert sorted(slots) == ["0", "0", "0", "1", "1", "1"]
+    opts = _opts(gpus="0,1,2,3", gpus_per_run=2, runs_per_gpu=2, out=str(tmp_path))
+    assert sorted(G.plan_slots(opts, dry_run=True)) == ["0,1", "0,1", "2,3", "2,3"]
+    assert G.plan_slots(_opts(jobs=3), dry_run=True) == [None, None, None]
+    # 16 cores, 7 runs on GPU 0 and its evaluator: 2 threads each; CPU: 2 cores, 2 runs + evaluator: 1
+    from fairseq_lnpos.experiments.scheduler import Grid
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    grid = Grid([], _opts(out=str(tmp_path)), ["0"] * 7)
+    env = grid.env("0")
+    assert grid.threads == 2 and env["OMP_NUM_THREADS"] == "2" and env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert list(grid.evaluators) == ["0"]
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    cpu = Grid([], _opts(out=str(tmp_path)), [None, None])
+    assert cpu.threads == 1 and "CUDA_VISIBLE_DEVICES" not in cpu.env(None) or cpu.env(None)["CUDA_VISIBLE_DEVICES"] == os.environ.get("CUDA_VISIBLE_DEVICES")
+    for g in (grid, cpu):
+        for e in g.evaluators.values():
+            e.close()
+
+
+def test_runs_per_gpu_and_numbers_are_checked(tmp_path, capsys, data):
+    def err(*argv):
+        assert run_main("grid", G.main, ["run", "--only", GOOD, "--data", str(data), "--out", str(tmp_path / "o"), *argv]) == 2
+        msg = capsys.readouterr().err.strip()
+        assert len(msg.splitlines()) == 1, msg
+        return msg
+
+    assert "--runs-per-gpu needs --gpus" in err("--runs-per-gpu", "2")
+    for flag_, bad in (("--max-epoch", "0"), ("--jobs", "0"), ("--runs-per-gpu", "0"), ("--eval-every", "0"),
+                       ("--beam", "0"), ("--log-interval", "0"), ("--gpus-per-run", "0"), ("--patience", "-1"),
+                       ("--max-epoch", "x")):
+        with pytest.raises(SystemExit) as e:
+            G.main(["run", "--only", GOOD, flag_, bad])
+        assert e.value.code == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert "--seeds x" in err("--seeds", "x")
+    assert "distinct" in err("--seeds", "1,1")
+    (tmp_path / "file").write_text("")
+    assert "is a file" in err("--out", str(tmp_path / "file"))
+
+
+def test_length_cap_and_eval_every():
+    from fairseq_lnpos.experiments.commands import LEN_CAP, Job
+    from fairseq_lnpos.experiments.runs import BY_NAME
+
+    run = BY_NAME[GOOD].with_defaults()
+    job = Job(run, 1, Path("/d"), Path("/o"), "transformer_preln_tiny", ("de", "en"), _opts(eval_every=4))
+    argv = job.generate_argv(3, {"source_lang": "de", "target_lang": "en", "post_process": "sentencepiece"})
+    assert argv[argv.index("--max-len-a") + 1] == "1.2" and argv[argv.index("--max-len-b") + 1] == "10"
+    assert list(LEN_CAP) == ["--max-len-a", "1.2", "--max-len-b", "10"]
+    uncapped = Job(run, 1, Path("/d"), Path("/o"), "a", ("de", "en"), _opts(uncapped_len=True))
+    assert "--max-len-a" not in uncapped.gen_extra() and "--max-len-b" not in uncapped.gen_extra()
+    assert uncapped.config_hash() != job.config_hash()  # the cap changes the results
+    # every 4th epoch and the last (15); --no-bleu scores none
+    assert [e for e in range(1, 16) if job.scored(e)] == [4, 8, 12, 15]
+    assert not any(Job(run, 1, Path("/d"), Path("/o"), "a", ("de", "en"), _opts(no_bleu=True)).scored(e)
+                   for e in range(1, 16))
+    # how often it is scored is not part of the config: a grid can change it and resume
+    assert Job(run, 1, Path("/d"), Path("/o"), "transformer_preln_tiny", ("de", "en"), _opts()).config_hash() == job.config_hash()
+
+
+@pytest.mark.slow
+def test_the_evaluator_writes_what_fairseq_generate_writes(uninterrupted, data, tmp_path):
+    """fairseq-generate's own main() in the evaluator: the same hypotheses, byte for byte."""
+    out = uninterrupted[0]
+    good_dir = out / GOOD / "seed1"
+    ckpt = good_dir / "checkpoints" / "checkpoint_last.pt"
+    from fairseq_lnpos.data.manifest import read_manifest
+    from fairseq_lnpos.experiments.evaluate import generate_cmd, parse_generate, run_generate
+
+    manifest = read_manifest(data)
+    cmd = generate_cmd(data, ckpt, manifest, extra=["--max-len-a", "1.2", "--max-len-b", "10"])
+    cli = sh(*cmd)
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    inproc = run_generate(cmd[1:])
+    lines = lambda text: [l for l in text.splitlines() if l[:2] in ("S-", "T-", "H-", "D-", "P-")]  # noqa: E731
+    assert lines(inproc) == lines(cli.stdout) and len(lines(inproc)) == 5 * 20
+    # and the grid scored its last epoch from the same checkpoint's hypotheses
+    seen, hyps = parse_generate(inproc)
+    assert read_lines(good_dir / "eval" / "epoch2.hyp") == [hyps.get(i, "") for i in range(len(seen))]

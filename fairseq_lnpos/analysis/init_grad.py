@@ -470,6 +470,8 @@ def run(opts, t_start=None):
             built = fairseq_build.build(fairseq_argv(arch, depth, opts), seed=seed, task=task)
             fargs, model = built.args, built.model
         model.to(device)
+        if hasattr(model, "profile_if_due"):  # Admin: w is profiled on a training batch, as fairseq-train does
+            model.profile_if_due(**samples[0]["net_input"])
         criterion = task.build_criterion(fargs)
         weights = ffn_weights(model)
         if not job["full"]:

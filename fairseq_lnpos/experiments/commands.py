@@ -171,12 +171,9 @@ def total_updates(job):
     batching of ``job``'s training data) x epochs. The linear decay needs it up front."""
     if job.run.max_update:
         return job.run.max_update
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from ..fairseq_build import setup
 
-    args = options.parse_args_and_arch(options.get_training_parser(), job.train_cmd(1)[1:])
-    cfg = convert_namespace_to_omegaconf(args)
-    task = tasks.setup_task(cfg.task)
+    _, cfg, task = setup(job.train_cmd(1)[1:])
     task.load_dataset(cfg.dataset.train_subset, combine=False, epoch=1)
     itr = task.get_batch_iterator(
         task.dataset(cfg.dataset.train_subset), max_tokens=cfg.dataset.max_tokens,

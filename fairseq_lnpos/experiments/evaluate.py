@@ -16,7 +16,6 @@ evaluator (evaluator.py) imports fairseq once and scores every checkpoint of a g
 CLI: ``python -m fairseq_lnpos.experiments.evaluate checkpoint --data DIR --path ckpt.pt``
 or ``... score --hyp FILE --ref-tok FILE [--ref-raw FILE] [--lowercase] [--compound-split]``.
 """
-import argparse
 import json
 import re
 import sys
@@ -24,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from ..common import USER_DIR, read_lines, write_text
-from ..errors import LnposError, run_main
+from ..errors import CommandParser, LnposError, run_main
 
 COMPOUND = re.compile(r"(\S)-(\S)")  # fairseq examples/translation/compound_split_bleu.sh
 
@@ -141,6 +140,9 @@ def run_generate(argv):
     this process; returns what fairseq-generate prints (S-/H-/D-/P- lines, then its BLEU line)."""
     import logging
 
+    from .. import register
+
+    register()  # fairseq does not import a --user-dir package that is imported already
     from fairseq import options
     from fairseq_cli import generate
 
@@ -167,7 +169,7 @@ def evaluate_checkpoint(data_dir, checkpoint, manifest, beam=5, lenpen=1.2, extr
 
 def main(argv=None):
     """Print the scores of a checkpoint or of a hypothesis file as JSON."""
-    p = argparse.ArgumentParser(prog="evaluate", description=__doc__.split("\n")[0])
+    p = CommandParser(prog="evaluate", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("checkpoint", help="generate with a checkpoint and score it")
     c.add_argument("--data", required=True)

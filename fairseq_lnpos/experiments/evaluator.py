@@ -16,6 +16,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 
 from ..errors import LnposError
 
@@ -104,10 +105,12 @@ def serve(requests, answers):
 
     for line in requests:
         req = json.loads(line)
+        t0 = time.time()
         try:
             seen, hyps = parse_generate(run_generate(req["argv"]))
             write_text(req["hyp_out"], "".join(hyps.get(i, "") + "\n" for i in range(len(seen))))
-            answer = {"result": score_hyps(hyps, read_manifest(req["data"]), seen=seen)}
+            result = score_hyps(hyps, read_manifest(req["data"]), seen=seen)
+            answer = {"result": {**result, "eval_seconds": round(time.time() - t0, 2)}}
         except (LnposError, OSError, RuntimeError, SystemExit) as e:
             answer = {"error": f"scoring {req['checkpoint']} failed: {str(e).strip() or type(e).__name__}"}
         answers.write(json.dumps(answer) + "\n")

@@ -17,6 +17,7 @@ from pathlib import Path
 LOG_LINE = re.compile(r"^\S+ \S+ \| \w+ \| (\S+) \| (.*)$")
 SAVED = re.compile(r"Saved checkpoint (\S+) \(epoch (\d+) @ (\d+) updates")
 LOADED = re.compile(r"Loaded checkpoint \S+ \(epoch (\d+) @ (\d+) updates\)")
+RAN = re.compile(r"^# grid: fairseq-train ran ([0-9.]+) s")  # written by the scheduler after each launch
 FATAL_FP = re.compile(r"FloatingPointError|Minimum loss scale reached|gradients are Nan/Inf")
 
 
@@ -41,6 +42,7 @@ class LogState:
         self.updates, self.loss, self.first_loss = 0, "", None
         self.nonfinite_at, self.fatal_fp = None, False
         self.patience, self.above, self.above_since = patience, 0, None
+        self.train_seconds = 0.0  # wall time of the launches of fairseq-train that ended
 
     @property
     def diverged_at(self):
@@ -55,6 +57,9 @@ class LogState:
         """Take one line; return ``"saved"``, the JSON record's name, or None."""
         m = LOG_LINE.match(line)
         if m is None:
+            ran = RAN.match(line)
+            if ran:
+                self.train_seconds += float(ran.group(1))
             self.fatal_fp |= bool(FATAL_FP.search(line))
             return None
         name, msg = m.groups()

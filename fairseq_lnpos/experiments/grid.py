@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 
 from ..data.manifest import read_manifest
-from ..errors import INTERRUPT_EXIT, LnposError, run_main
+from ..errors import INTERRUPT_EXIT, CommandParser, LnposError, run_main
 from . import runs as R
 from .commands import Job, arch_name, batch_plan, total_updates
 from .scheduler import Grid
@@ -258,8 +258,8 @@ def add_run_options(r):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="grid.sh", description="The paper's experiment grid on fairseq.")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = CommandParser(prog="grid.sh", description="The paper's experiment grid on fairseq.")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=CommandParser)
     ls = sub.add_parser("list", help="show the table of runs")
     ls.add_argument("--arch-size", choices=("paper", "tiny"), default="paper")
     r = sub.add_parser("run", help="train and score runs (or print their commands with --dry-run)")
@@ -267,6 +267,16 @@ def build_parser():
     r.add_argument("--max-epoch", type=positive_int(1), help="override the epochs of every run")
     add_run_options(r)
     return p
+
+
+def run_options(**values):
+    """The options of ``grid.sh run`` with their defaults, changed by ``values`` (Python callers)."""
+    opts = build_parser().parse_args(["run"])
+    unknown = set(values) - set(vars(opts))
+    if unknown:
+        raise TypeError(f"unknown grid options: {', '.join(sorted(unknown))}")
+    vars(opts).update(values)
+    return opts
 
 
 def main(argv=None):

@@ -6,16 +6,15 @@ Writes OUT_DIR/results.md, OUT_DIR/results.csv and OUT_DIR/fig_<figure>.png (one
 group of runs.py, and fig_all.png with every run when there are several groups: BLEU and
 validation loss per epoch, one column per optimizer, warm-up as line styles). "best" is the best epoch on the test set, as the paper's per-epoch curves show it.
 """
-import argparse
 import csv
-import fcntl
 import io
-import json
-import os
 import sys
 from pathlib import Path
 
+from ..common import write_text
+from ..errors import CommandParser, LnposError, StateError, run_main
 from . import runs as R
+from .rundir import RunDir
 
 CSV_COLUMNS = ["run", "arch", "optimizer", "lr", "warmup", "schedule", "seed", "status", "paper_bleu",
                "paper_valid_loss", "paper_note", "best_bleu_tok", "best_epoch", "last_bleu_tok", "last_epoch",
@@ -26,63 +25,51 @@ NOTE = ("tok BLEU: fairseq's BLEU scorer on the data's Moses tokens (lowercased 
         "epoch of best tok BLEU. Best = best epoch on the test set (the paper's per-epoch curves).")
 
 
-def _read(path):
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def _locked(run_dir):
-    lock = run_dir / ".lock"
-    if not lock.exists():
-        return False
-    fd = os.open(lock, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-
-
 def collect(out_dir):
-    """One dict per run dir (OUT/NAME/seedS), in the order of the run table."""
+    """One dict per run dir (OUT/NAME/seedS), in the order of the run table.
+
+    A run folder with a file that cannot be read gives a row with status ``unreadable: ...``
+    (the path and what to do) and ``unreadable`` set; nothing is skipped silently."""
     order = {r.name: i for i, r in enumerate(R.RUNS)}
     rows = []
     for cfg_path in sorted(Path(out_dir).glob("*/seed*/config.json")):
-        run_dir = cfg_path.parent
-        cfg = _read(cfg_path)
-        if cfg is None:
-            continue
-        run = cfg["run"]
-        epochs = sorted((e for e in (_read(p) for p in (run_dir / "eval").glob("epoch*.json")) if e),
-                        key=lambda e: e["epoch"])
-        done = _read(run_dir / "DONE.json")
-        if done:
-            status = done["status"]
-        elif _locked(run_dir):
-            status = "running"
-        else:
-            status = f"interrupted after epoch {epochs[-1]['epoch']}" if epochs else "not started"
-        row = {"run": run["name"], "arch": cfg["arch"], "optimizer": run["optimizer"], "lr": run["lr"],
-               "warmup": run["warmup"], "schedule": run["schedule"], "seed": cfg["seed"], "status": status,
-               "paper_bleu": run.get("paper_bleu"), "paper_valid_loss": run.get("paper_valid_loss"),
-               "paper_note": run.get("paper_note", ""), "figure": run.get("figure", "misc"),
-               "ln": run["ln"], "max_epoch": run["max_epoch"], "curve": epochs, "epochs": len(epochs)}
-        scored = [e for e in epochs if e.get("bleu_tok") is not None]
-        if scored:
-            best = max(scored, key=lambda e: (e["bleu_tok"], -e["epoch"]))
-            row.update(best_bleu_tok=best["bleu_tok"], best_epoch=best["epoch"],
-                       last_bleu_tok=scored[-1]["bleu_tok"], last_epoch=scored[-1]["epoch"],
-                       sacrebleu=best.get("sacrebleu"), last_sacrebleu=scored[-1].get("sacrebleu"),
-                       signature=best.get("sacrebleu_signature"))
-        losses = [e["valid_loss"] for e in epochs if e.get("valid_loss") is not None]
-        row["best_valid_loss"] = min(losses) if losses else None
+        rd = RunDir(cfg_path.parent)
+        try:
+            row = _row(rd)
+        except StateError as e:
+            row = {"run": rd.path.parent.name, "seed": rd.path.name[4:], "status": f"unreadable: {e}",
+                   "unreadable": str(e), "curve": [], "epochs": 0, "figure": "misc"}
         rows.append(row)
-    rows.sort(key=lambda r: (order.get(r["run"], len(order)), r["run"], r["seed"]))
+    rows.sort(key=lambda r: (order.get(r["run"], len(order)), r["run"], str(r["seed"])))
     return rows
+
+
+def _row(rd):
+    cfg = rd.config()
+    run = cfg["run"]
+    epochs = rd.evals()
+    done = rd.done()
+    if done:
+        status = done["status"]
+    elif rd.locked():
+        status = "running"
+    else:
+        status = f"interrupted after epoch {epochs[-1]['epoch']}" if epochs else "not started"
+    row = {"run": run["name"], "arch": cfg["arch"], "optimizer": run["optimizer"], "lr": run["lr"],
+           "warmup": run["warmup"], "schedule": run["schedule"], "seed": cfg["seed"], "status": status,
+           "paper_bleu": run.get("paper_bleu"), "paper_valid_loss": run.get("paper_valid_loss"),
+           "paper_note": run.get("paper_note", ""), "figure": run.get("figure", "misc"),
+           "ln": run["ln"], "max_epoch": run["max_epoch"], "curve": epochs, "epochs": len(epochs)}
+    scored = [e for e in epochs if e.get("bleu_tok") is not None]
+    if scored:
+        best = max(scored, key=lambda e: (e["bleu_tok"], -e["epoch"]))
+        row.update(best_bleu_tok=best["bleu_tok"], best_epoch=best["epoch"],
+                   last_bleu_tok=scored[-1]["bleu_tok"], last_epoch=scored[-1]["epoch"],
+                   sacrebleu=best.get("sacrebleu"), last_sacrebleu=scored[-1].get("sacrebleu"),
+                   signature=best.get("sacrebleu_signature"))
+    losses = [e["valid_loss"] for e in epochs if e.get("valid_loss") is not None]
+    row["best_valid_loss"] = min(losses) if losses else None
+    return row
 
 
 def _fmt(v, nd=2):
@@ -99,9 +86,7 @@ def write_csv(rows, path):
     w.writeheader()
     for r in rows:
         w.writerow({k: ("" if r.get(k) is None else (f"{r[k]:g}" if k == "lr" else r[k])) for k in CSV_COLUMNS})
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_text(buf.getvalue(), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(path, buf.getvalue())
 
 
 def markdown(rows):
@@ -109,6 +94,9 @@ def markdown(rows):
             f"{TOK_LABEL} best (epoch)", f"{TOK_LABEL} last", "sacreBLEU", "best valid loss"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
+        if r.get("unreadable"):
+            lines.append(f"| {r['run']} | | | | | {r['seed']} | {r['status'].replace('|', '/')} |" + " |" * 5)
+            continue
         paper = _fmt(r["paper_bleu"]) if r["paper_bleu"] is not None else r["paper_note"]
         best = f"{_fmt(r.get('best_bleu_tok'))} ({r['best_epoch']})" if r.get("best_bleu_tok") is not None else ""
         warm = str(r["warmup"]) if r["warmup"] > 1 else "none"
@@ -174,27 +162,41 @@ def figures(rows, out_dir):
     return written
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="make_table.sh", description=__doc__.split("\n")[0])
-    p.add_argument("out_dir", help="the --out folder of scripts/grid.sh run")
-    p.add_argument("--no-figures", action="store_true")
-    a = p.parse_args(argv)
-    out = Path(a.out_dir)
+def make_table(out_dir, with_figures=True, skip_unreadable=False):
+    """Write OUT/results.md, results.csv (and the figures); returns (markdown, [written paths]).
+
+    The table is written also when a run folder is unreadable (its row says why); then, unless
+    ``skip_unreadable``, :class:`StateError` is raised afterwards naming the first one."""
+    out = Path(out_dir)
     if not out.is_dir():
-        sys.exit(f"make_table: {out} is not a folder: give the --out folder of `scripts/grid.sh run`")
+        raise LnposError(f"{out} is not a folder: give the --out folder of `scripts/grid.sh run`")
     rows = collect(out)
     if not rows:
-        sys.exit(f"make_table: no runs in {out} (expected {out}/NAME/seedS/config.json): run scripts/grid.sh run first")
+        raise LnposError(f"no runs in {out} (expected {out}/NAME/seedS/config.json): run scripts/grid.sh run first")
     md = markdown(rows)
-    (out / "results.md").write_text(md, encoding="utf-8")
+    written = [write_text(out / "results.md", md), out / "results.csv"]
     write_csv(rows, out / "results.csv")
+    if with_figures:
+        written += figures([r for r in rows if not r.get("unreadable")], out)
+    bad = [r for r in rows if r.get("unreadable")]
+    if bad and not skip_unreadable:
+        raise StateError(f"{len(bad)} run folder(s) unreadable, marked in {out / 'results.md'}; the first: "
+                         f"{bad[0]['unreadable']} (or pass --skip-unreadable)")
+    return md, written
+
+
+def main(argv=None):
+    p = CommandParser(prog="make_table.sh", description=__doc__.split("\n")[0])
+    p.add_argument("out_dir", help="the --out folder of scripts/grid.sh run")
+    p.add_argument("--no-figures", action="store_true")
+    p.add_argument("--skip-unreadable", action="store_true",
+                   help="exit 0 even when a run folder has an unreadable file (its row says why)")
+    a = p.parse_args(argv)
+    md, written = make_table(a.out_dir, not a.no_figures, a.skip_unreadable)
     print(md, end="")
-    print(f"\nwrote {out / 'results.md'}, {out / 'results.csv'}")
-    if not a.no_figures:
-        for path in figures(rows, out):
-            print(f"wrote {path}")
+    print("\n" + "\n".join(f"wrote {path}" for path in written))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main("make_table", main))

@@ -35,6 +35,7 @@ Defaults (the paper is silent; our rule: add nothing fairseq does not do by defa
 """
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from ..errors import LnposError
 from ..variants import VARIANTS
 
 # Dataset-level settings. `batch_tokens` is the effective batch of one update (tokens), the same
@@ -192,6 +193,9 @@ RUNS = [
            paper_note="not in the paper"),
     _iwslt("iwslt-keel-radam-lr5e-4-linear", "keel", "radam", 5e-4, schedule="linear", figure="keel",
            paper_note="not in the paper"),
+    # --- Admin (Liu et al. 2020) and T-Fixup (Huang et al. 2020): not in the paper ------------
+    *[_iwslt(f"iwslt-{ln}-adam-lr{lr_s}-nowu", ln, "adam", lr, figure=ln, paper_note="not in the paper")
+      for ln in ("admin", "tfixup") for lr, lr_s in ((5e-4, "5e-4"), (1e-3, "1e-3"))],
     # --- Multi30k (real De-En text, minutes on one GPU): the IWSLT Adam rows on the same model ------
     *[_m30k(f"multi30k-postln-adam-lr{lr_s}-{wu_s}", "postln", "adam", lr, warmup=wu, figure="multi30k")
       for lr, lr_s in ((5e-4, "5e-4"), (1e-3, "1e-3")) for wu, wu_s in ((0, "nowu"), (500, "wu500"), (4000, "wu4000"))],
@@ -199,20 +203,24 @@ RUNS = [
     _m30k("multi30k-postln-radam-lr5e-4-linear", "postln", "radam", 5e-4, schedule="linear", figure="multi30k"),
     _m30k("multi30k-deepnorm-adam-lr5e-4-nowu", "deepnorm", "adam", 5e-4, figure="multi30k"),
     _m30k("multi30k-keel-adam-lr5e-4-nowu", "keel", "adam", 5e-4, figure="multi30k"),
+    *[_m30k(f"multi30k-{ln}-adam-lr{lr_s}-nowu", ln, "adam", lr, figure="multi30k")
+      for ln in ("admin", "tfixup") for lr, lr_s in ((5e-4, "5e-4"), (1e-3, "1e-3"))],
     # --- `make demo` (synthetic corpus, _tiny archs, CPU); same settings for every architecture ------
     _demo("demo-postln-nowu", "postln"),
     _demo("demo-postln-wu100", "postln", warmup=100),
     _demo("demo-preln-nowu", "preln"),
     _demo("demo-deepnorm-nowu", "deepnorm"),
     _demo("demo-keel-nowu", "keel"),
+    _demo("demo-admin-nowu", "admin"),
+    _demo("demo-tfixup-nowu", "tfixup"),
 ]
 
 BY_NAME = {r.name: r for r in RUNS}
 assert len(BY_NAME) == len(RUNS), "duplicate run names"
 
 
-class RunTableError(ValueError):
-    pass
+class RunTableError(LnposError):
+    """A run name or a --set value that the table does not have."""
 
 
 def select(only=None):

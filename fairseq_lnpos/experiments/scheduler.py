@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..common import fmt_time, read_json
 from ..data.manifest import read_manifest
-from ..errors import LnposError
+from ..errors import LnposError, StateError
 from .commands import total_updates
 from .evaluator import EvalFailed, Evaluator, Stopped
 from .fairseq_log import LogState, LogTail, number
@@ -108,6 +108,7 @@ class Grid:
         job.lock_fd, job.released = rd.lock(), False
         try:
             rd.claim(job.config(), job.config_hash())
+            rd.evals()  # a damaged record is an error now, not a silently re-scored epoch later
             job.state = "running"
             job.manifest = read_manifest(job.data)
             job.log_state = LogState(patience=self.opts.patience)
@@ -136,7 +137,7 @@ class Grid:
             log.flush()
             proc = self.popen(cmd, self.env(slot), stdout=log, stderr=subprocess.STDOUT)
         self.say(f"{job.label}: training ({'resumed' if state.saved else 'new'}), log {rd.log_path}")
-        t_epoch = time.time()
+        t_epoch = t_launch = time.time()
         try:
             while True:
                 ended = proc.poll() is not None
@@ -151,6 +152,8 @@ class Grid:
                     proc.wait()
                     ended = True
                 if ended:
+                    with open(rd.log_path, "a", encoding="utf-8") as log:
+                        log.write(f"\n# grid: fairseq-train ran {time.time() - t_launch:.1f} s\n")
                     tail.poll()
                     break
                 if self.stop.is_set():
@@ -251,6 +254,7 @@ class Grid:
             evals = rd.evals()
             rd.write_done({"status": status, "diverged_at": diverged, "epochs": sorted(st.saved),
                            "initial_loss": st.first_loss, "updates": st.updates,
+                           "train_seconds": round(st.train_seconds, 1),
                            "final_valid_loss": evals[-1]["valid_loss"] if evals else None})
             job.state, job.status = "done", status
             self.say(f"{job.label}: {status}")
@@ -287,7 +291,7 @@ class Grid:
                     self.execute(job, slot)
                 except Stopped:
                     return
-                except RunFailed as e:
+                except (RunFailed, StateError) as e:  # this run cannot go on; the others can
                     self._fail(job, e)
                 except LnposError as e:  # unusable input or state: stop the grid, say why
                     errors.append(str(e))
