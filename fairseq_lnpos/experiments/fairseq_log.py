@@ -15,7 +15,9 @@ import re
 from pathlib import Path
 
 LOG_LINE = re.compile(r"^\S+ \S+ \| \w+ \| (\S+) \| (.*)$")
-SAVED = re.compile(r"Saved checkpoint (\S+) \(epoch (\d+) @ (\d+) updates")
+# an epoch's own checkpoint (checkpointN.pt); a run stopped by --max-update inside an epoch saves
+# only checkpoint_best/_last, which is not an epoch to score
+SAVED = re.compile(r"Saved checkpoint (\S*checkpoint\d+\.pt) \(epoch (\d+) @ (\d+) updates")
 LOADED = re.compile(r"Loaded checkpoint \S+ \(epoch (\d+) @ (\d+) updates\)")
 RAN = re.compile(r"^# grid: fairseq-train ran ([0-9.]+) s")  # written by the scheduler after each launch
 FATAL_FP = re.compile(r"FloatingPointError|Minimum loss scale reached|gradients are Nan/Inf")
@@ -43,6 +45,11 @@ class LogState:
         self.nonfinite_at, self.fatal_fp = None, False
         self.patience, self.above, self.above_since = patience, 0, None
         self.train_seconds = 0.0  # wall time of the launches of fairseq-train that ended
+
+    @property
+    def final_valid_loss(self):
+        """The last validation loss fairseq logged (also one after an epoch cut by --max-update)."""
+        return number(self.valid[max(self.valid)].get("valid_loss")) if self.valid else None
 
     @property
     def diverged_at(self):

@@ -80,8 +80,9 @@ class Grid:
             parts = [f"[grid {fmt_time(time.time() - self.t0)}] {done}/{n} runs done"]
             for j in self.jobs:
                 if j.state == "running":
-                    parts.append(f"run {j.index}/{n} {j.label}: epoch {j.epoch}/{j.run.max_epoch}, "
-                                 f"update {j.updates}" + (f", loss {j.loss}" if j.loss else ""))
+                    budget = f"update {j.updates}/{j.run.max_update}" if j.run.max_update else \
+                        f"epoch {j.epoch}/{j.run.max_epoch}, update {j.updates}"
+                    parts.append(f"run {j.index}/{n} {j.label}: {budget}" + (f", loss {j.loss}" if j.loss else ""))
             queued = sum(e.pending for e in self.evaluators.values())
             parts += [f"eval queue {queued}"] if queued else []
             parts.append(f"ETA {self.eta()}")
@@ -92,9 +93,17 @@ class Grid:
 
     def eta(self):
         times = [t for j in self.jobs for t in j.epoch_times]
-        if not times:
+        seen = [(j.updates, j.epoch) for j in self.jobs if j.epoch]
+        if not times or not seen:
             return "?"
-        left = sum(max(j.run.max_epoch - j.epoch, 0) for j in self.jobs if j.state in ("pending", "running"))
+        per_epoch = sum(u for u, _ in seen) / sum(e for _, e in seen)  # updates in an epoch
+        left = 0.0
+        for j in self.jobs:
+            if j.state in ("pending", "running"):
+                if j.run.max_update:  # a budget in updates: epochs are what is left of it
+                    left += max(j.run.max_update - j.updates, 0) / max(per_epoch, 1)
+                else:
+                    left += max(j.run.max_epoch - j.epoch, 0)
         return fmt_time(sum(times) / len(times) * left / len(self.slots))
 
     # one run ------------------------------------------------------------------
@@ -251,11 +260,10 @@ class Grid:
             st, rd = job.log_state, job.dir
             diverged = job.diverged
             status = f"diverged at update {diverged}" if diverged else "finished"
-            evals = rd.evals()
             rd.write_done({"status": status, "diverged_at": diverged, "epochs": sorted(st.saved),
                            "initial_loss": st.first_loss, "updates": st.updates,
                            "train_seconds": round(st.train_seconds, 1),
-                           "final_valid_loss": evals[-1]["valid_loss"] if evals else None})
+                           "final_valid_loss": st.final_valid_loss})
             job.state, job.status = "done", status
             self.say(f"{job.label}: {status}")
         except (RunFailed, LnposError) as e:

@@ -1,0 +1,105 @@
+"""Reading fairseq's log (recorded lines) and expanding stability sweeps."""
+import math
+
+import pytest
+
+from fairseq_lnpos.errors import LnposError, run_main
+from fairseq_lnpos.experiments import grid as G
+from fairseq_lnpos.experiments import sweep as S
+from fairseq_lnpos.experiments.fairseq_log import LogState, LogTail
+
+# lines as fairseq-train 0.12 writes them with --log-format json (tiny model, synthetic corpus)
+T = ('2026-11-30 22:08:59 | INFO | train_inner | {"epoch": 1, "update": 0.125, "loss": "%s", "nll_loss": "6.409", '
+     '"ppl": "84.99", "wps": "0", "ups": "0", "wpb": "420", "bsz": "32", "num_updates": "%d", "lr": "0.001", '
+     '"gnorm": "6.439", "train_wall": "1", "wall": "4"}')
+VALID = ('2026-11-30 22:09:02 | INFO | valid | {"epoch": %d, "valid_loss": "%s", "valid_nll_loss": "4.863", '
+         '"valid_ppl": "29.09", "valid_wps": "0", "valid_wpb": "172", "valid_bsz": "16", "valid_num_updates": "%d"}')
+TRAIN = ('2026-11-30 22:09:03 | INFO | train | {"epoch": 1, "train_loss": "5.576", "train_nll_loss": "5.434", '
+         '"train_num_updates": "8", "train_lr": "0.001"}')
+SAVED = ("2026-11-30 22:09:03 | INFO | fairseq.checkpoint_utils | Saved checkpoint /o/checkpoints/%s "
+         "(epoch %d @ %d updates, score 5.056) (writing took 0.88 seconds)")
+LOADED = ("2026-11-30 22:10:00 | INFO | fairseq.trainer | Loaded checkpoint /o/checkpoints/checkpoint_last.pt "
+          "(epoch 2 @ 8 updates)")
+
+
+def feed(state, lines):
+    return [state.feed(line) for line in lines]
+
+
+def test_epochs_valid_train_and_saves_from_recorded_lines():
+    st = LogState()
+    kinds = feed(st, [T % ("6.431", 1), T % ("5.327", 2), VALID % (1, "5.056", 8), TRAIN,
+                      SAVED % ("checkpoint1.pt", 1, 8), "some other line", (T % ("7.7", 9))[:-1]])
+    assert kinds[:5] == ["train_inner", "train_inner", "valid", "train", "saved"]
+    assert st.updates == 2 and st.loss == "5.327" and st.first_loss == 6.431
+    assert st.valid[1]["valid_loss"] == "5.056" and st.train[1]["train_loss"] == "5.576"
+    assert st.saved == {1: 8} and st.diverged_at is None and st.final_valid_loss == 5.056
+    # a run stopped by --max-update inside an epoch saves checkpoint_last only: not an epoch to score
+    assert st.feed(SAVED % ("checkpoint_last.pt", 2, 12)) is None and st.saved == {1: 8}
+    st.feed(LOADED)
+    assert st.updates == 8
+
+
+def test_divergence_nonfinite_fatal_and_patience():
+    st = LogState()
+    feed(st, [T % ("6.4", 1), T % ("nan", 2), T % ("7.0", 3)])
+    assert st.diverged_at == 2
+    st = LogState()
+    feed(st, [T % ("6.4", 1), VALID % (1, "inf", 5)])
+    assert st.diverged_at == 5
+    st = LogState()
+    st.feed('    raise FloatingPointError("gradients are Nan/Inf")')
+    assert st.fatal_fp and st.diverged_at is None
+    # above the first loss for 3 logged updates in a row: diverged where that began; a dip resets it
+    st = LogState(patience=3)
+    feed(st, [T % ("6.0", 1), T % ("6.5", 2), T % ("6.6", 3), T % ("5.0", 4), T % ("6.1", 5), T % ("6.2", 6)])
+    assert st.diverged_at is None
+    st.feed(T % ("9.9", 7))
+    assert st.diverged_at == 5
+    assert LogState(patience=0).feed(T % ("1e9", 1)) == "train_inner"
+
+
+def test_tail_feeds_only_complete_lines(tmp_path):
+    log = tmp_path / "train.log"
+    st = LogState()
+    tail = LogTail(log, st)
+    assert tail.poll() == []  # no file yet
+    log.write_text(T % ("6.4", 1) + "\n" + SAVED % ("checkpoint1.pt", 1, 8) + "\n" + "# grid: fairseq-train ran 12.5 s\n"
+                   + (T % ("5.0", 2))[:40])
+    assert tail.poll() == [1] and st.updates == 1 and st.train_seconds == 12.5
+    with open(log, "a") as f:
+        f.write((T % ("5.0", 2))[40:] + "\n")
+    assert tail.poll() == [] and st.updates == 2 and st.loss == "5.0"
+
+
+def test_sweep_expansion_is_deterministic_complete_and_unique():
+    axes = S.parse_axes("postln,preln,deepnorm,keel", "1e-4,3e-4,1e-3,3e-3,1e-2", "1,100,1000", "6,12")
+    runs = S.expand(*axes, max_update=300)
+    assert len(runs) == 4 * 5 * 3 * 2 == len({r.name for r in runs})
+    assert [r.name for r in runs] == [r.name for r in S.expand(*axes, max_update=300)]
+    r = next(r for r in runs if r.name == "sweep-keel-L12-lr0.003-wu1")
+    assert (r.ln, r.layers, r.lr, r.warmup, r.max_update, r.dataset) == ("keel", 12, 3e-3, 0, 300, "synthetic")
+    assert next(r for r in runs if r.name == "sweep-preln-L6-lr0.0001-wu1000").warmup == 1000
+    assert all(r.decay_anchor >= 10 ** 9 and r.optimizer == "adam" for r in runs)  # constant after warm-up
+    for bad in (("midln", "1e-3", "1", "6"), ("postln", "0", "1", "6"), ("postln", "1e-3", "0", "6"),
+                ("postln", "1e-3", "1", "0"), ("postln", "x", "1", "6"), ("postln", "1e-3,1e-3", "1", "6")):
+        with pytest.raises(LnposError):
+            S.parse_axes(*bad)
+
+
+def test_sweep_dry_run_names_and_budget(capsys, tmp_path):
+    argv = ["sweep", "--dry-run", "--archs", "postln,preln", "--lr", "1e-3,1e-2", "--warmup", "1,100",
+            "--layers", "6,12", "--max-update", "300", "--out", str(tmp_path / "s")]
+    assert run_main("grid", G.main, argv) == 0
+    out = capsys.readouterr().out
+    trains = [line for line in out.splitlines() if line.startswith("fairseq-train ")]
+    assert len(trains) == 16 and all("--max-update 300" in t and "--arch transformer_" in t for t in trains)
+    assert sum("--encoder-layers 12 --decoder-layers 12" in t for t in trains) == 8
+    assert out.count("# no test BLEU") == 16 and not (tmp_path / "s").exists()
+    assert "sweep-preln-L12-lr0.01-wu100" in out and "_tiny" in trains[0]
+    assert run_main("grid", G.main, ["sweep", "--dry-run", "--real", "--archs", "keel", "--lr", "1e-3",
+                                     "--warmup", "1", "--out", str(tmp_path / "r")]) == 0
+    assert "transformer_keel_iwslt_de_en" in capsys.readouterr().out
+    assert run_main("grid", G.main, ["sweep", "--dry-run", "--archs", "nope"]) == 2
+    assert "give variants from" in capsys.readouterr().err
+    assert math.isfinite(S.expand(["postln"], [1e-3], [1], [6], 10)[0].lr)
