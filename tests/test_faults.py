@@ -177,7 +177,65 @@ TRAIN = ("fairseq-train", "{DATA}", "--user-dir", USER_DIR, "--cpu", "--max-toke
          "--task", "translation_lnpos", "--arch", "transformer_preln_tiny", "--optimizer", "adam", "--lr", "1e-3",
          "--save-dir", "{S}/out", "--no-save", "--num-workers", "0")
 
+GRID = "fairseq_lnpos.experiments.grid"
+TABLE = "fairseq_lnpos.experiments.report"
+ROW = "iwslt-preln-adam-lr5e-4-step8"
+GRID_RUN = (GRID, "run", "--only", ROW, "--arch-size", "tiny", "--data", "{DATA}", "--out", "{S}/out")
+
+
+def grid_data(sandbox):
+    """{DATA} with the manifest the grid reads."""
+    from fairseq_lnpos.data.manifest import write_manifest
+
+    toy_copy()(sandbox)
+    (sandbox / "test.en").write_text("a\n")
+    write_manifest(sandbox / "data", dataset="synthetic", source_lang="de", target_lang="en",
+                   post_process="sentencepiece", lowercase=True, compound_split=False,
+                   refs={"tok": {"test": sandbox / "test.en"}}, counts={"test": 1})
+
+
+def run_folder(**files):
+    """A grid output folder with one run whose files are ``files`` (name -> text)."""
+    def setup(sandbox):
+        grid_data(sandbox)
+        d = sandbox / "out" / ROW / "seed1"
+        (d / "eval").mkdir(parents=True)
+        for name, text in files.items():
+            (d / name.replace("__", "/")).write_text(text)
+    return setup
+
+
+GOOD_CONFIG = '{"hash": "0", "seed": 1, "arch": "transformer_preln_tiny", "run": {"name": "%s"}}' % ROW
+
 CASES = [
+    # --- the grid and the results table
+    Case("grid-unknown-run", (GRID, "run", "--only", "nope", "--data", "{S}/data", "--out", "{S}/out"),
+         r"^grid: error: unknown run 'nope'", writes=()),
+    Case("grid-max-epoch-0", GRID_RUN + ("--max-epoch", "0"), r"--max-epoch: 0 is too small", writes=(),
+         setup=toy_copy(), needs=("data",)),
+    Case("grid-seeds-x", GRID_RUN + ("--seeds", "x"), r"^grid: error: --seeds x: give whole numbers", writes=(),
+         setup=toy_copy(), needs=("data",)),
+    Case("grid-jobs-0", GRID_RUN + ("--jobs", "0"), r"--jobs: 0 is too small", writes=(), setup=toy_copy(),
+         needs=("data",)),
+    Case("grid-set-layers-0", GRID_RUN + ("--set", "layers=0"), r"--set layers=0: must be at least 1", writes=(),
+         setup=toy_copy(), needs=("data",)),
+    Case("grid-out-is-a-file", GRID_RUN, r"^grid: error: --out \S*/out is a file",
+         setup=lambda s: (toy_copy()(s), file_at("out")(s)), writes=(), needs=("data",)),
+    Case("grid-out-read-only", GRID_RUN[:-1] + (READ_ONLY_OUT,), r"^grid: error: --out \S*/out: cannot create it",
+         setup=lambda s: (grid_data(s), read_only_folder(s)), writes=(), needs=("data",)),
+    Case("grid-missing-data", (GRID, "run", "--only", ROW, "--data", "{S}/nowhere", "--out", "{S}/out"),
+         r"^grid: error: data dir \S*nowhere not found", writes=()),
+    Case("grid-unreadable-config", GRID_RUN, r"^grid: error: \S*/seed1/config\.json is damaged .*delete",
+         setup=run_folder(**{"config.json": '{"hash": "ab'}), writes=("out",), needs=("data",)),
+    Case("table-unreadable-eval", (TABLE, "{S}/out", "--no-figures"),
+         r"^make_table: error: 1 run folder\(s\) unreadable, .*eval/epoch1\.json is damaged",
+         setup=run_folder(**{"config.json": GOOD_CONFIG, "eval__epoch1.json": '{"epoch": 1, "bleu'}),
+         writes=("out",), needs=("data",)),
+    Case("table-unreadable-done", (TABLE, "{S}/out", "--no-figures"),
+         r"^make_table: error: .*DONE\.json is damaged",
+         setup=run_folder(**{"config.json": GOOD_CONFIG, "DONE.json": ""}),
+         writes=("out",), needs=("data",)),
+    Case("table-not-a-folder", (TABLE, "{S}/nowhere"), r"^make_table: error: \S*nowhere is not a folder", writes=()),
     # --- archives: missing, truncated, members and links that leave the extraction folder
     Case("archive-missing", (IWSLT, "--archive", "{S}/nope.tgz") + OUT, r"--archive \S*nope\.tgz: no such file"),
     Case("archive-truncated", (IWSLT, "--archive", "{S}/de-en.tgz") + OUT,
@@ -352,7 +410,7 @@ def test_fault(case, tmp_path, monkeypatch, capsys, request):
     for need, fixture in (("data", "toy_data"), ("ckpt", "toy_checkpoint")):
         if need in case.needs:
             TOY[need] = request.getfixturevalue(fixture)
-    if case.name == "out-read-only" and os.geteuid() == 0 and not Path("/sys").is_dir():
+    if case.name.endswith("out-read-only") and os.geteuid() == 0 and not Path("/sys").is_dir():
         pytest.skip("no read-only location to write to as root")
     sandbox = tmp_path / "sandbox"
     sandbox.mkdir()

@@ -167,7 +167,7 @@ def evaluate_checkpoint(data_dir, checkpoint, manifest, beam=5, lenpen=1.2, extr
     return score_hyps(hyps, manifest, seen=seen)
 
 
-def main(argv=None):
+def command(argv=None):
     """Print the scores of a checkpoint or of a hypothesis file as JSON."""
     p = CommandParser(prog="evaluate", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -204,5 +204,10 @@ def main(argv=None):
     return 0
 
 
+def main(argv=None):
+    """The command: one line and exit 2 for bad input, 130 when interrupted."""
+    return run_main("evaluate", command, argv)
+
+
 if __name__ == "__main__":
-    sys.exit(run_main("evaluate", main))
+    sys.exit(main())

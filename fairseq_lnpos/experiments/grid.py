@@ -293,7 +293,7 @@ def run_options(**values):
     return opts
 
 
-def main(argv=None):
+def command(argv=None):
     opts = build_parser().parse_args(argv)
     if opts.cmd == "list":
         return cmd_list(opts)
@@ -308,5 +308,10 @@ def main(argv=None):
     return run_grid(opts, select_runs(opts))
 
 
+def main(argv=None):
+    """The command: one line and exit 2 for bad input, 130 when interrupted."""
+    return run_main("grid", command, argv)
+
+
 if __name__ == "__main__":
-    sys.exit(run_main("grid", main))
+    sys.exit(main())

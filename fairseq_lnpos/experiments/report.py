@@ -185,7 +185,7 @@ def make_table(out_dir, with_figures=True, skip_unreadable=False):
     return md, written
 
 
-def main(argv=None):
+def command(argv=None):
     p = CommandParser(prog="make_table.sh", description=__doc__.split("\n")[0])
     p.add_argument("out_dir", help="the --out folder of scripts/grid.sh run")
     p.add_argument("--no-figures", action="store_true")
@@ -198,5 +198,10 @@ def main(argv=None):
     return 0
 
 
+def main(argv=None):
+    """The command: one line and exit 2 for bad input, 130 when interrupted."""
+    return run_main("make_table", command, argv)
+
+
 if __name__ == "__main__":
-    sys.exit(run_main("make_table", main))
+    sys.exit(main())
