@@ -74,18 +74,13 @@ def orig(tmp_path_factory):
     return folder, sums_for(folder, root / "SHA256SUMS")
 
 
-def args_for(orig_dir, out, bpe_size=200):
-    return multi30k.parser().parse_args(["--orig", str(orig_dir), "--out", str(out), "--workers", "1",
-                                         "--bpe-size", str(bpe_size)])
-
-
 @pytest.fixture(scope="module")
 def text(orig, tmp_path_factory):
     """The text stages (raw, tok, bpe) on the fixture, without fairseq: (out folder, counts)."""
     folder, sums = orig
     out = tmp_path_factory.mktemp("m30k-text") / "text"
     with recorded(sums), contextlib.redirect_stdout(io.StringIO()):
-        _, _, counts = multi30k.stages(args_for(folder, out), out)
+        _, _, counts = multi30k.stages(out, orig=folder, workers=1, bpe_size=200)
     return out, counts
 
 
@@ -130,10 +125,9 @@ def test_downloads_the_six_files_at_the_pinned_commit(orig, tmp_path, monkeypatc
     real = download.download
     monkeypatch.setattr(multi30k, "download", lambda url, dest, name, log: real(url, dest, name, log=log, opener=opener))
     out = tmp_path / "text"
-    args = multi30k.parser().parse_args(["--out", str(out), "--workers", "1", "--bpe-size", "200"])
     with recorded(sums), contextlib.redirect_stdout(io.StringIO()):
-        files = multi30k.locate_files(args, out)
-        assert multi30k.locate_files(args, out) == files  # a second call finds them in place
+        files = multi30k.locate_files(None, out)
+        assert multi30k.locate_files(None, out) == files  # a second call finds them in place
     assert asked == [f"https://raw.githubusercontent.com/multi30k/dataset/{multi30k.COMMIT}/data/task1/raw/{n}"
                      for n in multi30k.FILES]
     assert {n: p for n, (p, _) in files.items()} == {n: out / "orig" / n for n in multi30k.FILES}
@@ -143,7 +137,7 @@ def test_downloads_the_six_files_at_the_pinned_commit(orig, tmp_path, monkeypatc
 def one_line_error(argv, capsys):
     rc = multi30k.main(argv)
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 1 and len(err) == 1 and err[0].startswith("error: "), err
+    assert rc == 2 and len(err) == 1 and err[0].startswith("prepare-multi30k.sh: error: "), err
     return err[0]
 
 
@@ -188,13 +182,13 @@ def test_unaligned_sides_refused(tmp_path, capsys):
 
 def test_wrapper_refuses_files_that_are_not_the_official_ones(orig, tmp_path):
     """Through data-prep/prepare-multi30k.sh with the recorded SHA256SUMS: the fixture's files are
-    not the published ones, so the first of them is refused with one line and exit status 1."""
+    not the published ones, so the first of them is refused with one line and exit status 2."""
     folder, _ = orig
     script = Path(__file__).resolve().parents[1] / "data-prep" / "prepare-multi30k.sh"
     res = subprocess.run([str(script), "--orig", str(folder), "--out", str(tmp_path / "o")],
                          capture_output=True, text=True, env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
-    assert (res.returncode, res.stderr.count("\n")) == (1, 1), res.stderr
-    assert res.stderr.startswith(f"error: {folder / 'train.de.gz'}: sha256 ")
+    assert (res.returncode, res.stderr.count("\n")) == (2, 1), res.stderr
+    assert res.stderr.startswith(f"prepare-multi30k.sh: error: {folder / 'train.de.gz'}: sha256 ")
     assert "does not match the recorded 726e39b2" in res.stderr and not (tmp_path / "o" / "raw").exists()
 
 
@@ -295,8 +289,8 @@ def test_real_rerun_skips_and_interrupted_run_resumes_to_identical_files(real, t
         raise KeyboardInterrupt
 
     monkeypatch.setattr(multi30k.bpe, "build", interrupted)
-    with pytest.raises(KeyboardInterrupt), contextlib.redirect_stdout(io.StringIO()):
-        multi30k.main(["--orig", str(REAL), "--out", str(tmp_path / "text"), "--bin", str(tmp_path / "bin")])
+    with contextlib.redirect_stdout(io.StringIO()):  # Ctrl-C: one line, exit 130
+        assert multi30k.main(["--orig", str(REAL), "--out", str(tmp_path / "text"), "--bin", str(tmp_path / "bin")]) == 130
     assert (tmp_path / "text" / "tok" / ".stage.json").is_file() and not (tmp_path / "text" / "bpe").exists()
     monkeypatch.setattr(multi30k.bpe, "build", original)
     _, _, log, _ = real_run(tmp_path)

@@ -26,7 +26,6 @@ optimum: sequences stay close to their length in words, and the ``_iwslt_de_en``
 embedding table of the same order as on IWSLT14. ``--bpe-size`` changes it (BPE and
 binarization are redone, the tokenized text is kept).
 """
-import argparse
 import gzip
 import sys
 import zlib
@@ -36,6 +35,7 @@ from pathlib import Path
 from fairseq_lnpos.data import bpe
 from fairseq_lnpos.data.download import DataError, download, sha256_of, verify
 from fairseq_lnpos.data.iwslt import tok_lc
+from fairseq_lnpos.errors import CommandParser, at_least, run_main
 from fairseq_lnpos.data.pipeline import (
     check_parallel, counts_of, default_workers, log, map_lines, read_lines, require_files, run_dataset, run_stage,
     write_lines,
@@ -49,10 +49,10 @@ SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}  # our s
 FILES = tuple(f"{stem}.{lang}.gz" for stem in SPLITS.values() for lang in (SRC, TGT))
 
 
-def locate_files(args, out):
-    """{file name: (path, sha256)} of the six verified input files: from --orig, or downloaded."""
-    if args.orig:
-        orig = Path(args.orig)
+def locate_files(orig, out):
+    """{file name: (path, sha256)} of the six verified input files: from ``orig``, or downloaded."""
+    if orig:
+        orig = Path(orig)
         if not orig.is_dir():
             raise DataError(f"--orig {orig}: not a folder: pass the folder holding {', '.join(FILES)}")
         paths = {name: orig / name for name in FILES}
@@ -93,19 +93,31 @@ def build_tok(raw_dir, tmp, workers):
                                                            label=f"tokenize {split}.{lang}"))
 
 
-def stages(args, out):
+def stages(out, orig=None, workers=1, bpe_size=8000):
+    """The text stages (raw, tok, bpe) in ``out``: (raw fingerprint, bpe fingerprint, pair counts)."""
     out.mkdir(parents=True, exist_ok=True)
-    files = locate_files(args, out)
+    files = locate_files(orig, out)
     p_raw = run_stage(out / "raw", {"inputs": {name: digest for name, (_, digest) in files.items()}, "v": 1},
                       partial(build_raw, files))
-    p_tok = run_stage(out / "tok", {"raw": p_raw, "v": 1}, lambda tmp: build_tok(out / "raw", tmp, args.workers))
-    p_bpe = run_stage(out / "bpe", {"tok": p_tok, "vocab": args.bpe_size, "v": 1},
-                      lambda tmp: bpe.build(out / "tok", tmp, args.bpe_size, args.workers, SRC, TGT))
+    p_tok = run_stage(out / "tok", {"raw": p_raw, "v": 1}, lambda tmp: build_tok(out / "raw", tmp, workers))
+    p_bpe = run_stage(out / "bpe", {"tok": p_tok, "vocab": bpe_size, "v": 1},
+                      lambda tmp: bpe.build(out / "tok", tmp, bpe_size, workers, SRC, TGT))
     return p_raw, p_bpe, counts_of(out / "tok", TGT)
 
 
+def prepare(out="data-bin/multi30k.de-en.text", bin_dir="data-bin/multi30k.de-en", orig=None, workers=1,
+            bpe_size=8000):
+    """Text stages in ``out``, fairseq's binarized data and the manifest in ``bin_dir``; returns the
+    pair counts per split. ``orig``: a folder with the six files, else they are downloaded. Raises
+    :class:`DataError` for bad input."""
+    at_least(1, "--bpe-size", bpe_size)
+    return run_dataset(out, bin_dir, workers, "multi30k.de-en", (SRC, TGT),
+                       partial(stages, orig=orig, workers=workers, bpe_size=bpe_size), lowercase=True,
+                       compound_split=False)
+
+
 def parser():
-    p = argparse.ArgumentParser(prog="prepare-multi30k.sh", description=__doc__.split("\n\n")[0])
+    p = CommandParser(prog="prepare-multi30k.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("--orig", help=f"a folder holding {', '.join(FILES)} (no download)")
     p.add_argument("--out", default="data-bin/multi30k.de-en.text", help="text folder (default: %(default)s)")
     p.add_argument("--bin", default="data-bin/multi30k.de-en", help="binarized folder (default: %(default)s)")
@@ -115,8 +127,11 @@ def parser():
 
 
 def main(argv=None):
-    args = parser().parse_args(argv)
-    return run_dataset(args, "multi30k.de-en", (SRC, TGT), partial(stages, args), lowercase=True, compound_split=False)
+    def command(argv):
+        a = parser().parse_args(argv)
+        prepare(a.out, a.bin, a.orig, a.workers, a.bpe_size)
+
+    return run_main("prepare-multi30k.sh", command, argv)
 
 
 if __name__ == "__main__":
