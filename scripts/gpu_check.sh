@@ -4,8 +4,12 @@
 #     (the loss scale is removed), for Post-LN and Keel;
 #  2. every plugin arch trains for a few hundred updates with --fp16 and RAdam;
 #  3. a two-run tiny grid on GPU 0 with --fp16, scored and tabled;
-#  4. throughput ratios against fairseq's transformer on the GPU (fp32 and fp16).
-# Usage: scripts/gpu_check.sh OUT_DIR   (needs torch with CUDA and fairseq installed)
+#  4. throughput ratios against fairseq's transformer on the GPU (fp32 and fp16);
+#  5. with MULTI30K_ORIG=DIR (the six .gz files of Multi30k task 1): the multi30k-* rows the paper
+#     compares (Post-LN without warm-up and with 500 updates at 5e-4, Pre-LN, RAdam, DeepNorm, Keel,
+#     Admin; 7 runs, 12 epochs, --fp16) side by side on GPU 0 (--runs-per-gpu 7): wall time, and the
+#     aggregate training words/s against one of those runs alone.
+# Usage: [MULTI30K_ORIG=DIR] scripts/gpu_check.sh OUT_DIR   (needs torch with CUDA and fairseq installed)
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/_env.sh"  # $ROOT, $PY (the interpreter grid.sh below uses too), PYTHONPATH
 OUT="${1:?usage: gpu_check.sh OUT_DIR}"
@@ -47,7 +51,7 @@ PYEOF
 done || true
 
 echo "== 2. every arch, 300 updates, --fp16, RAdam, no warm-up"
-for v in postln preln deepnorm keel; do
+for v in $("$PY" -c 'from fairseq_lnpos.variants import VARIANTS; print(" ".join(VARIANTS))'); do
   "${FS[@]}" "$OUT/syn" --user-dir "$ROOT/fairseq_lnpos" --arch "transformer_${v}_tiny" --fp16 \
     --optimizer radam --adam-betas '(0.9, 0.98)' --lr 5e-4 --lr-scheduler warmup_inverse_sqrt --warmup-updates 1 \
     --decay-anchor 4000 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 4096 \
@@ -65,3 +69,29 @@ echo "== 4. throughput ratios on the GPU"
   --max-tokens 4096 --no-analysis --out "$OUT/bench-gpu-fp32.json" | tail -12
 "$PY" -m fairseq_lnpos.bench --device cuda --data "$OUT/syn" --sizes iwslt_de_en --steps 20 --reps 5 \
   --max-tokens 4096 --no-analysis --fairseq-args=--fp16 --out "$OUT/bench-gpu-fp16.json" | tail -8
+
+[ -n "${MULTI30K_ORIG:-}" ] || { echo "== 5. skipped: set MULTI30K_ORIG=DIR to run the Multi30k grid"; exit 0; }
+echo "== 5. Multi30k grid on one GPU: 7 runs side by side, then one run alone"
+"$ROOT/data-prep/prepare-multi30k.sh" --orig "$MULTI30K_ORIG" --out "$OUT/m30k.text" --bin "$OUT/m30k" --workers 8 | tail -2
+ROWS=multi30k-postln-adam-lr5e-4-nowu,multi30k-postln-adam-lr5e-4-wu500,multi30k-preln-adam-lr5e-4-nowu,multi30k-postln-radam-lr5e-4-linear,multi30k-deepnorm-adam-lr5e-4-nowu,multi30k-keel-adam-lr5e-4-nowu,multi30k-admin-adam-lr5e-4-nowu
+t0=$(date +%s)
+"$ROOT/scripts/grid.sh" run --only "$ROWS" --data "$OUT/m30k" --out "$OUT/m30k-grid" --gpus 0 --runs-per-gpu 7 --fp16 | tail -3
+t1=$(date +%s)
+"$ROOT/scripts/grid.sh" run --only multi30k-preln-adam-lr5e-4-nowu --max-epoch 2 --data "$OUT/m30k" --out "$OUT/m30k-alone" --gpus 0 --fp16 | tail -1
+t2=$(date +%s)
+"$ROOT/scripts/make_table.sh" "$OUT/m30k-grid" --no-figures | head -12
+"$PY" - "$OUT" $((t1 - t0)) $((t2 - t1)) <<'PYEOF'
+import json, glob, sys
+out, grid_s, alone_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def words(folder):  # target words trained, from fairseq's per-epoch train records
+    total = 0.0
+    for log in glob.glob(f"{folder}/*/seed*/train.log"):
+        for line in open(log, errors="replace"):
+            if " | train | " in line:
+                rec = json.loads(line.split(" | ", 3)[3])
+                total += float(rec["train_wps"]) * float(rec["train_wall"])
+    return total
+g, a = words(f"{out}/m30k-grid") / grid_s, words(f"{out}/m30k-alone") / alone_s
+print(f"Multi30k grid, 7 runs x 12 epochs on one GPU: {grid_s} s wall (target <= 480 s); "
+      f"aggregate {g:.0f} words/s vs one run alone {a:.0f} words/s: ratio {g / a:.2f} (target >= 2.5)")
+PYEOF
