@@ -123,4 +123,4 @@ def test_score_cli_one_line_error(tmp_path):
                        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     # (fairseq itself may log a line about tensorboardX when it is imported)
     last = r.stderr.strip().splitlines()[-1]
-    assert r.returncode == 1 and last.startswith("evaluate: ") and "none.txt" in last
+    assert r.returncode == 2 and last.startswith("evaluate: error: ") and "none.txt" in last

@@ -185,7 +185,7 @@ def test_bad_folders_are_one_line_errors(tmp_path, capsys):
     assert "no run folders" in capsys.readouterr().err
     d = write_run(tmp_path, "postln", 1e-3, 0, 1, final=4.0)
     cfg = json.loads((d / "config.json").read_text())
-    (d / "config.json").write_text(json.dumps({**cfg, "run": {**cfg["run"], "ln": "admin"}}))
+    (d / "config.json").write_text(json.dumps({**cfg, "run": {**cfg["run"], "ln": "midln"}}))
     assert S.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and str(d / "config.json") in err and "'admin'" in err
+    assert err.count("\n") == 0 and str(d / "config.json") in err and "'midln'" in err

@@ -64,7 +64,7 @@ def test_tail_feeds_only_complete_lines(tmp_path):
     st = LogState()
     tail = LogTail(log, st)
     assert tail.poll() == []  # no file yet
-    log.write_text(T % ("6.4", 1) + "\n" + SAVED % ("checkpoint1.pt", 1, 8) + "\n" + "# grid: fairseq-train ran 12.5 s\n"
+    log.write_text(T % ("6.4", 1) + "\n" + SAVED % ("checkpoint1.pt", 1, 8) + "\n" + "# fairseq-train ran 12.5 s\n"
                    + (T % ("5.0", 2))[:40])
     assert tail.poll() == [1] and st.updates == 1 and st.train_seconds == 12.5
     with open(log, "a") as f:

@@ -19,7 +19,7 @@ LOG_LINE = re.compile(r"^\S+ \S+ \| \w+ \| (\S+) \| (.*)$")
 # only checkpoint_best/_last, which is not an epoch to score
 SAVED = re.compile(r"Saved checkpoint (\S*checkpoint\d+\.pt) \(epoch (\d+) @ (\d+) updates")
 LOADED = re.compile(r"Loaded checkpoint \S+ \(epoch (\d+) @ (\d+) updates\)")
-RAN = re.compile(r"^# grid: fairseq-train ran ([0-9.]+) s")  # written by the scheduler after each launch
+RAN = re.compile(r"^# fairseq-train ran ([0-9.]+) s")  # written by the scheduler after each launch
 FATAL_FP = re.compile(r"FloatingPointError|Minimum loss scale reached|gradients are Nan/Inf")
 
 

@@ -162,7 +162,7 @@ class Grid:
                     ended = True
                 if ended:
                     with open(rd.log_path, "a", encoding="utf-8") as log:
-                        log.write(f"\n# grid: fairseq-train ran {time.time() - t_launch:.1f} s\n")
+                        log.write(f"\n# fairseq-train ran {time.time() - t_launch:.1f} s\n")
                     tail.poll()
                     break
                 if self.stop.is_set():
