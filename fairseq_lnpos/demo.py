@@ -69,7 +69,6 @@ def make_table(out):
 
 def time_split(grid_out):
     """(seconds fairseq-train ran, seconds the evaluator spent scoring) over the demo's runs."""
-    from .common import read_json
     from .experiments.rundir import RunDir
 
     train = score = 0.0

@@ -18,7 +18,8 @@ from pathlib import Path
 from fairseq_lnpos.data import bpe, moses
 from fairseq_lnpos.data.download import DataError, download, extract_once
 from fairseq_lnpos.data.pipeline import (
-    check_parallel, counts_of, default_workers, log, map_lines, raw_segments, read_lines, require_files,
+    add_folder_options,
+    check_parallel, counts_of, log, map_lines, raw_segments, read_lines, require_files,
     run_dataset, run_stage, write_lines, xml_segments,
 )
 from fairseq_lnpos.errors import CommandParser, at_least, run_main
@@ -133,10 +134,7 @@ def parser():
     src = p.add_mutually_exclusive_group()
     src.add_argument("--archive", help=f"a local copy of {ARCHIVE} (no download)")
     src.add_argument("--orig", help=f"the extracted de-en folder of {ARCHIVE} (no download)")
-    p.add_argument("--out", default="data-bin/iwslt14.de-en.text", help="text folder (default: %(default)s)")
-    p.add_argument("--bin", default="data-bin/iwslt14.de-en", help="binarized folder (default: %(default)s)")
-    p.add_argument("--workers", type=int, default=default_workers(), help="processes (default: %(default)s)")
-    p.add_argument("--bpe-size", type=int, default=10000, help="joint BPE vocabulary (default: %(default)s)")
+    add_folder_options(p, "iwslt14.de-en", bpe_size=10000)
     return p
 
 

@@ -37,7 +37,8 @@ from fairseq_lnpos.data.download import DataError, download, sha256_of, verify
 from fairseq_lnpos.data.iwslt import tok_lc
 from fairseq_lnpos.errors import CommandParser, at_least, run_main
 from fairseq_lnpos.data.pipeline import (
-    check_parallel, counts_of, default_workers, log, map_lines, read_lines, require_files, run_dataset, run_stage,
+    add_folder_options,
+    check_parallel, counts_of, log, map_lines, read_lines, require_files, run_dataset, run_stage,
     write_lines,
 )
 
@@ -119,10 +120,7 @@ def prepare(out="data-bin/multi30k.de-en.text", bin_dir="data-bin/multi30k.de-en
 def parser():
     p = CommandParser(prog="prepare-multi30k.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("--orig", help=f"a folder holding {', '.join(FILES)} (no download)")
-    p.add_argument("--out", default="data-bin/multi30k.de-en.text", help="text folder (default: %(default)s)")
-    p.add_argument("--bin", default="data-bin/multi30k.de-en", help="binarized folder (default: %(default)s)")
-    p.add_argument("--workers", type=int, default=default_workers(), help="processes (default: %(default)s)")
-    p.add_argument("--bpe-size", type=int, default=8000, help="joint BPE vocabulary (default: %(default)s)")
+    add_folder_options(p, "multi30k.de-en", bpe_size=8000)
     return p
 
 

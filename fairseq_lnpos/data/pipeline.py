@@ -183,6 +183,16 @@ def interrupt_main_process_only():
         signal.signal(signal.SIGINT, previous)
 
 
+def add_folder_options(parser, dataset, bpe_size, workers=None):
+    """--out, --bin, --workers and --bpe-size of a data-prep command, with the dataset's defaults."""
+    parser.add_argument("--out", default=f"data-bin/{dataset}.text", help="text folder (default: %(default)s)")
+    parser.add_argument("--bin", default=f"data-bin/{dataset}", help="binarized folder (default: %(default)s)")
+    parser.add_argument("--workers", type=int, default=workers or default_workers(),
+                        help="processes (default: %(default)s)")
+    parser.add_argument("--bpe-size", type=int, default=bpe_size, help="joint BPE vocabulary (default: %(default)s)")
+    return parser
+
+
 def check_writable_folder(path, option):
     """Raise :class:`DataError` unless folder ``path`` exists and is writable, or can be created;
     creates nothing."""

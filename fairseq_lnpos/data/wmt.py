@@ -19,7 +19,8 @@ from pathlib import Path
 from fairseq_lnpos.data import bpe, moses
 from fairseq_lnpos.data.download import DataError, download, extract_once
 from fairseq_lnpos.data.pipeline import (
-    check_parallel, count_lines, default_workers, log, map_lines, raw_segments, read_lines, run_dataset,
+    add_folder_options,
+    check_parallel, count_lines, log, map_lines, raw_segments, read_lines, run_dataset,
     run_stage, write_lines, xml_segments,
 )
 from fairseq_lnpos.errors import CommandParser, at_least, run_main
@@ -141,10 +142,7 @@ def parser():
     p.add_argument("--archive", action="append", metavar="FILE",
                    help=f"a local copy of one of {', '.join(ARCHIVES)} (repeat; the others are downloaded)")
     p.add_argument("--orig", help="a folder with all archives extracted (no download)")
-    p.add_argument("--out", default="data-bin/wmt14.en-de.text", help="text folder (default: %(default)s)")
-    p.add_argument("--bin", default="data-bin/wmt14.en-de", help="binarized folder (default: %(default)s)")
-    p.add_argument("--workers", type=int, default=default_workers(), help="processes (default: %(default)s)")
-    p.add_argument("--bpe-size", type=int, default=37000, help="joint BPE vocabulary (default: %(default)s)")
+    add_folder_options(p, "wmt14.en-de", bpe_size=37000)
     p.add_argument("--bpe-sample", type=int, default=2000000,
                    help="lines sampled to learn the BPE, 0 = all (default: %(default)s)")
     return p
