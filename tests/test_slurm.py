@@ -2,6 +2,7 @@
 grid.sh status; with a one-node SLURM on this machine (tests/slurm_cluster.py) when it can be started."""
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -221,6 +222,7 @@ def test_status_of_an_unreadable_folder_is_one_line_and_exit_2(tmp_path, capsys)
 
 # -- a real one-node SLURM ---------------------------------------------------------------------
 WAIT = 360
+LAUNCH = re.compile(r"^# grid: (?!fairseq-train ran )", re.M)  # a launch of fairseq-train in train.log
 
 
 @pytest.fixture(scope="module")
@@ -284,6 +286,18 @@ def test_a_grid_as_a_slurm_array_finishes_skips_and_resumes(cluster, data, tmp_p
     assert not (out2 / A / "seed1" / "DONE.json").exists()
     job = submit(cluster, out2, data, "--only", A, "--max-epoch", "2")
     wait_for(cluster, job)
-    text = log.read_text()
-    assert text.count("# grid: ") == 2 and "checkpoint_last.pt (epoch 2 @" in text.split("# grid: ")[2]
+    launches = LAUNCH.split(log.read_text())
+    assert len(launches) == 3 and "checkpoint_last.pt (epoch 2 @" in launches[2]  # resumed in epoch 2
     assert [r["status"] for r in collect(out2)] == ["finished"]
+
+    # the warning before the time limit (--signal=B:USR1): the task stops the run and requeues
+    # itself, and the requeued task resumes it
+    out3 = tmp_path / "out3"
+    log = out3 / A / "seed1" / "train.log"
+    job = submit(cluster, out3, data, "--only", A, "--max-epoch", "2")
+    wait_for(cluster, job, until=lambda: log.exists() and "checkpoint1.pt (epoch 1 @" in log.read_text(errors="replace"))
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=cluster.env, timeout=30)
+    wait_for(cluster, job)
+    assert len(LAUNCH.split(log.read_text())) == 3
+    st = subprocess.run([str(GRID), "status", str(out3)], env=cluster.env, capture_output=True, text=True, timeout=60)
+    assert st.returncode == 0 and st.stdout.strip().splitlines()[-1] == "1 runs: 1 finished", st.stdout
