@@ -301,3 +301,32 @@ def test_a_grid_as_a_slurm_array_finishes_skips_and_resumes(cluster, data, tmp_p
     assert len(LAUNCH.split(log.read_text())) == 3
     st = subprocess.run([str(GRID), "status", str(out3)], env=cluster.env, capture_output=True, text=True, timeout=60)
     assert st.returncode == 0 and st.stdout.strip().splitlines()[-1] == "1 runs: 1 finished", st.stdout
+
+
+def test_the_worker_on_another_node_starts_the_units_fairseq_train_as_its_rank(tmp_path, monkeypatch, data):
+    import socket
+
+    from fairseq_lnpos.experiments import slurm
+
+    fake_tool(tmp_path, "scontrol", 'echo "n1 n2"')
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    monkeypatch.setattr(socket, "gethostname", lambda: "n2")
+    started = []
+    monkeypatch.setattr(os, "execvpe", lambda exe, cmd, env: started.append((cmd, env)))
+    argv = ["--only", A, "--seeds", "3", "--out", str(tmp_path / "out"), "--data", str(data), *TINY,
+            "--gpus-per-run", "2", "--fairseq-args", "--distributed-port 23456 --max-tokens 256 --update-freq 1"]
+    slurm.main(["worker", *argv])
+    (cmd, env), = started
+    opts = G.build_parser().parse_args(["run", *argv])
+    opts.world = 2
+    job, = G.make_jobs(opts, G.select_runs(opts), dry_run=False)[0]
+    assert cmd == job.train_cmd(0)  # the command node 0's unit starts
+    assert cmd[cmd.index("--distributed-port") + 1] == "23456"
+    assert (env["SLURM_NODEID"], env["SLURM_STEP_NODELIST"], env["SLURM_NNODES"], env["SLURM_NTASKS_PER_NODE"]) == (
+        "1", "n[1-2]", "2", "1")
+    # a run already trained: nothing is started (node 0's unit only scores it)
+    job.dir.path.mkdir(parents=True)
+    job.dir.mark_trained()
+    assert slurm.main(["worker", *argv]) == 0 and len(started) == 1
