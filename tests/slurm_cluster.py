@@ -34,21 +34,25 @@ def free_port():
 
 
 def ensure_installed():
-    if shutil.which("slurmctld") or Path("/usr/sbin/slurmctld").exists():
+    if all(Path(sbin(x)).exists() for x in ("slurmctld", "slurmd", "munged")):
         return
     if os.geteuid() != 0:
-        raise Unavailable("slurmctld is not installed and this is not root (apt-get install slurm-wlm munge)")
+        raise Unavailable("slurmctld, slurmd or munged is missing and this is not root (apt-get install slurm-wlm munge)")
     if not shutil.which("apt-get"):
-        raise Unavailable("slurmctld is not installed and there is no apt-get")
+        raise Unavailable("slurmctld, slurmd or munged is missing and there is no apt-get")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    try:
-        r = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "slurm-wlm", "munge"],
-                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=INSTALL_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        raise Unavailable(f"apt-get install slurm-wlm munge took over {INSTALL_TIMEOUT} s") from None
-    if r.returncode != 0:
-        tail = r.stdout.decode(errors="replace").strip().splitlines()[-1:] or [""]
-        raise Unavailable(f"apt-get install slurm-wlm munge failed: {tail[0]}")
+    deadline = time.time() + INSTALL_TIMEOUT
+    install = ["apt-get", "install", "-y", "slurm-wlm", "munge"]
+    for argv in (install, ["apt-get", "update"], install):  # the package lists may be missing or stale
+        try:
+            r = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            raise Unavailable(f"installing slurm-wlm munge took over {INSTALL_TIMEOUT} s") from None
+        if r.returncode == 0 and argv is install:
+            return
+    tail = r.stdout.decode(errors="replace").strip().splitlines()[-1:] or [""]
+    raise Unavailable(f"apt-get install slurm-wlm munge failed: {tail[0]}")
 
 
 def sbin(name):
@@ -97,9 +101,13 @@ class Cluster:
         self.partition = PARTITION
 
     def _daemon(self, argv, name):
-        log = open(self.dir / f"{name}.out", "ab")
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
-        log.close()
+        with open(self.dir / f"{name}.out", "ab") as log:
+            try:
+                p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
+            except OSError as e:
+                self.stop()
+                raise Unavailable(f"{name} cannot be started: {e}") from None
         self.procs.append(p)
         return p
 

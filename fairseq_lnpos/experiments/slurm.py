@@ -31,7 +31,6 @@ from ..errors import LnposError, StateError, run_main
 from . import grid as G
 from .commands import batch_plan
 from .report import collect
-from .rundir import RunDir
 
 TIME = re.compile(r"^(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)$")
 # options of `grid.sh run` a task does not take from the command line: set per task or by the allocation
