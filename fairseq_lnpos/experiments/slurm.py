@@ -299,7 +299,7 @@ def status_lines(out_dir):
         epochs = f"{r['epochs']}/{r['max_epoch']}" if r.get("max_epoch") else str(r["epochs"])
         best = (f"best BLEU {r['best_bleu_tok']:.2f} (epoch {r['best_epoch']})"
                 if r.get("best_bleu_tok") is not None else "best BLEU -")
-        lines.append(f"{r['run'] + ' seed' + str(r['seed']):<{width}}  {status:<28}  epochs scored {epochs:<7}  {best}")
+        lines.append(f"{r['run'] + ' seed' + str(r['seed']):<{width}}  {status:<28}  epochs {epochs:<7}  {best}")
     bad = next((r["unreadable"] for r in rows if r.get("unreadable")), None)
     return lines, counts, bad
 
