@@ -280,6 +280,16 @@ def build_parser():
     w.add_argument("--bleu", dest="no_bleu", action="store_false", help="also score test BLEU (the last epoch)")
     add_run_options(w)
     w.set_defaults(out="sweep-out", patience=50, no_bleu=True)
+    from . import slurm
+
+    s = sub.add_parser("slurm", conflict_handler="resolve",
+                       help="submit runs as one SLURM job array of `run` units (slurm.py; --dry-run prints it)")
+    s.add_argument("--only", help="comma-separated run names or globs (default: every run)")
+    s.add_argument("--max-epoch", type=positive_int(1), help="override the epochs of every run")
+    add_run_options(s)
+    slurm.add_options(s)
+    st = sub.add_parser("status", help="one line per run of an --out folder: status, epochs, best BLEU")
+    st.add_argument("out_dir", help="the --out folder of run or slurm")
     return p
 
 
@@ -297,6 +307,11 @@ def command(argv=None):
     opts = build_parser().parse_args(argv)
     if opts.cmd == "list":
         return cmd_list(opts)
+    if opts.cmd in ("slurm", "status"):
+        from . import slurm
+
+        opts.argv = list(sys.argv[1:] if argv is None else argv)[1:]
+        return slurm.cmd_slurm(opts) if opts.cmd == "slurm" else slurm.cmd_status(opts)
     if opts.cmd == "sweep":
         from . import sweep
 

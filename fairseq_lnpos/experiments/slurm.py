@@ -1,0 +1,326 @@
+"""The grid on a SLURM cluster (``grid.sh slurm``) and the state of a grid's folder (``grid.sh status``).
+
+    scripts/grid.sh slurm --only 'iwslt-*' --seeds 1,2 --data data-bin/iwslt14.de-en --out grid-out \\
+        --partition gpu --gpus-per-run 1 --time 24:00:00 --max-running 8 [--dry-run]
+    scripts/grid.sh status grid-out
+
+``slurm`` writes one sbatch script per grid, OUT/slurm-ID.sbatch, with OUT/slurm-ID.tasks next to it
+(line i+1: run, seed and fairseq args of array task i), and submits it as one job array with ``%K``
+running at once. Every task runs the grid's own per-run unit, ``grid.sh run --only NAME --seeds S``
+with the same options: it takes the run folder's lock, checks its config hash, resumes from
+checkpoint_last.pt and skips a finished run, so a requeued, preempted or resubmitted task goes on
+where it stopped. Plain generated scripts, no new dependency: sbatch is the whole interface.
+
+Multi-node runs (``--nodes-per-run N`` > 1, GPUs only) use fairseq's SLURM initialisation
+(fairseq/distributed/utils.py ``_infer_slurm_init``, one task per node, ``--distributed-port``):
+node 0 runs the per-run unit (training, scoring, the run folder); ``srun`` starts the same
+fairseq-train (:func:`worker`) on the other nodes. The paper's batch is kept through --update-freq
+computed for N x G GPUs (commands.batch_plan).
+"""
+import argparse
+import hashlib
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from ..common import write_text
+from ..errors import LnposError, StateError, run_main
+from . import grid as G
+from .commands import batch_plan
+from .report import collect
+
+TIME = re.compile(r"^(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)$")
+# options of `grid.sh run` a task does not take from the command line: set per task or by the allocation
+PER_TASK = {"dry_run", "out", "seeds", "fairseq_args", "gpus", "runs_per_gpu", "jobs", "gpus_per_run"}
+PORT_BASE, PORT_SPAN = 20000, 20000
+
+
+def parse_time(text):
+    """SLURM's [D-]HH:MM:SS as seconds."""
+    m = TIME.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time: give HH:MM:SS or D-HH:MM:SS, e.g. 24:00:00")
+    d, h, mi, s = (int(x or 0) for x in m.groups())
+    secs = ((d * 24 + h) * 60 + mi) * 60 + s
+    if secs < 60:
+        raise argparse.ArgumentTypeError(f"--time {text}: give at least 00:01:00")
+    return secs
+
+
+def slurm_time(secs):
+    return f"{secs // 3600}:{secs // 60 % 60:02d}:{secs % 60:02d}"
+
+
+def add_options(p):
+    """The options of ``grid.sh slurm`` beyond those of ``grid.sh run`` (the parser resolves conflicts)."""
+    p.add_argument("--partition", required=True, help="SLURM partition")
+    p.add_argument("--time", required=True, type=parse_time, metavar="HH:MM:SS",
+                   help="time limit of one task; a task stopped at the limit requeues itself and resumes")
+    p.add_argument("--gpus-per-run", type=G.positive_int(0), default=1, metavar="G",
+                   help="GPUs per node of one run, --gres=gpu:G (0: a CPU run; default 1)")
+    p.add_argument("--nodes-per-run", type=G.positive_int(1), default=1, metavar="N",
+                   help="nodes of one run (N > 1: fairseq's multi-node training, GPUs only)")
+    p.add_argument("--cpus-per-run", type=G.positive_int(1), metavar="C",
+                   help="--cpus-per-task (default: 2 on the CPU, 4 per GPU)")
+    p.add_argument("--account", help="SLURM account")
+    p.add_argument("--max-running", type=G.positive_int(1), metavar="K", help="at most K tasks at once (%%K)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="write the script and its task list into OUT and print the script; submit nothing")
+
+
+def check_options(opts):
+    for flag, dest, default in (("--gpus", "gpus", None), ("--jobs", "jobs", 1), ("--runs-per-gpu", "runs_per_gpu", 1)):
+        if getattr(opts, dest) != default:
+            raise LnposError(f"{flag}: on SLURM the allocation decides where a run goes; drop {flag} "
+                             f"(use --gpus-per-run, --nodes-per-run)")
+    if opts.nodes_per_run > 1 and opts.gpus_per_run == 0:
+        raise LnposError(f"--nodes-per-run {opts.nodes_per_run} needs --gpus-per-run >= 1: fairseq's multi-node "
+                         f"training is GPU-only and would train nothing on CPUs while exiting 0")
+    if opts.fp16 and opts.gpus_per_run == 0:
+        raise LnposError("--fp16 needs GPUs: give --gpus-per-run >= 1 or drop --fp16")
+
+
+def passthrough(opts):
+    """The argv of the run options that every task takes unchanged (those not at their default)."""
+    p = argparse.ArgumentParser(add_help=False)
+    G.add_run_options(p)
+    p.add_argument("--max-epoch")
+    argv = []
+    for a in p._actions:
+        value = getattr(opts, a.dest, None)
+        if a.dest in PER_TASK or not a.option_strings or value == a.default:
+            continue
+        flag = a.option_strings[0]
+        if isinstance(a, argparse._StoreTrueAction):
+            argv.append(flag)
+        elif isinstance(a, argparse._AppendAction):
+            argv += [x for v in value for x in (flag, str(v))]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def task_fairseq_args(opts, run, seed):
+    """--fairseq-args of one task: the grid's, and for a multi-node run the port of fairseq's SLURM
+    init and the batch split over N x G GPUs (it enters the run's config hash)."""
+    base = opts.fairseq_args
+    if opts.nodes_per_run == 1:
+        return base
+    world = opts.nodes_per_run * opts.gpus_per_run
+    if run.schedule == "linear" and not run.max_update:
+        raise LnposError(f"{run.name}: its linear decay counts updates on one node; run it with "
+                         f"--nodes-per-run 1 or give it --set {run.name}:max_update=N")
+    max_tokens, update_freq = batch_plan(run, world)
+    digest = hashlib.sha256(f"{run.name} {seed}".encode()).digest()
+    port = PORT_BASE + int.from_bytes(digest[:4], "big") % PORT_SPAN
+    extra = f"--distributed-port {port} --max-tokens {max_tokens} --update-freq {update_freq}"
+    return f"{base} {extra}".strip()
+
+
+SCRIPT = """\
+#!/bin/bash
+{sbatch}
+# {ntasks} tasks: task i runs line i+1 of TASKS (run, seed, fairseq args) with the grid's per-run
+# unit, which resumes a stopped run and skips a finished one. Written by: {command}
+set -uo pipefail
+ROOT={root}
+. "$ROOT/scripts/_env.sh"
+GRID="$ROOT/scripts/grid.sh"
+TASKS={tasks}
+I=${{SLURM_ARRAY_TASK_ID:?run this script with sbatch (a job array)}}
+IFS=$'\\t' read -r NAME SEED FARGS < <(sed -n "$((I + 1))p" "$TASKS") || true
+[ -n "${{NAME:-}}" ] || {{ echo "no task $I in $TASKS" >&2; exit 2; }}
+ARGS=(--only "$NAME" --seeds "$SEED" --out {out} --fairseq-args "${{FARGS:-}}" {passthrough})
+{devices}
+stop_for=
+on_signal() {{ stop_for=$1; [ -n "${{PID:-}}" ] && kill -TERM "$PID" 2>/dev/null; }}
+trap 'on_signal cancel' TERM INT
+trap 'on_signal limit' USR1
+"$GRID" run "${{ARGS[@]}}" &
+PID=$!
+while :; do wait "$PID"; RC=$?; kill -0 "$PID" 2>/dev/null || break; done
+{after}
+if [ "$stop_for" = limit ]; then
+  echo "time limit near: requeued, the run resumes from its last checkpoint" >&2
+  scontrol requeue "${{SLURM_ARRAY_JOB_ID}}_${{I}}"
+fi
+exit "$RC"
+"""
+
+GPU_SETUP = """\
+# the grid puts its runs on the allocated GPUs by id; CUDA_VISIBLE_DEVICES is then set per run
+GPUS=${{CUDA_VISIBLE_DEVICES:?no GPU in the allocation: check --gres}}
+unset CUDA_VISIBLE_DEVICES
+ARGS+=(--gpus "$GPUS" --gpus-per-run {gpus})"""
+
+MULTI_NODE = """
+# fairseq's SLURM init: one task per node, rank = node id x GPUs per node, master = first node
+export SLURM_STEP_NODELIST="$SLURM_JOB_NODELIST"
+srun --nodes={rest} --ntasks-per-node=1 --relative=1 --kill-on-bad-exit=1 \\
+  "$PY" -m fairseq_lnpos.experiments.slurm worker "${{ARGS[@]}}" &
+WORKERS=$!"""
+
+
+def sbatch_lines(opts, ntasks, name, logs):
+    g, n = opts.gpus_per_run, opts.nodes_per_run
+    cpus = opts.cpus_per_run or (4 * g if g else 2)
+    cap = f"%{opts.max_running}" if opts.max_running else ""
+    margin = min(300, opts.time // 10)
+    lines = [f"--job-name={name}", f"--array=0-{ntasks - 1}{cap}", f"--partition={opts.partition}",
+             f"--time={slurm_time(opts.time)}", f"--nodes={n}", "--ntasks-per-node=1",
+             f"--cpus-per-task={cpus}"]
+    if g:
+        lines.append(f"--gres=gpu:{g}")
+    if opts.account:
+        lines.append(f"--account={opts.account}")
+    lines += ["--requeue", f"--signal=B:USR1@{margin}", "--open-mode=append",
+              f"--output={logs}/%A_%a.out", f"--chdir={Path.cwd()}"]
+    return "\n".join(f"#SBATCH {x}" for x in lines)
+
+
+def plan(opts):
+    """(tasks, script path, tasks path, script text); checks what can be checked before queueing."""
+    check_options(opts)
+    runs = G.select_runs(opts)
+    opts.world = opts.gpus_per_run or 1
+    out = Path(opts.out).resolve()
+    opts.out = str(out)
+    jobs, _ = G.make_jobs(opts, runs, dry_run=opts.dry_run)
+    tasks = []
+    for j in jobs:
+        batch_plan(j.run, opts.world)
+        fargs = task_fairseq_args(opts, j.run, j.seed)
+        if "\t" in fargs or "\n" in fargs:
+            raise LnposError("--fairseq-args: no tabs or newlines, please")
+        j.opts = argparse.Namespace(**dict(vars(opts), fairseq_args=fargs))
+        j.dir.check_config(j.config_hash())
+        tasks.append((j.run.name, j.seed, fargs))
+    listing = "".join(f"{n}\t{s}\t{f}\n" for n, s, f in tasks)
+    grid_id = hashlib.sha256(listing.encode()).hexdigest()[:8]
+    script, tasks_path = out / f"slurm-{grid_id}.sbatch", out / f"slurm-{grid_id}.tasks"
+    devices = GPU_SETUP.format(gpus=opts.gpus_per_run) if opts.gpus_per_run else ""
+    after = ""
+    if opts.nodes_per_run > 1:
+        devices += MULTI_NODE.format(rest=opts.nodes_per_run - 1)
+        after = 'kill -TERM "$WORKERS" 2>/dev/null; wait "$WORKERS" 2>/dev/null'
+    text = SCRIPT.format(
+        sbatch=sbatch_lines(opts, len(tasks), f"grid-{grid_id}", out / "slurm-logs"),
+        ntasks=len(tasks), command=shlex.join(["grid.sh", "slurm"] + opts.argv), root=shlex.quote(str(G_ROOT)),
+        tasks=shlex.quote(str(tasks_path)), out=shlex.quote(str(out)),
+        passthrough=shlex.join(passthrough(opts)), devices=devices, after=after)
+    return tasks, script, tasks_path, text, listing
+
+
+G_ROOT = Path(__file__).resolve().parents[2]
+
+
+def cmd_slurm(opts):
+    tasks, script, tasks_path, text, listing = plan(opts)
+    try:
+        script.parent.mkdir(parents=True, exist_ok=True)
+        write_text(tasks_path, listing)
+        write_text(script, text)
+    except OSError as e:
+        raise LnposError(f"--out {opts.out}: cannot write the script there ({e.strerror}): give a writable folder")
+    if opts.dry_run:
+        print(text, end="")
+        print(f"# {len(tasks)} tasks listed in {tasks_path}; not submitted (--dry-run)")
+        return 0
+    (script.parent / "slurm-logs").mkdir(exist_ok=True)
+    try:
+        r = subprocess.run(["sbatch", "--parsable", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except FileNotFoundError:
+        raise LnposError(f"sbatch not found: run this on a SLURM login node, or submit {script} there") from None
+    if r.returncode != 0:
+        err = (r.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+        raise LnposError(f"sbatch {script} failed: {err}")
+    job = r.stdout.decode().strip().split(";")[0]
+    print(f"submitted job array {job}: {len(tasks)} tasks ({script}); "
+          f"logs {script.parent / 'slurm-logs'}; progress: scripts/grid.sh status {opts.out}")
+    return 0
+
+
+def worker(argv):
+    """fairseq-train of one run on a node other than the first (multi-node): the same command as the
+    per-run unit builds on node 0, with fairseq's SLURM init seeing the job's nodes."""
+    import socket
+
+    from .commands import total_updates
+
+    opts = G.build_parser().parse_args(["run"] + list(argv))
+    opts.world = opts.gpus_per_run
+    runs = G.select_runs(opts)
+    jobs, _ = G.make_jobs(opts, runs, dry_run=False)
+    if len(jobs) != 1:
+        raise LnposError(f"worker: {len(jobs)} runs selected, expected one (--only NAME --seeds S)")
+    job = jobs[0]
+    if job.dir.trained or job.dir.done() is not None:
+        print(f"worker: {job.label} already trained", file=sys.stderr)
+        return 0
+    hosts = subprocess.check_output(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]]).decode().split()
+    me = socket.gethostname()
+    node = next((i for i, h in enumerate(hosts) if h == me or h == me.split(".")[0]), None)
+    if node is None:
+        raise LnposError(f"worker: host {me} is not in the job's nodes {hosts}")
+    total = total_updates(job) if job.run.schedule == "linear" else 0
+    cmd = job.train_cmd(total)
+    env = dict(os.environ, SLURM_STEP_NODELIST=os.environ["SLURM_JOB_NODELIST"],
+               SLURM_NNODES=os.environ["SLURM_JOB_NUM_NODES"], SLURM_NODEID=str(node), SLURM_NTASKS_PER_NODE="1")
+    os.execvpe(cmd[0], cmd, env)
+
+
+def status_lines(out_dir):
+    """(lines, counts, first unreadable or None) for the run folders of ``out_dir`` and the SLURM tasks
+    listed there that have no folder yet."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        raise LnposError(f"{out} is not a folder: give the --out folder of scripts/grid.sh run or slurm")
+    rows = collect(out)
+    seen = {(r["run"], str(r["seed"])) for r in rows}
+    for tasks in sorted(out.glob("slurm-*.tasks")):
+        for line in tasks.read_text().splitlines():
+            name, seed = line.split("\t")[:2]
+            if (name, seed) not in seen:
+                seen.add((name, seed))
+                rows.append({"run": name, "seed": seed, "status": f"queued ({tasks.stem})", "epochs": 0})
+    if not rows:
+        raise LnposError(f"no runs in {out} (expected {out}/NAME/seedS/config.json): start the grid first")
+    lines, counts = [], {}
+    width = max(len(f"{r['run']} seed{r['seed']}") for r in rows)
+    for r in rows:
+        status = r["status"]
+        key = "unreadable" if r.get("unreadable") else status.split(" ")[0]
+        counts[key] = counts.get(key, 0) + 1
+        if r.get("unreadable"):
+            status = "unreadable"
+        epochs = f"{r['epochs']}/{r['max_epoch']}" if r.get("max_epoch") else str(r["epochs"])
+        best = (f"best BLEU {r['best_bleu_tok']:.2f} (epoch {r['best_epoch']})"
+                if r.get("best_bleu_tok") is not None else "best BLEU -")
+        lines.append(f"{r['run'] + ' seed' + str(r['seed']):<{width}}  {status:<28}  epochs {epochs:<7}  {best}")
+    bad = next((r["unreadable"] for r in rows if r.get("unreadable")), None)
+    return lines, counts, bad
+
+
+def cmd_status(opts):
+    lines, counts, bad = status_lines(opts.out_dir)
+    print("\n".join(lines))
+    print(f"{sum(counts.values())} runs: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    if bad:
+        sys.stdout.flush()
+        raise StateError(bad)
+    return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] != ["worker"]:
+        raise LnposError("usage: python -m fairseq_lnpos.experiments.slurm worker RUN-OPTIONS "
+                         "(started on the other nodes by the script of grid.sh slurm)")
+    return worker(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(run_main("slurm", main))
