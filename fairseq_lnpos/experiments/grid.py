@@ -1,4 +1,4 @@
-"""The grid's command line: ``scripts/grid.sh list | run``.
+"""The grid's command line: ``scripts/grid.sh list | run | sweep | slurm | status``.
 
     scripts/grid.sh list
     scripts/grid.sh run --dry-run [--only NAME,...]
