@@ -1,6 +1,7 @@
 """Multi30k preparation: a small gzip fixture in the published format (no ../shared needed), the
 checksum refusal, the download addresses, and the real task 1 files where ../shared has them."""
 import contextlib
+import json
 import gzip
 import hashlib
 import io
@@ -200,6 +201,22 @@ def test_fixture_end_to_end_manifest(orig, tmp_path):
         assert multi30k.main(["--orig", str(folder), "--out", str(out), "--bin", str(bin_dir), "--workers", "1",
                               "--bpe-size", "200"]) == 0
     check_manifest(out, bin_dir, {"train": 300, "valid": 20, "test": 20})
+    # every multi30k row of the grid on it, at the tiny size, one epoch, scored by the evaluator
+    from fairseq_lnpos.experiments import grid, runs
+
+    rows = [r.name for r in runs.RUNS if r.dataset == "multi30k"]
+    opts = grid.run_options(only="multi30k-*", data=[str(bin_dir)], out=str(tmp_path / "grid"), arch_size="tiny",
+                            max_epoch=1, set=["max_tokens=512", "batch_tokens=512"], jobs=2)
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert grid.run_grid(opts, grid.select_runs(opts)) == 0
+    for name in rows:
+        run_dir = tmp_path / "grid" / name / "seed1"
+        done, cfg = (json.loads((run_dir / f).read_text()) for f in ("DONE.json", "config.json"))
+        assert done["status"] == "finished" or done["status"].startswith("diverged"), (name, done)
+        assert cfg["arch"].endswith("_tiny") and cfg["run"]["dataset"] == "multi30k"
+        if done["status"] == "finished":
+            rec = json.loads((run_dir / "eval" / "epoch1.json").read_text())
+            assert rec["n_sentences"] == 20 and rec["bleu_tok"] >= 0 and rec["sacrebleu_signature"]
 
 
 def check_manifest(out, bin_dir, counts):
