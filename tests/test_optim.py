@@ -157,9 +157,19 @@ def test_step_decay_then_inverse_sqrt_and_resume():
     assert opt2.get_lr() == pytest.approx(r[99])
 
 
-def test_linear_decay_is_fairseqs_polynomial_decay():
-    opt, sched = schedule("polynomial_decay", lr=1e-3, warmup_updates=0, force_anneal=None, end_learning_rate=0.0,
-                          power=1.0, total_num_update=100)
+def test_the_grids_radam_rows_decay_linearly_to_zero():
+    """The flags the grid gives the paper's RAdam rows ("linear decay", no warm-up), through
+    fairseq's scheduler: lr_max at the first update, falling linearly to 0 at the last."""
+    from fairseq_lnpos.experiments import commands, runs
+
+    row = next(r for r in runs.RUNS if r.optimizer == "radam").with_defaults()
+    row = runs.coerce(row, "lr", "1e-3")
+    flags = commands.schedule_args(row, total_updates=100)
+    value = dict(zip(flags[::2], flags[1::2]))
+    assert value["--lr-scheduler"] == "polynomial_decay"
+    opt, sched = schedule("polynomial_decay", lr=float(value["--lr"]), warmup_updates=int(value["--warmup-updates"]),
+                          force_anneal=None, end_learning_rate=float(value["--end-learning-rate"]),
+                          power=float(value["--power"]), total_num_update=int(value["--total-num-update"]))
     r = rates(opt, sched, 100)
     assert r[0] == pytest.approx(1e-3)
     assert r[50] == pytest.approx(1e-3 * (1 - 50 / 100))
