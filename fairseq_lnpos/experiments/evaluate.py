@@ -161,7 +161,13 @@ def evaluate_checkpoint(data_dir, checkpoint, manifest, beam=5, lenpen=1.2, extr
     if not Path(checkpoint).is_file():
         raise LnposError(f"checkpoint {checkpoint} not found")
     cmd = generate_cmd(data_dir, checkpoint, manifest, beam, lenpen, extra=extra)
-    seen, hyps = parse_generate(run_generate(cmd[1:]))
+    return generate_and_score(cmd[1:], manifest, hyp_out)
+
+
+def generate_and_score(argv, manifest, hyp_out=None):
+    """fairseq-generate ``argv`` in this process, its hypotheses written to ``hyp_out`` (one a
+    line, in sentence order), scored with the manifest's settings (see score_hyps)."""
+    seen, hyps = parse_generate(run_generate(argv))
     if hyp_out is not None:
         write_text(hyp_out, "".join(hyps.get(i, "") + "\n" for i in range(len(seen))))
     return score_hyps(hyps, manifest, seen=seen)

@@ -100,16 +100,13 @@ class Evaluator:
 def serve(requests, answers):
     """The evaluator process: answer each JSON request line with one JSON line."""
     from ..data.manifest import read_manifest
-    from .evaluate import parse_generate, run_generate, score_hyps
-    from ..common import write_text
+    from .evaluate import generate_and_score
 
     for line in requests:
         req = json.loads(line)
         t0 = time.time()
         try:
-            seen, hyps = parse_generate(run_generate(req["argv"]))
-            write_text(req["hyp_out"], "".join(hyps.get(i, "") + "\n" for i in range(len(seen))))
-            result = score_hyps(hyps, read_manifest(req["data"]), seen=seen)
+            result = generate_and_score(req["argv"], read_manifest(req["data"]), req["hyp_out"])
             answer = {"result": {**result, "eval_seconds": round(time.time() - t0, 2)}}
         except (LnposError, OSError, RuntimeError, SystemExit) as e:
             answer = {"error": f"scoring {req['checkpoint']} failed: {str(e).strip() or type(e).__name__}"}

@@ -131,8 +131,7 @@ class Grid:
     def _train(self, job, slot):
         rd, state = job.dir, job.log_state
         tail = LogTail(rd.log_path, state)
-        for ep in tail.poll():  # the history of earlier launches
-            pass
+        tail.poll()  # the history of earlier launches
         job.epoch, job.updates = max(state.saved, default=0), state.updates
         for ep in sorted(state.saved):  # saved in an earlier launch, not scored before an interruption
             if not rd.has_eval(ep):
