@@ -530,3 +530,26 @@ def test_ctrl_c_on_the_script_is_one_line_130_and_a_rerun_resumes(tmp_path, stag
     res = subprocess.run(argv, capture_output=True, text=True, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "[raw] complete" in res.stdout and (tmp_path / "bin" / "lnpos-data.json").is_file()
+
+
+def test_an_error_that_follows_ctrl_c_is_reported_as_the_interruption():
+    """A KeyboardInterrupt raised inside an ``import`` can leave a library half-imported, and the
+    next use fails with an unrelated error (numpy: RecursionError): after a Ctrl-C that error is the
+    interruption (one line, 130, resumable); without one an error stays itself."""
+    import signal
+    import time
+
+    from fairseq_lnpos.data.pipeline import interrupt_main_process_only
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        with interrupt_main_process_only():
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)
+            except KeyboardInterrupt:
+                raise RecursionError("maximum recursion depth exceeded")
+    assert isinstance(info.value.__cause__, RecursionError)
+    with pytest.raises(ValueError):
+        with interrupt_main_process_only():
+            raise ValueError("not an interruption")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

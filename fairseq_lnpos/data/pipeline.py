@@ -169,16 +169,25 @@ def binarize(bpe_dir, bin_dir, src, tgt, workers, params, manifest, splits=("tra
 def interrupt_main_process_only():
     """Ctrl-C (SIGINT, sent to every process of the terminal's group) stops this process with
     KeyboardInterrupt; worker processes forked meanwhile (ours, fairseq-preprocess's) ignore it
-    instead of printing a traceback each, and are ended with this process."""
+    instead of printing a traceback each, and are ended with this process. Whatever error follows a
+    Ctrl-C is its consequence (a KeyboardInterrupt raised inside an ``import`` can leave a library
+    half-imported, and the next use of it fails with an unrelated error): it is reported as the
+    interruption it is."""
     main_pid = os.getpid()
+    interrupted = []
 
     def on_sigint(signum, frame):
         if os.getpid() == main_pid:
+            interrupted.append(signum)
             raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         yield
+    except Exception as e:
+        if interrupted:
+            raise KeyboardInterrupt from e
+        raise
     finally:
         signal.signal(signal.SIGINT, previous)
 
