@@ -305,3 +305,17 @@ def test_the_evaluator_writes_what_fairseq_generate_writes(uninterrupted, data, 
     # and the grid scored its last epoch from the same checkpoint's hypotheses
     seen, hyps = parse_generate(inproc)
     assert read_lines(good_dir / "eval" / "epoch2.hyp") == [hyps.get(i, "") for i in range(len(seen))]
+    # a second checkpoint in the same process (fairseq's configuration is composed once per command
+    # line and reused): its own hypotheses, again those of the command line
+    import torch
+
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    state["model"] = {k: v * 0.7 if v.is_floating_point() else v for k, v in state["model"].items()}
+    other = tmp_path / "other.pt"
+    torch.save(state, other)
+    cmd2 = generate_cmd(data, other, manifest, extra=["--max-len-a", "1.2", "--max-len-b", "10"])
+    cli2 = sh(*cmd2)
+    assert cli2.returncode == 0, cli2.stderr[-2000:]
+    inproc2 = run_generate(cmd2[1:])
+    assert lines(inproc2) == lines(cli2.stdout) and lines(inproc2) != lines(inproc)
+    assert lines(run_generate(cmd[1:])) == lines(inproc)

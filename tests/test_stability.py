@@ -88,6 +88,13 @@ def test_cells_and_largest_stable_lr_by_hand(sweep):
     assert S.max_stable_lr(S.make_cells(records, margin=0.01))[("preln", 6, 0)] == 1e-3
 
 
+def test_best_loss_per_warmup_by_hand(sweep):
+    best = S.best_loss(S.make_cells(S.load_records(sweep)))
+    # Post-LN, 6 layers, no warm-up: cells 5.1, 4.1 and 12.0 (lr 1e-2: one seed diverged, excluded)
+    assert best == {("postln", 6, 0): pytest.approx(4.1), ("postln", 6, 1000): 4.15, ("postln", 12, 0): 4.5,
+                    ("preln", 6, 0): 4.3}
+
+
 def test_lr_sensitivity_by_hand(sweep):
     sens = S.lr_sensitivity(S.load_records(sweep))
     # Post-LN, 6 layers, no warm-up; per lr the mean over seeds of min(final, initial), a diverged final = initial:

@@ -11,7 +11,6 @@ OUT/stability_heatmaps.png (rows: depth, columns: architecture) and OUT/sensitiv
 Losses are fairseq's: base 2 (bits), with the training criterion (label smoothing included); the
 initial loss is the training loss at the first update, the final loss the last validation loss.
 """
-import argparse
 import csv
 import io
 import math
@@ -20,7 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from ..common import read_json, write_text
-from ..errors import LnposError, StateError, run_main
+from ..errors import CommandParser, LnposError, StateError, run_main
 from ..variants import VARIANTS
 
 DEFAULT_LAYERS = 6  # "layers" absent or null: the arch's default depth (6 for every size)
@@ -156,6 +155,13 @@ def make_cells(records, margin=DEFAULT_MARGIN):
 def max_stable_lr(cells):
     """{(variant, layers, warmup): the largest stable learning rate, or None}."""
     return {k: max((c.lr for c in g if c.stable), default=None)
+            for k, g in _group(cells, lambda c: (c.variant, c.layers, c.warmup)).items()}
+
+
+def best_loss(cells):
+    """{(variant, layers, warmup): the lowest final validation loss over the learning rates, or None}."""
+    return {k: min((c.final_valid_loss for c in g if not c.diverged and c.final_valid_loss is not None),
+                   default=None)
             for k, g in _group(cells, lambda c: (c.variant, c.layers, c.warmup)).items()}
 
 
@@ -342,6 +348,11 @@ def markdown(out, records, cells, margin):
     lines += _table(stable, lambda lr: "-" if lr is None else f"{lr:g}")
     grids = {k: ", ".join(f"{lr:g}" for lr in sorted({c.lr for c in cells if (c.variant, c.layers, c.warmup) == k}))
              for k in sens}
+    lines += ["", "## Best final validation loss per warm-up (bits)", "",
+              "The lowest final validation loss over the learning-rate grid. Read the LR sensitivity beside it: "
+              "sensitivity is measured from each row's own best, so an architecture whose best loss is poor "
+              "can score as insensitive.", ""]
+    lines += _table(best_loss(cells), _num)
     lines += ["", "## LR sensitivity (bits)", "", SENSITIVITY, ""]
     if len(set(grids.values())) == 1:
         lines += [f"Learning-rate grid: {next(iter(grids.values()))}.", ""]
@@ -356,7 +367,7 @@ def markdown(out, records, cells, margin):
 
 
 def _main(argv):
-    p = argparse.ArgumentParser(prog="stability_map.sh", description=__doc__.split("\n\n")[0])
+    p = CommandParser(prog="stability_map.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("out", help="the output folder of a sweep (OUT/NAME/seedS/ run folders)")
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                    help="bits above the best cell that still count as stable (default: %(default)s)")

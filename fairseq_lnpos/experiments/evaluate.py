@@ -87,6 +87,9 @@ def generate_cmd(data_dir, checkpoint, manifest, beam=5, lenpen=1.2, subset="tes
         # fairseq (0.12.3 / fairseq-fixed) drops the last batch when its size is not a multiple of
         # --required-batch-size-multiple (default 8): with 1 every test sentence is translated
         "--required-batch-size-multiple", "1",
+        # the test set is read in the generating process: a DataLoader worker per call costs a
+        # process start and, when it is shut down, seconds of waiting (docs/grid.md); same batches
+        "--num-workers", "0",
         *extra,
     ]
 
@@ -151,9 +154,35 @@ def run_generate(argv):
         logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
                             level=logging.INFO, stream=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="lnpos-generate-") as tmp:
-        args = options.parse_args_and_arch(options.get_generation_parser(), [*argv, "--results-path", tmp])
-        generate.main(args)
-        return (Path(tmp) / f"generate-{args.gen_subset}.txt").read_text(encoding="utf-8")
+        cfg = _generation_config(list(argv), options)
+        cfg.common_eval.results_path = tmp
+        generate.main(cfg)
+        return (Path(tmp) / f"generate-{cfg.dataset.gen_subset}.txt").read_text(encoding="utf-8")
+
+
+_CONFIGS = {}  # a command line without its --path value -> fairseq's configuration of it
+
+
+def _generation_config(argv, options):
+    """fairseq-generate's configuration of ``argv``, as its ``main()`` builds it from the command
+    line (``convert_namespace_to_omegaconf``: a Hydra compose, about 2 s); composed once per
+    command line that differs only in ``--path``, then copied with the checkpoint set."""
+    import copy
+
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    def compose():
+        return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_generation_parser(), argv))
+
+    if "--path" not in argv[:-1]:
+        return compose()
+    i = argv.index("--path")
+    key = tuple(argv[:i] + argv[i + 2:])
+    if key not in _CONFIGS:
+        _CONFIGS[key] = compose()
+    cfg = copy.deepcopy(_CONFIGS[key])
+    cfg.common_eval.path = argv[i + 1]
+    return cfg
 
 
 def evaluate_checkpoint(data_dir, checkpoint, manifest, beam=5, lenpen=1.2, extra=(), hyp_out=None):
