@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_lnpos.common import read_lines
+from fairseq_lnpos.common import fmt_time, read_lines
 from fairseq_lnpos.errors import run_main
 from fairseq_lnpos.experiments import grid as G
 from fairseq_lnpos.experiments.evaluate import tok_bleu
@@ -243,6 +243,33 @@ def test_runs_per_gpu_puts_k_runs_on_each_gpu_and_shares_the_cores(monkeypatch, 
     for g in (grid, cpu):
         for e in g.evaluators.values():
             e.close()
+
+
+def test_eta_from_the_training_pace(tmp_path):
+    """The progress line's ETA: seconds per update seen so far x updates left / slots, for budgets
+    in updates (sweeps, where no epoch may end) and in epochs."""
+    from types import SimpleNamespace as NS
+
+    from fairseq_lnpos.experiments.scheduler import Grid
+
+    def job(state, updates=0, epoch=0, pace=None, max_update=None, max_epoch=None):
+        return NS(state=state, updates=updates, epoch=epoch, pace=pace,
+                  run=NS(max_update=max_update, max_epoch=max_epoch))
+
+    sweep = [job("done", 200, 0, (100.0, 200), max_update=200), job("running", 50, 0, (20.0, 50), max_update=200),
+             job("pending", max_update=200), job("pending", max_update=200)]
+    grid = Grid(sweep, _opts(out=str(tmp_path)), [None, None])
+    # 120 s / 250 updates = 0.48 s an update; 150 + 200 + 200 updates left on 2 slots: 132 s
+    assert grid.eta() == fmt_time(132)
+    epochs = [job("running", 30, 1, (60.0, 30), max_epoch=3), job("pending", max_epoch=3)]
+    grid.jobs = epochs  # 30 updates an epoch: 60 + 90 updates left at 2 s each on 2 slots: 150 s
+    assert grid.eta() == fmt_time(150)
+    grid.jobs = [job("running", 30, 0, (60.0, 30), max_epoch=3)]  # no epoch ended yet: unknown
+    assert grid.eta() == "?"
+    grid.jobs = [job("running", 0, 0, (12.0, 0), max_update=200)]  # fairseq still starting: unknown
+    assert grid.eta() == "?"
+    for e in grid.evaluators.values():
+        e.close()
 
 
 def test_runs_per_gpu_and_numbers_are_checked(tmp_path, capsys, data):

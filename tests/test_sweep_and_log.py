@@ -103,3 +103,56 @@ def test_sweep_dry_run_names_and_budget(capsys, tmp_path):
     assert run_main("grid", G.main, ["sweep", "--dry-run", "--archs", "nope"]) == 2
     assert "give variants from" in capsys.readouterr().err
     assert math.isfinite(S.expand(["postln"], [1e-3], [1], [6], 10)[0].lr)
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_resumes_and_records_divergence(tmp_path):
+    """A real sweep on the toy corpus, stopped by Ctrl-C after its first run finished: exit 130, and
+    the same command finishes the rest without redoing that run; lr 1e30 stops early, recorded as
+    diverged; the stability map counts every run."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from toydata import make_toy_data
+
+    repo = Path(__file__).resolve().parents[1]
+    data, out = make_toy_data(tmp_path / "toy"), tmp_path / "sweep"
+    argv = [str(repo / "scripts" / "grid.sh"), "sweep", "--archs", "postln,preln", "--lr", "1e-3,1e30",
+            "--warmup", "1", "--layers", "2", "--max-update", "30", "--patience", "5", "--jobs", "1",
+            "--data", str(data), "--out", str(out), "--set", "max_tokens=512", "--set", "batch_tokens=512"]
+    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    first = out / "sweep-postln-L2-lr0.001-wu1" / "seed1" / "DONE.json"
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while not first.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert first.exists(), proc.communicate()[1][-2000:]
+    stamp = first.stat().st_mtime_ns
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "interrupted; run the same command again to resume" in err, err[-2000:]
+    assert sum(1 for _ in out.glob("*/seed1/DONE.json")) < 4
+
+    res = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "sweep-postln-L2-lr0.001-wu1 seed 1: already finished, not redone" in res.stdout
+    assert first.stat().st_mtime_ns == stamp
+    assert f"all runs processed; stability map: scripts/stability_map.sh {out}" in res.stdout
+    done = {p.parent.parent.name: json.loads(p.read_text()) for p in out.glob("*/seed1/DONE.json")}
+    assert sorted(done) == ["sweep-postln-L2-lr0.001-wu1", "sweep-postln-L2-lr1e+30-wu1",
+                            "sweep-preln-L2-lr0.001-wu1", "sweep-preln-L2-lr1e+30-wu1"]
+    for name, d in done.items():
+        if "1e+30" in name:
+            assert d["status"].startswith("diverged") and d["diverged_at"] < 30, (name, d)
+        else:
+            assert d["status"] == "finished" and d["final_valid_loss"] < d["initial_loss"], (name, d)
+    smap = subprocess.run([str(repo / "scripts" / "stability_map.sh"), str(out), "--no-figures"],
+                          capture_output=True, text=True, env=env)
+    assert smap.returncode == 0 and "4 runs: 2 finished, 2 diverged" in smap.stdout, smap.stderr

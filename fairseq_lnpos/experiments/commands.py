@@ -92,7 +92,7 @@ class Job:
     updates: int = 0
     loss: str = ""
     status: str = ""
-    epoch_times: list = field(default_factory=list)
+    pace: tuple = None  # (seconds, updates) fairseq-train ran in this grid, for the ETA
     # while the scheduler works on it
     manifest: dict = None
     log_state: object = None

@@ -216,7 +216,9 @@ def run_grid(opts, runs):
     if grid.stop.is_set():
         print("grid: interrupted; run the same command again to resume", file=sys.stderr)
         return INTERRUPT_EXIT
-    grid.say("all runs processed; table: scripts/make_table.sh " + str(opts.out))
+    summary = "stability map: scripts/stability_map.sh" if getattr(opts, "cmd", None) == "sweep" \
+        else "table: scripts/make_table.sh"
+    grid.say(f"all runs processed; {summary} {opts.out}")
     return 1 if grid.failed else 0
 
 

@@ -92,19 +92,25 @@ class Grid:
                 f.write(line + "\n")
 
     def eta(self):
-        times = [t for j in self.jobs for t in j.epoch_times]
-        seen = [(j.updates, j.epoch) for j in self.jobs if j.epoch]
-        if not times or not seen:
+        """Time left from the training pace seen so far (seconds per update over every launch of
+        fairseq-train, its start included), the updates left and the slots; "?" until a run has
+        made updates (and, for budgets in epochs, finished an epoch)."""
+        paces = [j.pace for j in self.jobs if j.pace and j.pace[1] > 0]
+        if not paces:
             return "?"
-        per_epoch = sum(u for u, _ in seen) / sum(e for _, e in seen)  # updates in an epoch
+        per_update = sum(t for t, _ in paces) / sum(u for _, u in paces)
+        seen = [(j.updates, j.epoch) for j in self.jobs if j.epoch]
+        per_epoch = sum(u for u, _ in seen) / sum(e for _, e in seen) if seen else None  # updates in an epoch
         left = 0.0
         for j in self.jobs:
             if j.state in ("pending", "running"):
-                if j.run.max_update:  # a budget in updates: epochs are what is left of it
-                    left += max(j.run.max_update - j.updates, 0) / max(per_epoch, 1)
+                if j.run.max_update:
+                    left += max(j.run.max_update - j.updates, 0)
+                elif per_epoch is None:
+                    return "?"
                 else:
-                    left += max(j.run.max_epoch - j.epoch, 0)
-        return fmt_time(sum(times) / len(times) * left / len(self.slots))
+                    left += max(j.run.max_epoch * per_epoch - j.updates, 0)
+        return fmt_time(per_update * left / len(self.slots))
 
     # one run ------------------------------------------------------------------
     def execute(self, job, slot):
@@ -145,16 +151,15 @@ class Grid:
             log.flush()
             proc = self.popen(cmd, self.env(slot), stdout=log, stderr=subprocess.STDOUT)
         self.say(f"{job.label}: training ({'resumed' if state.saved else 'new'}), log {rd.log_path}")
-        t_epoch = t_launch = time.time()
+        t_launch, updates_before, paced = time.time(), state.updates, job.pace or (0.0, 0)
         try:
             while True:
                 ended = proc.poll() is not None
                 for ep in tail.poll():
                     job.epoch = ep
-                    job.epoch_times.append(time.time() - t_epoch)
-                    t_epoch = time.time()
                     self._epoch_saved(job, ep)
                 job.updates, job.loss = state.updates, state.loss
+                job.pace = (paced[0] + time.time() - t_launch, paced[1] + state.updates - updates_before)
                 if state.diverged_at is not None and not ended:
                     os.killpg(proc.pid, signal.SIGTERM)
                     proc.wait()
