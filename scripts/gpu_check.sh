@@ -7,19 +7,32 @@
 #  4. throughput ratios against fairseq's transformer on the GPU (fp32 and fp16);
 #  5. with MULTI30K_ORIG=DIR (the six .gz files of Multi30k task 1): the multi30k-* rows the paper
 #     compares (Post-LN without warm-up and with 500 updates at 5e-4, Pre-LN, RAdam, DeepNorm, Keel,
-#     Admin; 7 runs, 12 epochs, --fp16) side by side on GPU 0 (--runs-per-gpu 7): wall time, and the
-#     aggregate training words/s against one of those runs alone.
-# Usage: [MULTI30K_ORIG=DIR] scripts/gpu_check.sh OUT_DIR   (needs torch with CUDA and fairseq installed)
+#     Admin; 7 runs, 12 epochs, --fp16) side by side on GPU 0 (--runs-per-gpu $RUNS_PER_GPU, default 7):
+#     wall time (target <= 8 minutes on an H200) and the results table;
+#  6. with MULTI30K_ORIG=DIR, after step 5 in the same OUT_DIR: the Pre-LN row of step 5 alone on
+#     GPU 0 (12 epochs), and the aggregate words/s of step 5 against it (target >= 2.5).
+# Usage: [MULTI30K_ORIG=DIR] [RUNS_PER_GPU=K] scripts/gpu_check.sh OUT_DIR [STEP ...]
+#   (default: every step; needs torch with CUDA and fairseq installed). Steps 5 and 6 take about
+#   8 and 2-3 minutes on an H200; run them as `gpu_check.sh OUT 5` then `gpu_check.sh OUT 6`.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/_env.sh"  # $ROOT, $PY (the interpreter grid.sh below uses too), PYTHONPATH
-OUT="${1:?usage: gpu_check.sh OUT_DIR}"
+OUT="${1:?usage: gpu_check.sh OUT_DIR [STEP ...]}"
+shift
+STEPS=" ${*:-1 2 3 4 5 6} "
+for s in $STEPS; do
+  case "$s" in [1-6]) ;; *) echo "gpu_check.sh: error: unknown step '$s'; the steps are 1 to 6" >&2; exit 2;; esac
+done
+step() { [[ "$STEPS" == *" $1 "* ]]; }
 mkdir -p "$OUT"
 FS=("$(dirname "$(command -v "$PY")")/fairseq-train")
 "$PY" -c 'import torch; assert torch.cuda.is_available(), "no GPU"; print(torch.__version__, torch.cuda.get_device_name(0))'
 
-echo "== synthetic corpus"
-"$PY" -m fairseq_lnpos.data.synthetic --out "$OUT/syn.text" --bin "$OUT/syn" --train 8000 --workers 4 | tail -3
+if step 1 || step 2 || step 3 || step 4; then
+  echo "== synthetic corpus"
+  "$PY" -m fairseq_lnpos.data.synthetic --out "$OUT/syn.text" --bin "$OUT/syn" --train 8000 --workers 4 | tail -3
+fi
 
+if step 1; then
 echo "== 1. gradient norms of update 1: fp32 vs --fp16 vs --bf16"
 for arch in transformer_postln_tiny transformer_keel_tiny; do
   for prec in fp32 fp16 bf16; do
@@ -49,7 +62,9 @@ for p, tol in (("fp16", 0.02), ("bf16", 0.08)):
           f"max rel diff {rel[worst]:.4f} ({worst}) -> {'OK' if rel[worst] < tol else 'MISMATCH'}")
 PYEOF
 done || true
+fi
 
+if step 2; then
 echo "== 2. every arch, 300 updates, --fp16, RAdam, no warm-up"
 for v in $("$PY" -c 'from fairseq_lnpos.variants import VARIANTS; print(" ".join(VARIANTS))'); do
   "${FS[@]}" "$OUT/syn" --user-dir "$ROOT/fairseq_lnpos" --arch "transformer_${v}_tiny" --fp16 \
@@ -58,40 +73,50 @@ for v in $("$PY" -c 'from fairseq_lnpos.variants import VARIANTS; print(" ".join
     --max-update 300 --save-dir "$OUT/train-$v" --no-save --log-format json --log-interval 50 > "$OUT/train-$v.log" 2>&1
   grep -o '"train_loss": "[0-9.]*"\|"valid_loss": "[0-9.]*"' "$OUT/train-$v.log" | tr '\n' ' ' | sed "s/^/$v: /"; echo
 done
+fi
 
+if step 3; then
 echo "== 3. tiny grid on GPU 0 with --fp16"
 "$ROOT/scripts/grid.sh" run --only iwslt-postln-adam-lr5e-4-wu4000,iwslt-preln-adam-lr5e-4-step8 --arch-size tiny \
   --data "$OUT/syn" --out "$OUT/grid" --gpus 0 --fp16 --max-epoch 2 --set max_tokens=4096 --set batch_tokens=4096 | tail -4
 "$ROOT/scripts/make_table.sh" "$OUT/grid" | head -12
+fi
 
+if step 4; then
 echo "== 4. throughput ratios on the GPU"
 "$PY" -m fairseq_lnpos.bench --device cuda --data "$OUT/syn" --sizes tiny,iwslt_de_en --steps 20 --reps 5 \
   --max-tokens 4096 --no-analysis --out "$OUT/bench-gpu-fp32.json" | tail -12
 "$PY" -m fairseq_lnpos.bench --device cuda --data "$OUT/syn" --sizes iwslt_de_en --steps 20 --reps 5 \
   --max-tokens 4096 --no-analysis --fairseq-args=--fp16 --out "$OUT/bench-gpu-fp16.json" | tail -8
+fi
 
-[ -n "${MULTI30K_ORIG:-}" ] || { echo "== 5. skipped: set MULTI30K_ORIG=DIR to run the Multi30k grid"; exit 0; }
-echo "== 5. Multi30k grid on one GPU: 7 runs side by side, then one run alone"
-"$ROOT/data-prep/prepare-multi30k.sh" --orig "$MULTI30K_ORIG" --out "$OUT/m30k.text" --bin "$OUT/m30k" --workers 8 | tail -2
+step 5 || step 6 || exit 0
+[ -n "${MULTI30K_ORIG:-}" ] || { echo "== 5, 6: skipped: set MULTI30K_ORIG=DIR to run the Multi30k grid"; exit 0; }
+"$ROOT/data-prep/prepare-multi30k.sh" --orig "$MULTI30K_ORIG" --out "$OUT/m30k.text" --bin "$OUT/m30k" --workers 8 2>&1 | tail -2
 ROWS=multi30k-postln-adam-lr5e-4-nowu,multi30k-postln-adam-lr5e-4-wu500,multi30k-preln-adam-lr5e-4-nowu,multi30k-postln-radam-lr5e-4-linear,multi30k-deepnorm-adam-lr5e-4-nowu,multi30k-keel-adam-lr5e-4-nowu,multi30k-admin-adam-lr5e-4-nowu
-t0=$(date +%s)
-"$ROOT/scripts/grid.sh" run --only "$ROWS" --data "$OUT/m30k" --out "$OUT/m30k-grid" --gpus 0 --runs-per-gpu 7 --fp16 | tail -3
-t1=$(date +%s)
-"$ROOT/scripts/grid.sh" run --only multi30k-preln-adam-lr5e-4-nowu --max-epoch 2 --data "$OUT/m30k" --out "$OUT/m30k-alone" --gpus 0 --fp16 | tail -1
-t2=$(date +%s)
-"$ROOT/scripts/make_table.sh" "$OUT/m30k-grid" --no-figures | head -12
-"$PY" - "$OUT" $((t1 - t0)) $((t2 - t1)) <<'PYEOF'
-import json, glob, sys
-out, grid_s, alone_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-def words(folder):  # target words trained, from fairseq's per-epoch train records
-    total = 0.0
-    for log in glob.glob(f"{folder}/*/seed*/train.log"):
-        for line in open(log, errors="replace"):
-            if " | train | " in line:
-                rec = json.loads(line.split(" | ", 3)[3])
-                total += float(rec["train_wps"]) * float(rec["train_wall"])
-    return total
-g, a = words(f"{out}/m30k-grid") / grid_s, words(f"{out}/m30k-alone") / alone_s
-print(f"Multi30k grid, 7 runs x 12 epochs on one GPU: {grid_s} s wall (target <= 480 s); "
-      f"aggregate {g:.0f} words/s vs one run alone {a:.0f} words/s: ratio {g / a:.2f} (target >= 2.5)")
-PYEOF
+K="${RUNS_PER_GPU:-7}"
+# timed DIR CMD...: run a grid command; write its wall time to DIR.seconds only when DIR did not exist
+# before (a grid resumed after an interruption is not timed)
+timed() {
+  local dir="$1" fresh=1 t0; shift
+  [ -e "$dir" ] && { fresh=0; echo "$dir exists: resuming it, not timing it"; rm -f "$dir.seconds"; }
+  t0=$(date +%s)
+  "$@" | tail -3
+  [ "$fresh" = 0 ] || echo $(($(date +%s) - t0)) > "$dir.seconds"
+}
+if step 5; then
+  echo "== 5. Multi30k grid on one GPU: 7 runs, $K side by side"
+  timed "$OUT/m30k-grid" "$ROOT/scripts/grid.sh" run --only "$ROWS" --data "$OUT/m30k" --out "$OUT/m30k-grid" \
+    --gpus 0 --runs-per-gpu "$K" --fp16
+  [ -s "$OUT/m30k-grid.seconds" ] && echo "wall time $(cat "$OUT/m30k-grid.seconds") s with --runs-per-gpu $K (target <= 480 s on an H200)"
+  "$ROOT/scripts/make_table.sh" "$OUT/m30k-grid" --no-figures | head -12
+fi
+if step 6; then
+  echo "== 6. one of those runs alone on the GPU, and the aggregate words/s of step 5 against it"
+  [ -s "$OUT/m30k-grid.seconds" ] || { echo "gpu_check.sh: error: run step 5 first in $OUT" >&2; exit 2; }
+  timed "$OUT/m30k-alone" "$ROOT/scripts/grid.sh" run --only multi30k-preln-adam-lr5e-4-nowu --data "$OUT/m30k" \
+    --out "$OUT/m30k-alone" --gpus 0 --fp16
+  [ -s "$OUT/m30k-alone.seconds" ] || { echo "gpu_check.sh: error: $OUT/m30k-alone was resumed, not timed; remove it and run step 6 again" >&2; exit 2; }
+  "$PY" -m fairseq_lnpos.experiments.throughput "$OUT/m30k-grid" "$(cat "$OUT/m30k-grid.seconds")" \
+    --alone "$OUT/m30k-alone" "$(cat "$OUT/m30k-alone.seconds")"
+fi
