@@ -7,19 +7,37 @@ Used wherever the project builds fairseq objects itself (the Fig. 3 analysis, th
 grid's parameter count, the tests). It registers the plugin first (:func:`fairseq_lnpos.register`):
 fairseq does not import a ``--user-dir`` package that is imported already.
 """
+import contextlib
+import logging
 import warnings
 from collections import namedtuple
 
 Built = namedtuple("Built", "args cfg task model")
 
 
+@contextlib.contextmanager
+def quiet():
+    """Hold back, inside the block, the deprecation warnings of the hydra version fairseq pins and
+    the INFO/DEBUG lines fairseq and hydra log (fairseq's import turns them on): a command of the
+    project that builds fairseq objects in its own process would otherwise print dozens of lines."""
+    loggers = [logging.getLogger(name) for name in ("fairseq", "fairseq_cli", "hydra")]
+    levels = [lg.level for lg in loggers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for lg in loggers:
+            lg.setLevel(max(lg.getEffectiveLevel(), logging.WARNING))
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels):
+                lg.setLevel(level)
+
+
 def _to_config(args):
-    """fairseq's ``convert_namespace_to_omegaconf`` without the deprecation warnings of the hydra
-    version fairseq pins (they would precede every message of the project's commands)."""
+    """fairseq's ``convert_namespace_to_omegaconf``, without hydra's deprecation warnings."""
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*(ConfigStore schema|strict flag)", category=UserWarning)
+    with quiet():
         return convert_namespace_to_omegaconf(args)
 
 

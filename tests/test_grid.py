@@ -218,6 +218,15 @@ def test_dry_run_prints_the_commands(capsys, data):
     assert not Path("/nonexistent/out").exists()
 
 
+@pytest.mark.slow
+def test_a_grid_that_reads_the_training_data_prints_nothing_of_fairseq_on_stderr(data):
+    """A linear decay's length is computed in the grid's own process with fairseq's task and batches;
+    fairseq's INFO lines and hydra's deprecation warnings stay out of the grid's output."""
+    res = sh(GRID, "run", "--dry-run", "--only", "iwslt-preln-radam-*", "--data", data, "--gpus", "0")
+    assert res.returncode == 0 and "--total-num-update " in res.stdout, res.stderr
+    assert res.stderr == ""
+
+
 def _opts(**kw):
     return G.run_options(**kw)
 

@@ -171,13 +171,14 @@ def total_updates(job):
     batching of ``job``'s training data) x epochs. The linear decay needs it up front."""
     if job.run.max_update:
         return job.run.max_update
-    from ..fairseq_build import setup
+    from ..fairseq_build import quiet, setup
 
-    _, cfg, task = setup(job.train_cmd(1)[1:])
-    task.load_dataset(cfg.dataset.train_subset, combine=False, epoch=1)
-    itr = task.get_batch_iterator(
-        task.dataset(cfg.dataset.train_subset), max_tokens=cfg.dataset.max_tokens,
-        max_sentences=cfg.dataset.batch_size, max_positions=task.max_positions(),
-        ignore_invalid_inputs=True, required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
-        seed=job.seed, num_shards=job.opts.world, shard_id=0, epoch=1)
+    with quiet():
+        _, cfg, task = setup(job.train_cmd(1)[1:])
+        task.load_dataset(cfg.dataset.train_subset, combine=False, epoch=1)
+        itr = task.get_batch_iterator(
+            task.dataset(cfg.dataset.train_subset), max_tokens=cfg.dataset.max_tokens,
+            max_sentences=cfg.dataset.batch_size, max_positions=task.max_positions(),
+            ignore_invalid_inputs=True, required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
+            seed=job.seed, num_shards=job.opts.world, shard_id=0, epoch=1)
     return math.ceil(len(itr) / cfg.optimization.update_freq[0]) * job.run.max_epoch
