@@ -7,11 +7,11 @@
 #  4. throughput ratios against fairseq's transformer on the GPU (fp32 and fp16);
 #  5. with MULTI30K_ORIG=DIR (the six .gz files of Multi30k task 1): the multi30k-* rows the paper
 #     compares (Post-LN without warm-up and with 500 updates at 5e-4, Pre-LN, RAdam, DeepNorm, Keel,
-#     Admin; 7 runs, 12 epochs, --fp16) side by side on GPU 0 (--runs-per-gpu $RUNS_PER_GPU, default 7):
-#     wall time (target <= 8 minutes on an H200) and the results table;
+#     Admin; 7 runs, 12 epochs, --fp16) side by side on GPU 0 (--runs-per-gpu $RUNS_PER_GPU, default 7;
+#     --evaluators $EVALUATORS, default 1): wall time (target <= 8 minutes on an H200) and the table;
 #  6. with MULTI30K_ORIG=DIR, after step 5 in the same OUT_DIR: the Pre-LN row of step 5 alone on
 #     GPU 0 (12 epochs), and the aggregate words/s of step 5 against it (target >= 2.5).
-# Usage: [MULTI30K_ORIG=DIR] [RUNS_PER_GPU=K] scripts/gpu_check.sh OUT_DIR [STEP ...]
+# Usage: [MULTI30K_ORIG=DIR] [RUNS_PER_GPU=K] [EVALUATORS=N] scripts/gpu_check.sh OUT_DIR [STEP ...]
 #   (default: every step; needs torch with CUDA and fairseq installed). Steps 5 and 6 take about
 #   8 and 2-3 minutes on an H200; run them as `gpu_check.sh OUT 5` then `gpu_check.sh OUT 6`.
 set -euo pipefail
@@ -107,8 +107,9 @@ timed() {
 if step 5; then
   echo "== 5. Multi30k grid on one GPU: 7 runs, $K side by side"
   timed "$OUT/m30k-grid" "$ROOT/scripts/grid.sh" run --only "$ROWS" --data "$OUT/m30k" --out "$OUT/m30k-grid" \
-    --gpus 0 --runs-per-gpu "$K" --fp16
-  [ -s "$OUT/m30k-grid.seconds" ] && echo "wall time $(cat "$OUT/m30k-grid.seconds") s with --runs-per-gpu $K (target <= 480 s on an H200)"
+    --gpus 0 --runs-per-gpu "$K" --evaluators "${EVALUATORS:-1}" --fp16
+  [ -s "$OUT/m30k-grid.seconds" ] && echo "wall time $(cat "$OUT/m30k-grid.seconds") s with --runs-per-gpu $K," \
+    "--evaluators ${EVALUATORS:-1} (target <= 480 s on an H200)"
   "$ROOT/scripts/make_table.sh" "$OUT/m30k-grid" --no-figures | head -12
 fi
 if step 6; then

@@ -138,7 +138,8 @@ def test_kill_and_resume_gives_the_same_table(uninterrupted, data, tmp_path):
     _launch_and_kill(data, out, lambda: (bad / "DONE.json").exists())
     assert not (good / "checkpoints" / "checkpoint_last.pt").exists()
     before = ((bad / "DONE.json").stat().st_mtime_ns, (bad / "train.log").stat().st_size)
-    again = sh(GRID, *ARGS, "--data", data, "--out", out)
+    # resumed with two evaluator processes (not part of a run's config: same folder, same results)
+    again = sh(GRID, *ARGS, "--data", data, "--out", out, "--evaluators", "2")
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"{BAD} seed 1: already diverged at update" in again.stdout
     # the finished run was not redone: its marker and log are untouched
@@ -157,9 +158,10 @@ def test_kill_and_resume_gives_the_same_table(uninterrupted, data, tmp_path):
     _launch_and_kill(data, out, lambda: log.exists() and "checkpoint1.pt (epoch 1 @" in log.read_text(errors="replace"))
     killed_at_epoch2 = "checkpoint2.pt (epoch 2 @" in log.read_text(errors="replace")
     scored_before = {e for e in (1, 2) if (good / "eval" / f"epoch{e}.json").exists()}
-    third = sh(GRID, *ARGS, "--data", data, "--out", out)
+    third = sh(GRID, *ARGS, "--data", data, "--out", out, "--evaluators", "2")
     assert third.returncode == 0, third.stderr[-2000:]
-    # each epoch scored exactly once over the two launches: none twice, none lost
+    # each epoch scored exactly once over the two launches: none twice, none lost (two evaluators
+    # share one queue)
     for e in (1, 2):
         again_scored = third.stdout.count(f"{GOOD} seed 1: epoch {e} tok BLEU")
         assert (e in scored_before) + again_scored == 1, (e, scored_before, third.stdout[-1500:])
@@ -246,12 +248,70 @@ def test_runs_per_gpu_puts_k_runs_on_each_gpu_and_shares_the_cores(monkeypatch, 
     env = grid.env("0")
     assert grid.threads == 2 and env["OMP_NUM_THREADS"] == "2" and env["CUDA_VISIBLE_DEVICES"] == "0"
     assert list(grid.evaluators) == ["0"]
+    # ... and with 2 evaluator processes for GPU 0: 16 // (7 + 2) = 1 thread each
+    two = Grid([], _opts(out=str(tmp_path), evaluators=2), ["0"] * 7)
+    assert two.threads == 1 and len(two.evaluators["0"].threads) == 2
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     cpu = Grid([], _opts(out=str(tmp_path)), [None, None])
-    assert cpu.threads == 1 and "CUDA_VISIBLE_DEVICES" not in cpu.env(None) or cpu.env(None)["CUDA_VISIBLE_DEVICES"] == os.environ.get("CUDA_VISIBLE_DEVICES")
-    for g in (grid, cpu):
+    assert cpu.threads == 1 and cpu.env(None).get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
+    for g in (grid, two, cpu):
         for e in g.evaluators.values():
             e.close()
+
+
+# stands in for ``python -m fairseq_lnpos.experiments.evaluator``: answers each request line after
+# 1 s with its pid; a request for checkpoint "crash" ends the process
+FAKE_EVALUATOR = """
+import json, os, sys, time
+for line in sys.stdin:
+    req = json.loads(line)
+    if req["checkpoint"] == "crash":
+        sys.exit(3)
+    time.sleep(1.0)
+    print(json.dumps({"result": {"pid": os.getpid(), "checkpoint": req["checkpoint"]}}), flush=True)
+"""
+
+
+def test_evaluator_processes_share_one_queue(tmp_path):
+    """--evaluators 2: two processes take the requests of one queue, each answered once, in half the
+    time of one process; a process that dies fails its request only and is started again."""
+    import threading
+
+    from fairseq_lnpos.experiments.evaluator import EvalFailed, Evaluator
+
+    started = []
+
+    def launch(cmd, env, **kw):
+        started.append(subprocess.Popen([sys.executable, "-c", FAKE_EVALUATOR], env=env, **kw))
+        return started[-1]
+
+    ev = Evaluator(dict(os.environ), tmp_path / "evaluator.log", launch, processes=2)
+    answers, done = {}, threading.Semaphore(0)
+
+    def callback(name):
+        def cb(result, error):
+            answers[name] = (result, error)
+            done.release()
+        return cb
+
+    t0 = time.time()
+    for name in ("c1", "c2", "c3", "c4"):
+        ev.submit({"checkpoint": name}, callback(name))
+    for _ in range(4):
+        assert done.acquire(timeout=60)
+    elapsed = time.time() - t0
+    assert sorted(answers) == ["c1", "c2", "c3", "c4"]
+    assert all(err is None and res["checkpoint"] == name for name, (res, err) in answers.items())
+    assert len({res["pid"] for res, _ in answers.values()}) == 2 and len(started) == 2
+    assert elapsed < 3.5 and ev.pending == 0  # two at a time: about 2 s; one process would take 4 s
+    ev.submit({"checkpoint": "crash"}, callback("crash"))
+    assert done.acquire(timeout=60)
+    assert answers["crash"][0] is None and isinstance(answers["crash"][1], EvalFailed)
+    assert "the evaluator exited (3) while scoring crash" in str(answers["crash"][1])
+    ev.submit({"checkpoint": "c5"}, callback("c5"))
+    assert done.acquire(timeout=60) and answers["c5"][1] is None
+    ev.close()
+    assert all(p.poll() is not None for p in started)
 
 
 def test_eta_from_the_training_pace(tmp_path):

@@ -1,5 +1,7 @@
 """Aggregate training throughput of a grid (scripts/gpu_check.sh compares K runs side by side with one
 alone): words counted from fairseq's per-epoch train records, ratios and bad input by hand."""
+import json
+
 import pytest
 
 from fairseq_lnpos.experiments import throughput as TP
@@ -11,10 +13,13 @@ INNER = ('2026-12-01 00:31:20 | INFO | train_inner | {"epoch": 1, "loss": "9.1",
          '"num_updates": "5"}')
 
 
-def write_run(out, name, epochs):
-    """A run folder with a fairseq log: ``epochs`` = [(words per batch, updates at the epoch's end)]."""
+def write_run(out, name, epochs, eval_seconds=()):
+    """A run folder with a fairseq log: ``epochs`` = [(words per batch, updates at the epoch's end)],
+    and an eval/epochN.json for each of ``eval_seconds``."""
     run = out / name / "seed1"
-    run.mkdir(parents=True)
+    (run / "eval").mkdir(parents=True)
+    for epoch, seconds in enumerate(eval_seconds, 1):
+        (run / "eval" / f"epoch{epoch}.json").write_text(json.dumps({"epoch": epoch, "eval_seconds": seconds}))
     lines = ["# grid: fairseq-train ...", INNER]
     lines += [EPOCH % (e, wpb, n) for e, (wpb, n) in enumerate(epochs, 1)]
     (run / "train.log").write_text("\n".join(lines + ["# fairseq-train ran 12.0 s", ""]))
@@ -30,11 +35,12 @@ def test_words_are_words_per_batch_times_the_updates_of_each_epoch(tmp_path):
 
 def test_ratio_against_one_run_alone(tmp_path, capsys):
     for name in ("a", "b", "c"):
-        write_run(tmp_path / "grid", name, [("100", 10), ("100", 20)])   # 2000 words each
+        write_run(tmp_path / "grid", name, [("100", 10), ("100", 20)], eval_seconds=(2.5, 1.5))  # 2000 words each
     write_run(tmp_path / "alone", "a", [("100", 20)])                    # 2000 words
     assert TP.main([str(tmp_path / "grid"), "30", "--alone", str(tmp_path / "alone"), "40"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-3] == "grid: 3 runs, 6,000 target words in 30 s of wall time: 200 words/s"
+    assert out[-4] == "grid: 3 runs, 6,000 target words in 30 s of wall time: 200 words/s"
+    assert out[-3] == "scoring: 6 checkpoints, 12 s in the evaluator, 40 % of the wall time"
     assert out[-2] == "alone: 1 run, 2,000 target words in 40 s: 50 words/s"
     # 6000 words at 50 words/s = 120 s one after another, against 30 s side by side
     assert out[-1].startswith("ratio 4.00: ") and out[-1].endswith("take about 120 s, side by side they took 30 s")

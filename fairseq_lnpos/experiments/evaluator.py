@@ -7,8 +7,9 @@ and scores the hypotheses (evaluate.score_hyps). The grid starts one per device 
 and talks to it through JSON lines: a request on stdin, the result on stdout; fairseq's logging
 goes to stderr (the grid's ``evaluator.log``).
 
-:class:`Evaluator` is the grid's side: a queue served by one thread, so training never waits
-for scoring; a callback receives each result.
+:class:`Evaluator` is the grid's side: a queue served by one thread per process (``--evaluators N``
+processes per device, default 1), so training never waits for scoring; a callback receives each
+result.
 """
 import json
 import os
@@ -30,15 +31,17 @@ class EvalFailed(Exception):
 
 
 class Evaluator:
-    def __init__(self, env, log_path, launch):
-        """``launch(cmd, env, **popen_kwargs)`` starts the process (the grid's, so that it can stop it)."""
+    def __init__(self, env, log_path, launch, processes=1):
+        """``launch(cmd, env, **popen_kwargs)`` starts a process (the grid's, so that it can stop it);
+        ``processes`` of them take the requests from one queue."""
         self.env, self.log_path, self.launch = env, log_path, launch
         self.requests = queue.Queue()
-        self.proc = None
+        self.procs = [None] * processes
         self.busy = 0
         self.lock = threading.Lock()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        self.threads = [threading.Thread(target=self._serve, args=(i,), daemon=True) for i in range(processes)]
+        for t in self.threads:
+            t.start()
 
     def submit(self, request, callback):
         """Score ``request`` (dict: argv, data, hyp_out) when its turn comes; then
@@ -52,41 +55,49 @@ class Evaluator:
         with self.lock:
             return self.busy
 
-    def close(self):
-        self.requests.put(None)
-        self.thread.join()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.stdin.close()
-            self.proc.wait()
+    def stop(self):
+        """Let the threads end after their current request (the grid is stopping)."""
+        for _ in self.threads:
+            self.requests.put(None)
 
-    def _serve(self):
+    def close(self):
+        self.stop()
+        for t in self.threads:
+            t.join()
+        for proc in self.procs:
+            if proc is not None and proc.poll() is None:
+                proc.stdin.close()
+                proc.wait()
+
+    def _serve(self, i):
         while True:
             item = self.requests.get()
             if item is None:
                 return
             request, callback = item
             try:
-                result, error = self._ask(request), None
+                result, error = self._ask(i, request), None
             except (EvalFailed, Stopped) as e:
                 result, error = None, e
             with self.lock:
                 self.busy -= 1
             callback(result, error)
 
-    def _ask(self, request):
-        if self.proc is None or self.proc.poll() is not None:
+    def _ask(self, i, request):
+        proc = self.procs[i]
+        if proc is None or proc.poll() is not None:
             log = open(self.log_path, "ab")
-            self.proc = self.launch([sys.executable, "-m", "fairseq_lnpos.experiments.evaluator"], self.env,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+            proc = self.procs[i] = self.launch([sys.executable, "-m", "fairseq_lnpos.experiments.evaluator"],
+                                               self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
             log.close()
         try:
-            self.proc.stdin.write((json.dumps(request) + "\n").encode())
-            self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
+            proc.stdin.write((json.dumps(request) + "\n").encode())
+            proc.stdin.flush()
+            line = proc.stdout.readline()
         except (BrokenPipeError, OSError):
             line = b""
         if not line:
-            code = self.proc.wait()
+            code = proc.wait()
             if code < 0:  # killed: the grid is stopping
                 raise Stopped()
             raise EvalFailed(f"the evaluator exited ({code}) while scoring {request['checkpoint']}; "

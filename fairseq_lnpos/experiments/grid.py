@@ -243,6 +243,8 @@ def add_run_options(r):
                    help="score with fairseq's default output length (200 tokens) instead of 1.2 x source + 10")
     r.add_argument("--eval-every", type=positive_int(1), default=1, metavar="N",
                    help="score the test set every N epochs (and always the last; default 1)")
+    r.add_argument("--evaluators", type=positive_int(1), default=1, metavar="N",
+                   help="scoring processes per device, taking checkpoints from one queue (default 1)")
     r.add_argument("--no-bleu", action="store_true", help="no test BLEU: validation loss only")
     r.add_argument("--patience", type=positive_int(0), default=0, metavar="N",
                    help="stop a run as diverged when its training loss stays above its first loss for N "

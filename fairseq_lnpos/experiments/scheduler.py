@@ -42,8 +42,9 @@ class Grid:
         self.out = Path(opts.out)
         self.progress_log = self.out / "progress.log"
         devices = sorted(set(slots), key=str)
-        self.threads = max(1, (os.cpu_count() or 1) // (len(slots) + len(devices)))
-        self.evaluators = {d: Evaluator(self.env(d), self.out / "evaluator.log", self.popen) for d in devices}
+        self.threads = max(1, (os.cpu_count() or 1) // (len(slots) + len(devices) * opts.evaluators))
+        self.evaluators = {d: Evaluator(self.env(d), self.out / "evaluator.log", self.popen, opts.evaluators)
+                           for d in devices}
         self.finished = threading.Condition(self.lock)
 
     # processes ----------------------------------------------------------------
@@ -323,7 +324,7 @@ class Grid:
                 self.finished.wait(0.5)
         for e in self.evaluators.values():
             if self.stop.is_set():
-                e.requests.put(None)
+                e.stop()
             else:
                 e.close()
         if errors:

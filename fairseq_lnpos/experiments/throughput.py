@@ -7,13 +7,16 @@ epoch, fairseq's words per batch times the updates of that epoch) and divides th
 grid's wall time, measured by the caller around the grid command: so the words/s include starting
 fairseq, evaluation and the runs that finished early, as a user waiting for the grid sees them.
 With ``--alone``, the same for a grid of one run, and the ratio: how many times faster K runs side
-by side train than one after another would.
+by side train than one after another would. Also the evaluator's time (``eval_seconds`` of every
+``eval/epochN.json``) against the wall time: near one evaluator per device x 100 %, scoring is what
+the grid waits for.
 """
 import sys
 from pathlib import Path
 
 from ..errors import CommandParser, LnposError, check, run_main
 from .fairseq_log import LogState, number
+from .rundir import RunDir
 
 
 def words_trained(log_path):
@@ -43,6 +46,12 @@ def grid_words(out):
     return {str(log.parent.relative_to(out)): words_trained(log) for log in logs}
 
 
+def scoring_seconds(out):
+    """(checkpoints scored, seconds the evaluator spent on them) over every run under ``out``."""
+    records = [rec for path in sorted(Path(out).glob("*/seed*")) for rec in RunDir(path).evals()]
+    return len(records), sum(number(rec.get("eval_seconds")) or 0.0 for rec in records)
+
+
 def _seconds(text):
     value = number(text)
     if value is None or not value > 0:
@@ -68,6 +77,8 @@ def _main(argv):
     for name, w in words.items():
         print(f"  {name}: {w:,.0f} target words")
     print(f"grid: {len(words)} runs, {total:,.0f} target words in {grid_s:.0f} s of wall time: {rate:,.0f} words/s")
+    scored, eval_s = scoring_seconds(args.grid)
+    print(f"scoring: {scored} checkpoints, {eval_s:.0f} s in the evaluator, {100 * eval_s / grid_s:.0f} % of the wall time")
     if args.alone:
         alone_s = _seconds(args.alone[1])
         alone_words, alone_total, alone_rate = summary(args.alone[0], alone_s)
