@@ -25,6 +25,7 @@ done
 step() { [[ "$STEPS" == *" $1 "* ]]; }
 mkdir -p "$OUT"
 FS=("$(dirname "$(command -v "$PY")")/fairseq-train")
+[ -x "${FS[0]}" ] || FS=(fairseq-train)  # fairseq installed elsewhere (pip --target): from PATH
 "$PY" -c 'import torch; assert torch.cuda.is_available(), "no GPU"; print(torch.__version__, torch.cuda.get_device_name(0))'
 
 if step 1 || step 2 || step 3 || step 4; then
