@@ -106,7 +106,7 @@ timed() {
   [ "$fresh" = 0 ] || echo $(($(date +%s) - t0)) > "$dir.seconds"
 }
 if step 5; then
-  echo "== 5. Multi30k grid on one GPU: 7 runs, $K side by side"
+  echo "== 5. Multi30k grid on one GPU: $(echo "$ROWS" | tr ',' '\n' | wc -l) runs, $K side by side"
   timed "$OUT/m30k-grid" "$ROOT/scripts/grid.sh" run --only "$ROWS" --data "$OUT/m30k" --out "$OUT/m30k-grid" \
     --gpus 0 --runs-per-gpu "$K" --evaluators "${EVALUATORS:-1}" --fp16
   [ -s "$OUT/m30k-grid.seconds" ] && echo "wall time $(cat "$OUT/m30k-grid.seconds") s with --runs-per-gpu $K," \
@@ -115,7 +115,7 @@ if step 5; then
 fi
 if step 6; then
   echo "== 6. one of those runs alone on the GPU, and the aggregate words/s of step 5 against it"
-  [ -s "$OUT/m30k-grid.seconds" ] || { echo "gpu_check.sh: error: run step 5 first in $OUT" >&2; exit 2; }
+  [ -s "$OUT/m30k-grid.seconds" ] || { echo "gpu_check.sh: error: no timed step 5 in $OUT; run step 5 in a new OUT_DIR first" >&2; exit 2; }
   timed "$OUT/m30k-alone" "$ROOT/scripts/grid.sh" run --only multi30k-preln-adam-lr5e-4-nowu --data "$OUT/m30k" \
     --out "$OUT/m30k-alone" --gpus 0 --fp16
   [ -s "$OUT/m30k-alone.seconds" ] || { echo "gpu_check.sh: error: $OUT/m30k-alone was resumed, not timed; remove it and run step 6 again" >&2; exit 2; }
