@@ -36,6 +36,8 @@ def test_words_are_words_per_batch_times_the_updates_of_each_epoch(tmp_path):
 def test_ratio_against_one_run_alone(tmp_path, capsys):
     for name in ("a", "b", "c"):
         write_run(tmp_path / "grid", name, [("100", 10), ("100", 20)], eval_seconds=(2.5, 1.5))  # 2000 words each
+    # an epoch left unscored (--eval-every) is recorded without eval_seconds: not a checkpoint scored
+    (tmp_path / "grid" / "c" / "seed1" / "eval" / "epoch3.json").write_text(json.dumps({"epoch": 3, "bleu_tok": None}))
     write_run(tmp_path / "alone", "a", [("100", 20)])                    # 2000 words
     assert TP.main([str(tmp_path / "grid"), "30", "--alone", str(tmp_path / "alone"), "40"]) == 0
     out = capsys.readouterr().out.splitlines()

@@ -47,9 +47,11 @@ def grid_words(out):
 
 
 def scoring_seconds(out):
-    """(checkpoints scored, seconds the evaluator spent on them) over every run under ``out``."""
-    records = [rec for path in sorted(Path(out).glob("*/seed*")) for rec in RunDir(path).evals()]
-    return len(records), sum(number(rec.get("eval_seconds")) or 0.0 for rec in records)
+    """(checkpoints scored, seconds the evaluator spent on them) over every run under ``out``; an
+    epoch left unscored by ``--eval-every`` has a record without ``eval_seconds``."""
+    records = [rec for path in sorted(Path(out).glob("*/seed*")) for rec in RunDir(path).evals()
+               if number(rec.get("eval_seconds")) is not None]
+    return len(records), sum(number(rec["eval_seconds"]) for rec in records)
 
 
 def _seconds(text):
