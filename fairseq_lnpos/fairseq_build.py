@@ -33,7 +33,7 @@ def quiet():
                 lg.setLevel(level)
 
 
-def _to_config(args):
+def to_config(args):
     """fairseq's ``convert_namespace_to_omegaconf``, without hydra's deprecation warnings."""
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
@@ -57,7 +57,7 @@ def setup(argv):
     from fairseq import tasks
 
     args = parse(argv)
-    cfg = _to_config(args)
+    cfg = to_config(args)
     return args, cfg, tasks.setup_task(cfg.task)
 
 
@@ -69,7 +69,7 @@ def build(argv, seed=None, task=None):
         args, cfg, task = setup(argv)
     else:
         args = parse(argv)
-        cfg = _to_config(args)
+        cfg = to_config(args)
     if seed is not None:
         import torch
 

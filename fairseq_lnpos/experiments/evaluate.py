@@ -169,10 +169,10 @@ def _generation_config(argv, options):
     command line that differs only in ``--path``, then copied with the checkpoint set."""
     import copy
 
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from ..fairseq_build import to_config
 
     def compose():
-        return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_generation_parser(), argv))
+        return to_config(options.parse_args_and_arch(options.get_generation_parser(), argv))
 
     if "--path" not in argv[:-1]:
         return compose()

@@ -37,20 +37,24 @@ def words_trained(log_path):
     return words
 
 
-def grid_words(out):
-    """``{run folder: words trained}`` for every run under a grid's output folder."""
+def run_dirs(out):
+    """The run folders (:class:`RunDir`) under a grid's output folder: those with a fairseq log."""
     out = Path(out)
     check(out.is_dir(), f"{out} is not a folder; give the --out folder of a grid run")
-    logs = sorted(out.glob("*/seed*/train.log"))
-    check(logs, f"{out} holds no run (no NAME/seedS/train.log); give the --out folder of a grid run")
-    return {str(log.parent.relative_to(out)): words_trained(log) for log in logs}
+    runs = [RunDir(log.parent) for log in sorted(out.glob("*/seed*/train.log"))]
+    check(runs, f"{out} holds no run (no NAME/seedS/train.log); give the --out folder of a grid run")
+    return runs
+
+
+def grid_words(out):
+    """``{run folder: words trained}`` for every run under a grid's output folder."""
+    return {str(rd.path.relative_to(out)): words_trained(rd.log_path) for rd in run_dirs(out)}
 
 
 def scoring_seconds(out):
     """(checkpoints scored, seconds the evaluator spent on them) over every run under ``out``; an
     epoch left unscored by ``--eval-every`` has a record without ``eval_seconds``."""
-    records = [rec for path in sorted(Path(out).glob("*/seed*")) for rec in RunDir(path).evals()
-               if number(rec.get("eval_seconds")) is not None]
+    records = [rec for rd in run_dirs(out) for rec in rd.evals() if number(rec.get("eval_seconds")) is not None]
     return len(records), sum(number(rec["eval_seconds"]) for rec in records)
 
 
