@@ -196,15 +196,17 @@ def record_run(out, name, seed, evals, done=None, max_epoch=3):
 def test_status_prints_one_line_per_run_and_the_counts(tmp_path, capsys):
     record_run(tmp_path, B, 1, [(1, 10.5), (2, 12.25), (3, 11.0)], done="finished")
     record_run(tmp_path, A, 1, [(1, 3.0)])
-    (tmp_path / "slurm-abc.tasks").write_text(f"{B}\t1\t\n{A}\t1\t\n{A}\t2\t\n")
+    record_run(tmp_path, A, 3, [])
+    (tmp_path / "slurm-abc.tasks").write_text(f"{B}\t1\t\n{A}\t1\t\n{A}\t2\t\n{A}\t3\t\n")
     assert call("status", tmp_path) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 4
+    assert len(lines) == 5
     assert lines[0].split()[:4] == [B, "seed1", "finished", "epochs"] and "best BLEU 12.25 (epoch 2)" in lines[0]
     assert "3/3" in lines[0]
     assert "interrupted after epoch 1" in lines[1] and "best BLEU 3.00 (epoch 1)" in lines[1]
-    assert lines[2].split()[:3] == [A, "seed2", "queued"] and "best BLEU -" in lines[2]
-    assert lines[3] == "3 runs: 1 finished, 1 interrupted, 1 queued"
+    assert lines[2].split()[:4] == [A, "seed3", "not", "started"] and "0/3" in lines[2]
+    assert lines[3].split()[:3] == [A, "seed2", "queued"] and "best BLEU -" in lines[3]
+    assert lines[4] == "4 runs: 1 finished, 1 interrupted, 1 not started, 1 queued"
 
 
 def test_status_of_an_unreadable_folder_is_one_line_and_exit_2(tmp_path, capsys):
@@ -238,10 +240,18 @@ def cluster(tmp_path_factory):
     c.stop()
 
 
-def submit(cluster, out, data, *extra):
+HOLD = Path(__file__).resolve().parent / "hold"  # sitecustomize.py: fairseq-train waits after an epoch
+
+
+def submit(cluster, out, data, *extra, hold_after_epoch=None):
+    """Submit the grid's array; with ``hold_after_epoch`` its fairseq-train stops after saving that epoch."""
+    env = dict(cluster.env)
+    if hold_after_epoch is not None:
+        env.update(LNPOS_TEST_HOLD_AFTER_EPOCH=str(hold_after_epoch),
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(HOLD), env.get("PYTHONPATH")])))
     r = subprocess.run([str(GRID), "slurm", "--out", str(out), "--data", str(data), "--partition", cluster.partition,
                         "--time", "00:10:00", "--gpus-per-run", "0", "--cpus-per-run", "1", *TINY, *extra],
-                       env=cluster.env, capture_output=True, text=True, timeout=120)
+                       env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout.split("submitted job array ")[1].split(":")[0]
 
@@ -275,10 +285,10 @@ def test_a_grid_as_a_slurm_array_finishes_skips_and_resumes(cluster, data, tmp_p
     logs = "".join(p.read_text() for p in (out / "slurm-logs").glob(f"{again}_*.out"))
     assert logs.count("already finished, not redone") == 2, logs[-2000:]
 
-    # a task cancelled after its first epoch resumes from checkpoint_last.pt when resubmitted
+    # a task cancelled after its first epoch (held there) resumes from checkpoint_last.pt when resubmitted
     out2 = tmp_path / "out2"
     log = out2 / A / "seed1" / "train.log"
-    job = submit(cluster, out2, data, "--only", A, "--max-epoch", "2")
+    job = submit(cluster, out2, data, "--only", A, "--max-epoch", "2", hold_after_epoch=1)
     wait_for(cluster, job, until=lambda: log.exists() and "checkpoint1.pt (epoch 1 @" in log.read_text(errors="replace"))
     subprocess.run(["scancel", job], env=cluster.env, timeout=30)
     wait_for(cluster, job)
@@ -293,7 +303,7 @@ def test_a_grid_as_a_slurm_array_finishes_skips_and_resumes(cluster, data, tmp_p
     # itself, and the requeued task resumes it
     out3 = tmp_path / "out3"
     log = out3 / A / "seed1" / "train.log"
-    job = submit(cluster, out3, data, "--only", A, "--max-epoch", "2")
+    job = submit(cluster, out3, data, "--only", A, "--max-epoch", "2", hold_after_epoch=1)
     wait_for(cluster, job, until=lambda: log.exists() and "checkpoint1.pt (epoch 1 @" in log.read_text(errors="replace"))
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=cluster.env, timeout=30)
     wait_for(cluster, job)

@@ -292,7 +292,7 @@ def status_lines(out_dir):
     width = max(len(f"{r['run']} seed{r['seed']}") for r in rows)
     for r in rows:
         status = r["status"]
-        key = "unreadable" if r.get("unreadable") else status.split(" ")[0]
+        key = "unreadable" if r.get("unreadable") else ("not started" if status == "not started" else status.split(" ")[0])
         counts[key] = counts.get(key, 0) + 1
         if r.get("unreadable"):
             status = "unreadable"
