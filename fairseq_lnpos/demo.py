@@ -69,11 +69,10 @@ def make_table(out):
 
 def time_split(grid_out):
     """(seconds fairseq-train ran, seconds the evaluator spent scoring) over the demo's runs."""
-    from .experiments.rundir import RunDir
+    from .experiments.rundir import run_dirs
 
     train = score = 0.0
-    for cfg in Path(grid_out).glob("*/seed*/config.json"):
-        rd = RunDir(cfg.parent)
+    for rd in run_dirs(grid_out):
         train += (rd.done() or {}).get("train_seconds") or 0.0
         score += sum(e.get("eval_seconds") or 0.0 for e in rd.evals())
     return train, score

@@ -14,10 +14,11 @@ INNER = ('2026-12-01 00:31:20 | INFO | train_inner | {"epoch": 1, "loss": "9.1",
 
 
 def write_run(out, name, epochs, eval_seconds=()):
-    """A run folder with a fairseq log: ``epochs`` = [(words per batch, updates at the epoch's end)],
+    """A run folder (config.json) with a fairseq log: ``epochs`` = [(words per batch, updates at the epoch's end)],
     and an eval/epochN.json for each of ``eval_seconds``."""
     run = out / name / "seed1"
     (run / "eval").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
     for epoch, seconds in enumerate(eval_seconds, 1):
         (run / "eval" / f"epoch{epoch}.json").write_text(json.dumps({"epoch": epoch, "eval_seconds": seconds}))
     lines = ["# grid: fairseq-train ...", INNER]
@@ -50,7 +51,7 @@ def test_ratio_against_one_run_alone(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["{t}/nowhere", "10"], "{t}/nowhere is not a folder; give the --out folder of a grid run"),
-    (["{t}/empty", "10"], "{t}/empty holds no run (no NAME/seedS/train.log)"),
+    (["{t}/empty", "10"], "{t}/empty holds no run (no NAME/seedS/ with config.json and train.log)"),
     (["{t}/grid", "0"], "the wall time must be a number of seconds above 0, got '0'"),
     (["{t}/grid", "ten"], "the wall time must be a number of seconds above 0, got 'ten'"),
     (["{t}/grid", "10", "--alone", "{t}/grid", "5"], "{t}/grid holds 2 runs; --alone takes a grid of one run"),

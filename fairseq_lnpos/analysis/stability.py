@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..common import read_json, write_text
 from ..errors import CommandParser, LnposError, StateError, run_main
+from ..experiments.rundir import run_dirs
 from ..variants import VARIANTS
 
 DEFAULT_LAYERS = 6  # "layers" absent or null: the arch's default depth (6 for every size)
@@ -110,10 +111,10 @@ def load_records(out):
     out = Path(out)
     if not out.is_dir():
         raise LnposError(f"{out}: no such folder: give the output folder of a sweep (OUT/NAME/seedS/)")
-    configs = sorted(out.glob("*/seed*/config.json"))
-    if not configs:
+    runs = run_dirs(out)
+    if not runs:
         raise LnposError(f"{out}: no run folders NAME/seedS/config.json in it: give the output folder of a sweep")
-    return [load_record(p.parent) for p in configs]
+    return [load_record(rd.path) for rd in runs]
 
 
 def _mean(values):

@@ -14,7 +14,7 @@ from pathlib import Path
 from ..common import write_text
 from ..errors import CommandParser, LnposError, StateError, run_main
 from . import runs as R
-from .rundir import RunDir
+from .rundir import run_dirs
 
 CSV_COLUMNS = ["run", "arch", "optimizer", "lr", "warmup", "schedule", "seed", "status", "paper_bleu",
                "paper_valid_loss", "paper_note", "best_bleu_tok", "best_epoch", "last_bleu_tok", "last_epoch",
@@ -32,8 +32,7 @@ def collect(out_dir):
     (the path and what to do) and ``unreadable`` set; nothing is skipped silently."""
     order = {r.name: i for i, r in enumerate(R.RUNS)}
     rows = []
-    for cfg_path in sorted(Path(out_dir).glob("*/seed*/config.json")):
-        rd = RunDir(cfg_path.parent)
+    for rd in run_dirs(out_dir):
         try:
             row = _row(rd)
         except StateError as e:

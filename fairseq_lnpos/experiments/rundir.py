@@ -25,6 +25,11 @@ EPOCH_FILE = re.compile(r"^epoch(\d+)\.json$")
 CHECKPOINT_FILE = re.compile(r"^checkpoint(\d+)\.pt$")
 
 
+def run_dirs(out):
+    """The run folders ``out/NAME/seedS`` (those with a config.json), sorted by path."""
+    return [RunDir(p.parent) for p in sorted(Path(out).glob("*/seed*/config.json"))]
+
+
 class RunDir:
     def __init__(self, path):
         self.path = Path(path)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import CommandParser, LnposError, check, run_main
 from .fairseq_log import LogState, number
-from .rundir import RunDir
+from . import rundir
 
 
 def words_trained(log_path):
@@ -41,8 +41,8 @@ def run_dirs(out):
     """The run folders (:class:`RunDir`) under a grid's output folder: those with a fairseq log."""
     out = Path(out)
     check(out.is_dir(), f"{out} is not a folder; give the --out folder of a grid run")
-    runs = [RunDir(log.parent) for log in sorted(out.glob("*/seed*/train.log"))]
-    check(runs, f"{out} holds no run (no NAME/seedS/train.log); give the --out folder of a grid run")
+    runs = [rd for rd in rundir.run_dirs(out) if rd.log_path.exists()]
+    check(runs, f"{out} holds no run (no NAME/seedS/ with config.json and train.log); give the --out folder of a grid run")
     return runs
 
 
