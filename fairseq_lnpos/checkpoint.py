@@ -69,10 +69,12 @@ def guard_state_loading(model, arch):
     def load_state_dict(state_dict, *args, **kwargs):
         try:
             return original(state_dict, *args, **kwargs)
-        except RuntimeError as e:
-            # torch: "Error(s) in loading state_dict for X:" then one line per mismatch; the first says which
-            lines = [l.strip() for l in str(e).splitlines() if l.strip()]
-            detail = lines[1][:200] if len(lines) > 1 else _first_line(e)
+        except (RuntimeError, KeyError) as e:
+            if isinstance(e, KeyError):  # upstream fairseq 0.12.2's encoder layer reads its q/k/v weights itself
+                detail = f'Missing key in state_dict: "{e.args[0] if e.args else ""}"'
+            else:  # torch: "Error(s) in loading state_dict for X:" then one line per mismatch; the first says which
+                lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+                detail = lines[1][:200] if len(lines) > 1 else _first_line(e)
             raise CheckpointError(
                 f"the checkpoint's weights do not fit --arch {arch} ({detail}): pass a checkpoint of "
                 "the same architecture and sizes, or leave out --restore-file to start from scratch") from e

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, build_model, toy_data  # noqa: F401
+from conftest import REPO, build_model, same_state, toy_data  # noqa: F401
 from fairseq_lnpos.bench import baseline, fairseq_size, overhead_results, paired, throughput_results, verdict
 from fairseq_lnpos.variants import VARIANTS, arch_name
 
@@ -67,8 +67,7 @@ def test_fairseq_baseline_is_the_plugins_post_ln_model_parameter_for_parameter(t
     theirs, _, _ = build_model(toy_data, fairseq_arch, *flags, seed=5)
     ours, _, _ = build_model(toy_data, arch_name("postln", size), seed=5)
     a, b = theirs.state_dict(), ours.state_dict()
-    assert list(a) == list(b)
-    assert all(a[k].shape == b[k].shape and a[k].equal(b[k]) for k in a)
+    assert same_state(a, b)
 
 
 def test_verdict_needs_the_whole_interval_on_one_side():

@@ -553,3 +553,31 @@ def test_an_error_that_follows_ctrl_c_is_reported_as_the_interruption():
         with interrupt_main_process_only():
             raise ValueError("not an interruption")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.parametrize("upstream_layer", [False, True])
+def test_weights_of_another_model_are_one_checkpoint_error(upstream_layer):
+    """torch reports a missing weight as a RuntimeError; upstream fairseq 0.12.2's encoder layer reads
+    its attention weights out of the state dict itself and raises KeyError. Both name the weight."""
+    import torch
+
+    from fairseq_lnpos.checkpoint import CheckpointError, guard_state_loading
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(2))
+
+        def _load_from_state_dict(self, state_dict, prefix, *args):
+            if upstream_layer:
+                state_dict[prefix + "w"]  # what upstream's TransformerEncoderLayer does for q_proj
+            super()._load_from_state_dict(state_dict, prefix, *args)
+
+    model = guard_state_loading(torch.nn.Sequential(Layer(), Layer()), "an_arch")
+    model.load_state_dict({"0.w": torch.ones(2), "1.w": torch.ones(2)})  # fits: loads
+    assert model[1].w.tolist() == [1.0, 1.0]
+    with pytest.raises(CheckpointError) as e:
+        model.load_state_dict({"0.w": torch.ones(2)})
+    msg = str(e.value)
+    assert msg.startswith("the checkpoint's weights do not fit --arch an_arch (") and '"1.w"' in msg, msg
+    assert len(msg.splitlines()) == 1
