@@ -5,6 +5,7 @@
 - ``make_tgz``: that folder packed as de-en.tgz.
 - ``make_wmt_orig``: the WMT14 archives' files (europarl, commoncrawl, news-commentary, SGML dev/test).
 """
+import hashlib
 import tarfile
 from pathlib import Path
 
@@ -41,6 +42,12 @@ TEST_SETS = ("IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010
              "IWSLT14.TED.tst2011", "IWSLT14.TED.tst2012")
 TEST_SIZES = (3, 2, 4, 2, 3)  # segments per file in the fixture
 
+
+
+def sha256(text):
+    """The digest a test compares a line of ``../shared/realdata`` with: the corpus text itself is
+    not kept in the repository."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 def sentence(lang, i):
     """The i-th filler sentence pair: same number of words on both sides (survives cleaning)."""

@@ -16,16 +16,16 @@ import pytest
 from fairseq_lnpos.data import download, multi30k
 from fairseq_lnpos.data.bpe import decode_pieces
 from fairseq_lnpos.data.manifest import read_manifest
-from fixtures_data import REALDATA
+from fixtures_data import REALDATA, sha256
 
 REAL = REALDATA / "multi30k-de-en" / "raw"
 needs_real = pytest.mark.skipif(not REAL.is_dir(), reason="../shared/realdata/multi30k-de-en is absent")
 SIZES = {"train": 300, "val": 20, "test_2016_flickr": 20}
-# a real caption of each side with the tokenizer's edge cases (apostrophe, quotes, umlaut, hyphen)
-TRICKY = {"en": ("A little boy playing GameCube at a McDonald's.",
-                 "a little boy playing gamecube at a mcdonald &apos;s ."),
-          "de": ('Ein Mann mit "Helm" fährt ein Mountainbike-Rennen.',
-                 "ein mann mit &quot; helm &quot; fährt ein mountainbike-rennen .")}
+# a caption of each side with the tokenizer's edge cases (apostrophe, quotes, umlaut, hyphen)
+TRICKY = {"en": ("A small girl playing chess at her friend's house.",
+                 "a small girl playing chess at her friend &apos;s house ."),
+          "de": ('Eine Frau mit "Hut" fährt ein Seifenkisten-Rennen.',
+                 "eine frau mit &quot; hut &quot; fährt ein seifenkisten-rennen .")}
 
 
 def lines(path):
@@ -284,9 +284,10 @@ def test_real_counts_and_manifest(real):
         for kind in ("raw", "tok", "bpe"):
             assert len(lines(out / kind / f"{split}.de")) == len(lines(out / kind / f"{split}.en")) == n
     assert (out / "raw" / "test.en").read_bytes() == gzip.decompress((REAL / "test_2016_flickr.en.gz").read_bytes())
-    assert lines(out / "raw" / "test.en")[1] == "A Boston Terrier is running on lush green grass in front of a white fence."
-    assert lines(out / "tok" / "test.en")[1] == "a boston terrier is running on lush green grass in front of a white fence ."
-    assert lines(out / "tok" / "train.en")[0] == "two young , white males are outside near many bushes ."
+    # known lines, by digest: the second test caption raw and tokenized, the first training caption
+    assert sha256(lines(out / "raw" / "test.en")[1]) == "9bb922db07202ad5f0c37cd0a2c2e05311024bfe3da0ca7cf8888cf9a8ab11dd"
+    assert sha256(lines(out / "tok" / "test.en")[1]) == "4736bff1e30a754561522e70b0c7df5582a1459ac7c0629b1c7930aa9915183c"
+    assert sha256(lines(out / "tok" / "train.en")[0]) == "f51e9f020a36d71b176177b888443ab9caad1ba591608df21f9a864bfaef08f6"
     assert "== multi30k.de-en: train 29000 pairs, valid 1014 pairs, test 1000 pairs" in log
 
 
