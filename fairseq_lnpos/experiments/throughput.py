@@ -37,8 +37,9 @@ def words_trained(log_path):
     return words
 
 
-def run_dirs(out):
-    """The run folders (:class:`RunDir`) under a grid's output folder: those with a fairseq log."""
+def trained_runs(out):
+    """The run folders (:class:`rundir.RunDir`) under a grid's output folder that have a fairseq log;
+    an error when there is none."""
     out = Path(out)
     check(out.is_dir(), f"{out} is not a folder; give the --out folder of a grid run")
     runs = [rd for rd in rundir.run_dirs(out) if rd.log_path.exists()]
@@ -48,13 +49,13 @@ def run_dirs(out):
 
 def grid_words(out):
     """``{run folder: words trained}`` for every run under a grid's output folder."""
-    return {str(rd.path.relative_to(out)): words_trained(rd.log_path) for rd in run_dirs(out)}
+    return {str(rd.path.relative_to(out)): words_trained(rd.log_path) for rd in trained_runs(out)}
 
 
 def scoring_seconds(out):
     """(checkpoints scored, seconds the evaluator spent on them) over every run under ``out``; an
     epoch left unscored by ``--eval-every`` has a record without ``eval_seconds``."""
-    records = [rec for rd in run_dirs(out) for rec in rd.evals() if number(rec.get("eval_seconds")) is not None]
+    records = [rec for rd in trained_runs(out) for rec in rd.evals() if number(rec.get("eval_seconds")) is not None]
     return len(records), sum(number(rec["eval_seconds"]) for rec in records)
 
 
