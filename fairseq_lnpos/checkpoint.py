@@ -81,3 +81,65 @@ def guard_state_loading(model, arch):
 
     model.load_state_dict = load_state_dict
     return model
+
+
+def load_checkpoint_file(path):
+    """A fairseq checkpoint as saved (``torch.load`` on the CPU, fairseq's Namespace allow-listed as
+    for every other load here); :class:`CheckpointError` naming the file when it cannot be read."""
+    import torch
+
+    allow_fairseq_checkpoints()
+    try:
+        return torch.load(path, map_location="cpu")
+    except Exception as e:  # missing, truncated, not a checkpoint
+        raise CheckpointError(f"cannot load checkpoint {path} ({_first_line(e)}): pass a complete checkpoint") from e
+
+
+def average_checkpoints(paths):
+    """The state of ``paths[0]`` with every entry of ``"model"`` replaced by its mean over ``paths``,
+    as fairseq's ``scripts/average_checkpoints.py`` computes it (which the pip package lacks).
+
+    Like fairseq's: each key is accumulated separately from a copy (a parameter shared by two keys,
+    such as tied embeddings, is counted once per key, never twice through a shared storage), the
+    keys of every checkpoint must be those of the first, and integer entries are floor-divided.
+    Unlike fairseq's, which sums fp16 in fp32 and leaves the result fp32 (and bf16 in bf16),
+    floating-point entries are summed in float64 and returned in their own dtype, so the average has
+    the dtypes (and size) of the checkpoints it averages."""
+    import torch
+
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    first, sums, keys = None, {}, None
+    for path in paths:
+        state = load_checkpoint_file(path)
+        model = state.get("model") if isinstance(state, dict) else None
+        if not isinstance(model, dict):
+            raise CheckpointError(f"{path} has no model weights: pass fairseq checkpoints")
+        if keys is None:
+            first, keys = state, list(model)
+        elif list(model) != keys:
+            raise CheckpointError(f"{path} holds other weights than {paths[0]} (keys differ): average checkpoints "
+                                  "of one run")
+        for k, v in model.items():
+            v = v.to(torch.float64) if v.is_floating_point() else v
+            if k in sums:
+                sums[k] += v
+            else:
+                sums[k] = v.clone()  # a copy: never add into a loaded tensor (tied keys share one)
+    n = len(paths)
+    dtypes = {k: v.dtype for k, v in first["model"].items()}
+    first["model"] = type(first["model"])(
+        (k, (v / n).to(dtypes[k]) if v.is_floating_point() else v // n) for k, v in sums.items())
+    return first
+
+
+def write_average(paths, out):
+    """Average ``paths`` (:func:`average_checkpoints`) into the checkpoint file ``out``, atomically."""
+    import os
+
+    import torch
+
+    tmp = f"{out}.tmp"
+    torch.save(average_checkpoints(paths), tmp)
+    os.replace(tmp, out)
+    return out

@@ -33,7 +33,8 @@ def flag(cmd, name):
 
 
 def find(**want):
-    hits = [r for r in R.RUNS if all(getattr(r, k) == v for k, v in want.items())]
+    """The one row of the table, other papers' recipes (``R.REFERENCE``) aside, with the fields ``want``."""
+    hits = [r for r in R.RUNS if r not in R.REFERENCE and all(getattr(r, k) == v for k, v in want.items())]
     assert len(hits) == 1, f"expected one run with {want}, found {[r.name for r in hits]}"
     return hits[0]
 
@@ -119,7 +120,7 @@ def test_deepnorm_rows_and_paper_values():
 
 
 def test_multi30k_rows_mirror_the_iwslt_adam_rows_on_the_iwslt_model():
-    m30k = [r.with_defaults() for r in R.RUNS if r.dataset == "multi30k"]
+    m30k = [r.with_defaults() for r in R.RUNS if r.dataset == "multi30k" and r not in R.REFERENCE]
     iwslt_adam = {(r.ln, r.lr, r.warmup) for r in R.RUNS if r.dataset == "iwslt14" and r.optimizer == "adam"
                   and r.ln == "postln" and r.schedule == "inverse_sqrt"}
     assert {(r.ln, r.lr, r.warmup) for r in m30k if r.ln == "postln" and r.optimizer == "adam"} == iwslt_adam
@@ -164,3 +165,107 @@ def test_batch_plan_refuses_uneven_split():
     run = R.coerce(find(dataset="wmt14", ln="preln", lr=7e-4).with_defaults(), "max_tokens", "5000")
     with pytest.raises(LnposError, match="cannot be split"):
         C.batch_plan(run, 3)
+
+
+def flags_match(cmd, want):
+    for name, value in want.items():
+        got = flag(cmd, name)
+        assert (float(got) == value) if isinstance(value, float) else (got == str(value)), (name, got, value)
+
+
+# The reference recipes, as their official code gives them (the files named in each row's `source`)
+CLINIC = {"--optimizer": "radam", "--adam-betas": "(0.9, 0.98)", "--lr": 7e-4, "--lr-scheduler": "inverse_sqrt",
+          "--warmup-updates": 6000, "--warmup-init-lr": 1e-7, "--dropout": 0.3, "--attention-dropout": 0.1,
+          "--activation-dropout": 0.1, "--weight-decay": 1e-4, "--clip-norm": 0.0, "--label-smoothing": 0.1,
+          "--max-tokens": 4096, "--lnpos-init": "fairseq-0.8"}
+TFIXUP = {"--arch": "transformer_tfixup_iwslt_de_en", "--optimizer": "adam", "--adam-betas": "(0.9, 0.98)",
+          "--lr": 5e-4, "--lr-scheduler": "inverse_sqrt_nowarmup", "--decay-period": 4000, "--dropout": 0.5,
+          "--attention-dropout": 0.0, "--activation-dropout": 0.0, "--weight-decay": 1e-4, "--clip-norm": 25.0,
+          "--label-smoothing": 0.1, "--max-tokens": 4000, "--max-epoch": 300, "--lnpos-init": "fairseq-0.9"}
+RADAM_REPO = {"--arch": "transformer_postln_iwslt_de_en", "--adam-betas": "(0.9, 0.999)", "--lr": 3e-4,
+              "--lr-scheduler": "polynomial_decay", "--power": "1", "--end-learning-rate": 1e-9, "--dropout": 0.3,
+              "--attention-dropout": 0.0, "--activation-dropout": 0.0, "--weight-decay": 1e-4, "--clip-norm": 25.0,
+              "--max-tokens": 4000, "--max-update": 70000, "--total-num-update": 70000, "--lnpos-init": "fairseq-0.8"}
+
+
+@pytest.mark.parametrize("ln,bleu", [("admin", 35.67), ("postln", 35.64), ("preln", 35.50)])
+def test_transformer_clinic_rows(ln, bleu):
+    run = R.BY_NAME[f"ref-iwslt-clinic-{ln}"]
+    cmd = command(run)
+    flags_match(cmd, {**CLINIC, "--arch": f"transformer_{ln}_iwslt_de_en", "--max-epoch": 90, "--max-update": 100000})
+    assert "--share-all-embeddings" in cmd and "--decoupled-weight-decay" in cmd
+    assert "--share-decoder-input-output-embed" not in cmd
+    assert (run.beam, run.lenpen, run.average_last, run.paper_bleu) == (5, 1.0, 10, bleu)
+    assert "Transformer-Clinic" in run.source and "eval_iwslt_de-en.sh" in run.source
+
+
+def test_tfixup_and_radam_repository_rows():
+    run = R.BY_NAME["ref-iwslt-tfixup"]
+    cmd = command(run)
+    flags_match(cmd, TFIXUP)
+    assert "--share-decoder-input-output-embed" in cmd and "--share-all-embeddings" not in cmd
+    assert "--max-update" not in cmd and "--warmup-updates" not in cmd
+    assert (run.beam, run.lenpen, run.average_last, run.paper_bleu) == (4, 0.3, 10, 35.73)
+    adam, radam = R.BY_NAME["ref-iwslt-radamrepo-adam-wu4000"], R.BY_NAME["ref-iwslt-radamrepo-radam-nowu"]
+    flags_match(command(adam, total=70000), {**RADAM_REPO, "--optimizer": "adam", "--warmup-updates": 4000})
+    flags_match(command(radam, total=70000), {**RADAM_REPO, "--optimizer": "radam", "--warmup-updates": 0})
+    assert "--decoupled-weight-decay" in command(radam) and "--decoupled-weight-decay" not in command(adam)
+    assert not any(f.startswith("--share") for f in command(adam) + command(radam))
+    assert (adam.paper_bleu, radam.paper_bleu) == (34.66, 34.76)
+    assert all((r.beam, r.lenpen, r.average_last) == (5, 1.0, 10) for r in (adam, radam))
+
+
+def test_multi30k_twins_keep_the_recipe_and_change_the_length():
+    twins = [r for r in R.REFERENCE if r.dataset == "multi30k"]
+    assert len(twins) == 6
+    length = ("max_epoch", "max_update", "paper_bleu", "paper_note", "name", "dataset")
+    for twin in twins:
+        ref = R.BY_NAME[twin.name.replace("ref-multi30k-", "ref-iwslt-")]
+        recipe = {k: v for k, v in twin.as_dict().items() if k not in length}
+        assert recipe == {k: v for k, v in ref.as_dict().items() if k not in length}
+        assert twin.paper_bleu is None and twin.max_update == 0
+        assert twin.max_epoch == (ref.max_epoch if ref.max_epoch < 10 ** 6 else 64)
+
+
+def test_initialization_of_each_kind_of_row():
+    for r in R.RUNS:
+        if r.name.startswith(("iwslt-", "wmt-")):
+            assert r.init == "fairseq-0.8", r.name
+        elif r.name.startswith(("demo-", "multi30k-")):
+            assert r.init == "fairseq-0.12", r.name
+    assert flag(command(find(dataset="synthetic", ln="postln", warmup=0)), "--lnpos-init") == "fairseq-0.12"
+    assert R.coerce(R.RUNS[0], "init", "fairseq-0.12").init == "fairseq-0.12"
+    with pytest.raises(R.RunTableError, match="--set init: one of fairseq-0.12"):
+        R.coerce(R.RUNS[0], "init", "xavier")
+    # fairseq's own archs have no --lnpos-init: only the default init is possible there
+    run = R.BY_NAME["ref-iwslt-clinic-postln"].with_defaults()
+    job = C.Job(run, 1, "/d", Path("/o"), "transformer_iwslt_de_en", ("de", "en"), opts())
+    with pytest.raises(LnposError, match="needs one of the plugin's archs"):
+        job.train_cmd(1)
+    plain = C.Job(R.coerce(run, "init", "fairseq-0.12"), 1, "/d", Path("/o"), "transformer_iwslt_de_en", ("de", "en"), opts())
+    assert "--lnpos-init" not in plain.train_cmd(1)
+
+
+def test_recipe_knobs_that_do_not_fit_their_schedule_or_optimizer_are_refused():
+    run = R.BY_NAME["ref-iwslt-tfixup"]
+    with pytest.raises(LnposError, match="warmup_init_lr is an option of schedule fairseq_inverse_sqrt"):
+        command(R.coerce(run, "warmup_init_lr", "1e-7"))
+    with pytest.raises(LnposError, match="has no warm-up"):
+        command(R.coerce(run, "warmup", "100"))
+    with pytest.raises(LnposError, match="decoupled_weight_decay is an option of radam"):
+        command(R.coerce(run, "decoupled_weight_decay", "true"))
+    for key, bad in (("share_embeddings", "encoder"), ("schedule", "cosine"), ("beam", "0"), ("average_last", "-1")):
+        with pytest.raises(R.RunTableError):
+            R.coerce(run, key, bad)
+
+
+def test_share_all_embeddings_needs_a_joined_dictionary(tmp_path):
+    run = R.BY_NAME["ref-iwslt-clinic-admin"]
+    (tmp_path / "dict.de.txt").write_text("haus 5\nkatze 3\n")
+    (tmp_path / "dict.en.txt").write_text("haus 7\nkatze 1\n")  # the same words: one joined dictionary
+    C.check_joined_dictionary(run, tmp_path, ("de", "en"))
+    (tmp_path / "dict.en.txt").write_text("house 7\ncat 1\n")
+    with pytest.raises(LnposError, match="dict.de.txt and dict.en.txt .* differ: binarize with fairseq-preprocess "
+                                         "--joined-dictionary"):
+        C.check_joined_dictionary(run, tmp_path, ("de", "en"))
+    C.check_joined_dictionary(R.BY_NAME["ref-iwslt-tfixup"], tmp_path, ("de", "en"))  # shares the decoder's only

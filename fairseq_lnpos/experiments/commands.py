@@ -13,6 +13,7 @@ from pathlib import Path
 from ..common import USER_DIR
 from ..errors import LnposError
 from ..variants import arch_name as variant_arch
+from ..variants import arch_names
 from . import runs as R
 from .evaluate import console_script, generate_cmd
 from .rundir import RunDir
@@ -41,14 +42,27 @@ def batch_plan(run, world):
 
 
 def optimizer_args(run):
+    if run.decoupled_weight_decay and run.optimizer != "radam":
+        raise LnposError(f"{run.name}: decoupled_weight_decay is an option of radam (fairseq's adam always "
+                         f"decouples its weight decay, sgd has none): --set decoupled_weight_decay=false")
     if run.optimizer == "sgd":
         return ["--optimizer", "sgd", "--momentum", str(run.momentum), "--weight-decay", str(run.weight_decay)]
     return ["--optimizer", run.optimizer, "--adam-betas", run.adam_betas, "--adam-eps", str(run.adam_eps),
-            "--weight-decay", str(run.weight_decay)]
+            "--weight-decay", str(run.weight_decay)] + (["--decoupled-weight-decay"] if run.decoupled_weight_decay else [])
 
 
 def schedule_args(run, total_updates):
     lr = ["--lr", str(run.lr)]
+    if run.warmup_init_lr and run.schedule != "fairseq_inverse_sqrt":
+        raise LnposError(f"{run.name}: warmup_init_lr is an option of schedule fairseq_inverse_sqrt only "
+                         f"(the others warm up from 0): --set warmup_init_lr=0")
+    if run.schedule == "fairseq_inverse_sqrt":  # fairseq's own: from --warmup-init-lr to lr, then lr * sqrt(T / t)
+        return ["--lr-scheduler", "inverse_sqrt", *lr, "--warmup-updates", str(max(run.warmup, 1)),
+                "--warmup-init-lr", str(run.warmup_init_lr)]
+    if run.schedule == "inverse_sqrt_nowarmup":
+        if run.warmup > 1:
+            raise LnposError(f"{run.name}: schedule inverse_sqrt_nowarmup has no warm-up: --set warmup=0")
+        return ["--lr-scheduler", "inverse_sqrt_nowarmup", *lr, "--decay-period", str(run.decay_period)]
     if run.schedule == "inverse_sqrt":
         # the paper's T_warmup = 1 means no warm-up: the first update runs at lr_max
         return ["--lr-scheduler", "warmup_inverse_sqrt", *lr, "--warmup-updates", str(max(run.warmup, 1)),
@@ -58,11 +72,40 @@ def schedule_args(run, total_updates):
              "--decay-factor", str(run.decay_factor)]
         return a + (["--inverse-sqrt-after-decay"] if run.inverse_sqrt_after_decay else [])
     if run.schedule == "linear":
-        return ["--lr-scheduler", "polynomial_decay", *lr, "--power", "1", "--end-learning-rate", "0",
-                "--warmup-updates", "0", "--total-num-update", str(total_updates)]
+        # fairseq's --warmup-updates 1 would run the first update at lr 0: a warm-up of 1 is none
+        return ["--lr-scheduler", "polynomial_decay", *lr, "--power", "1", "--end-learning-rate", str(run.end_lr),
+                "--warmup-updates", str(run.warmup if run.warmup > 1 else 0), "--total-num-update", str(total_updates)]
     if run.schedule == "fixed":
         return ["--lr-scheduler", "fixed", *lr]
     raise LnposError(f"{run.name}: unknown schedule {run.schedule!r}")
+
+
+SHARE_FLAGS = {"none": [], "decoder": ["--share-decoder-input-output-embed"], "all": ["--share-all-embeddings"]}
+
+
+def model_args(run, arch):
+    """Dropouts, embedding sharing and the initialization (``--lnpos-init``, an option of the plugin's archs)."""
+    init = []
+    if arch in arch_names():
+        init = ["--lnpos-init", run.init]
+    elif run.init != R.INITS[0]:
+        raise LnposError(f"{run.name}: init {run.init} needs one of the plugin's archs (--arch {arch} is not): "
+                         f"drop --arch or --set init={R.INITS[0]}")
+    return ["--dropout", str(run.dropout), "--attention-dropout", str(run.attention_dropout),
+            "--activation-dropout", str(run.activation_dropout), *SHARE_FLAGS[run.share_embeddings], *init]
+
+
+def check_joined_dictionary(run, data, langs):
+    """--share-all-embeddings needs one dictionary for both languages (fairseq-preprocess
+    --joined-dictionary); fairseq itself would fail only once training starts, with a traceback."""
+    if run.share_embeddings != "all":
+        return
+    src, tgt = (Path(data) / f"dict.{lang}.txt" for lang in langs)
+    words = [[line.split(" ", 1)[0] for line in p.read_text(encoding="utf-8").splitlines()] for p in (src, tgt)]
+    if words[0] != words[1]:
+        raise LnposError(f"{run.name} shares all embeddings (--share-all-embeddings), but {src.name} and {tgt.name} "
+                         f"of {data} differ: binarize with fairseq-preprocess --joined-dictionary (data-prep/*.sh do), "
+                         f"or --set share_embeddings=decoder")
 
 
 def depth_args(run):
@@ -119,7 +162,7 @@ class Job:
         """Everything that determines the results (not the GPUs used, nor how often it is scored)."""
         o = self.opts
         return {"run": self.run.as_dict(), "seed": self.seed, "data": str(self.data), "arch": self.arch,
-                "fp16": o.fp16, "fairseq_args": o.fairseq_args, "beam": o.beam, "lenpen": o.lenpen,
+                "fp16": o.fp16, "fairseq_args": o.fairseq_args, "beam": self.run.beam, "lenpen": self.run.lenpen,
                 "gen_args": self.gen_extra()}
 
     def config_hash(self):
@@ -133,7 +176,7 @@ class Job:
         exe = "fairseq-train" if display else console_script("fairseq-train")
         cmd = [exe, str(self.data), "--user-dir", str(USER_DIR), "--task", o.task or r.task,
                "--source-lang", self.langs[0], "--target-lang", self.langs[1],
-               "--arch", self.arch, *depth_args(r), "--dropout", str(r.dropout),
+               "--arch", self.arch, *depth_args(r), *model_args(r, self.arch),
                *optimizer_args(r), "--clip-norm", str(r.clip_norm), *schedule_args(r, total_updates),
                "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", str(r.label_smoothing),
                "--max-tokens", str(max_tokens), "--update-freq", str(update_freq),
@@ -152,9 +195,10 @@ class Job:
         cap = [] if o.uncapped_len else list(LEN_CAP)
         return cap + (["--fp16"] if o.fp16 else []) + shlex.split(o.gen_args)
 
-    def generate_argv(self, epoch, manifest, display=False):
-        cmd = generate_cmd(self.data, self.dir.checkpoint(epoch), manifest, self.opts.beam, self.opts.lenpen,
-                           extra=self.gen_extra())
+    def generate_argv(self, epoch, manifest, display=False, checkpoint=None):
+        """fairseq-generate of epoch ``epoch``'s checkpoint (or of the file ``checkpoint``)."""
+        checkpoint = self.dir.checkpoint(epoch) if checkpoint is None else checkpoint
+        cmd = generate_cmd(self.data, checkpoint, manifest, self.run.beam, self.run.lenpen, extra=self.gen_extra())
         if display:
             cmd[0] = "fairseq-generate"
         return cmd

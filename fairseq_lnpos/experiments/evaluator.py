@@ -44,7 +44,8 @@ class Evaluator:
             t.start()
 
     def submit(self, request, callback):
-        """Score ``request`` (dict: argv, data, hyp_out) when its turn comes; then
+        """Score ``request`` (dict: argv, data, hyp_out, checkpoint; with ``average``, a list of
+        checkpoints, their parameter average is first written to ``checkpoint``) when its turn comes; then
         ``callback(result_dict, None)`` or ``callback(None, exception)``."""
         with self.lock:
             self.busy += 1
@@ -117,6 +118,10 @@ def serve(requests, answers):
         req = json.loads(line)
         t0 = time.time()
         try:
+            if req.get("average"):  # score the parameter average of these checkpoints, written first
+                from ..checkpoint import write_average
+
+                write_average(req["average"], req["checkpoint"])
             result = generate_and_score(req["argv"], read_manifest(req["data"]), req["hyp_out"])
             answer = {"result": {**result, "eval_seconds": round(time.time() - t0, 2)}}
         except (LnposError, OSError, RuntimeError, SystemExit) as e:

@@ -21,7 +21,7 @@ from pathlib import Path
 from ..data.manifest import read_manifest
 from ..errors import INTERRUPT_EXIT, CommandParser, LnposError, run_main
 from . import runs as R
-from .commands import Job, arch_name, batch_plan, total_updates
+from .commands import Job, arch_name, batch_plan, check_joined_dictionary, total_updates
 from .scheduler import Grid
 
 
@@ -77,10 +77,19 @@ def parse_sets(values, runs):
 def select_runs(opts):
     """The runs of the table that ``--only``, ``--set`` and ``--max-epoch`` ask for."""
     selected = R.select(opts.only.split(",") if opts.only else None)
-    selected = [r.with_defaults() for r in parse_sets(opts.set, selected)]
-    if opts.max_epoch is not None:
-        selected = [R.coerce(r, "max_epoch", str(opts.max_epoch)) for r in selected]
-    return selected
+    return override(opts, [r.with_defaults() for r in parse_sets(opts.set, selected)])
+
+
+OVERRIDES = ("max_epoch", "beam", "lenpen", "average_last")  # options that set a field of every run
+
+
+def override(opts, runs):
+    """``runs`` with the fields that ``--max-epoch``, ``--beam``, ``--lenpen`` and ``--average-last`` give."""
+    for key in OVERRIDES:
+        value = getattr(opts, key, None)
+        if value is not None:
+            runs = [R.coerce(r, key, str(value)) for r in runs]
+    return runs
 
 
 def make_jobs(opts, runs, dry_run):
@@ -107,6 +116,8 @@ def make_jobs(opts, runs, dry_run):
         langs = (m["source_lang"], m["target_lang"]) if m else (ds["source_lang"], ds["target_lang"])
         if m and not dry_run and not (d / f"dict.{langs[0]}.txt").exists():
             raise LnposError(f"{d} has no dict.{langs[0]}.txt: not a fairseq-preprocess output")
+        if m and not dry_run:
+            check_joined_dictionary(r, d, langs)
         arch = opts.arch or arch_name(r, opts.arch_size)
         for s in seeds:
             jobs.append(Job(r, s, d, out.resolve() / r.name / f"seed{s}", arch, langs, opts))
@@ -155,16 +166,20 @@ def need_cuda(k, what):
 
 
 def cmd_list(opts):
-    rows = [("run", "arch", "optimizer", "lr", "warm-up", "schedule", "epochs", "paper")]
+    rows = [("run", "arch", "init", "optimizer", "lr", "warm-up", "schedule", "length", "avg", "paper", "source")]
+    short = lambda text, n: text if len(text) < n else text[:n - 3] + "..."  # noqa: E731
     for r in (x.with_defaults() for x in R.RUNS):
         sched = r.schedule + (f"@{r.decay_epoch}" if r.decay_epoch else "")
         paper = (f"{r.paper_bleu:g} BLEU" if r.paper_bleu is not None else "") or r.paper_note
-        rows.append((r.name, arch_name(r, opts.arch_size), r.optimizer, f"{r.lr:g}", r.warmup_label, sched,
-                     str(r.max_epoch), paper if len(paper) < 50 else paper[:47] + "..."))
+        length = " / ".join(([f"{r.max_epoch} ep"] if r.max_epoch < 10 ** 6 else [])
+                            + ([f"{r.max_update} upd"] if r.max_update else []))
+        rows.append((r.name, arch_name(r, opts.arch_size), r.init, r.optimizer, f"{r.lr:g}", r.warmup_label, sched, length,
+                     str(r.average_last or ""), short(paper, 50), short(r.source, 60)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-    print(f"\n{len(R.RUNS)} runs; defaults the paper does not state: see fairseq_lnpos/experiments/runs.py")
+    print(f"\n{len(R.RUNS)} runs; defaults the paper does not state: see fairseq_lnpos/experiments/runs.py; "
+          f"the ref-* rows (other papers' recipes): docs/published.md")
     return 0
 
 
@@ -183,7 +198,11 @@ def print_dry_run(jobs, manifests):
         scored = (f"epochs {j.opts.eval_every}, {2 * j.opts.eval_every}, ... and the last"
                   if j.opts.eval_every > 1 else "every epoch")
         ev = shlex.join(j.generate_argv(999, m, display=True)).replace("checkpoint999.pt", "checkpoint$E.pt")
-        print(f"# test BLEU ({scored}): {ev}  # then score (evaluate.py)\n")
+        print(f"# test BLEU ({scored}): {ev}  # then score (evaluate.py)")
+        if j.run.average_last:
+            print(f"# and the parameter average of the last {j.run.average_last} epoch checkpoints "
+                  f"(checkpoint.average_checkpoints, as fairseq's scripts/average_checkpoints.py), scored the same way")
+        print()
 
 
 def run_grid(opts, runs):
@@ -237,8 +256,11 @@ def add_run_options(r):
     r.add_argument("--task", help="fairseq task for every run (e.g. translation_lnpos)")
     r.add_argument("--fairseq-args", default="", help="extra fairseq-train flags, one string")
     r.add_argument("--gen-args", default="", help="extra fairseq-generate flags, one string")
-    r.add_argument("--beam", type=positive_int(1), default=5)
-    r.add_argument("--lenpen", type=float, default=1.2)
+    r.add_argument("--beam", type=positive_int(1), help="beam size for every run (default: the run's, 5 for the paper)")
+    r.add_argument("--lenpen", type=float, help="length penalty for every run (default: the run's, 1.2 for the paper)")
+    r.add_argument("--average-last", type=positive_int(0), metavar="N",
+                   help="also score the parameter average of each run's last N epoch checkpoints "
+                        "(default: the run's, 10 for the ref-* rows, else 0 = none)")
     r.add_argument("--uncapped-len", action="store_true",
                    help="score with fairseq's default output length (200 tokens) instead of 1.2 x source + 10")
     r.add_argument("--eval-every", type=positive_int(1), default=1, metavar="N",
@@ -323,7 +345,7 @@ def command(argv=None):
         opts.arch_size = preset["arch_size"]
         axes = sweep.parse_axes(opts.archs, opts.lr, opts.warmup, opts.layers)
         runs = sweep.expand(*axes, max_update=opts.max_update, dataset=preset["dataset"])
-        return run_grid(opts, [R.coerce(r, "max_epoch", "1000000") for r in parse_sets(opts.set, runs)])
+        return run_grid(opts, override(opts, [R.coerce(r, "max_epoch", "1000000") for r in parse_sets(opts.set, runs)]))
     return run_grid(opts, select_runs(opts))
 
 

@@ -18,11 +18,14 @@ from .rundir import run_dirs
 
 CSV_COLUMNS = ["run", "arch", "optimizer", "lr", "warmup", "schedule", "seed", "status", "paper_bleu",
                "paper_valid_loss", "paper_note", "best_bleu_tok", "best_epoch", "last_bleu_tok", "last_epoch",
-               "sacrebleu", "last_sacrebleu", "best_valid_loss", "epochs"]
+               "sacrebleu", "last_sacrebleu", "best_valid_loss", "epochs", "avg_bleu_tok", "avg_sacrebleu",
+               "avg_epochs", "source"]
 TOK_LABEL = "tok BLEU"
 NOTE = ("tok BLEU: fairseq's BLEU scorer on the data's Moses tokens (lowercased for IWSLT, compound-split "
         "for WMT), the paper's metric; sacreBLEU: detokenized output against the raw references, at the "
-        "epoch of best tok BLEU. Best = best epoch on the test set (the paper's per-epoch curves).")
+        "epoch of best tok BLEU. Best = best epoch on the test set (the paper's per-epoch curves). Avg = the "
+        "parameter average of the run's last epoch checkpoints (--average-last; the epochs averaged in brackets), "
+        "as published numbers of IWSLT14/WMT14 are computed.")
 
 
 def collect(out_dir):
@@ -58,7 +61,12 @@ def _row(rd):
            "warmup": run["warmup"], "schedule": run["schedule"], "seed": cfg["seed"], "status": status,
            "paper_bleu": run.get("paper_bleu"), "paper_valid_loss": run.get("paper_valid_loss"),
            "paper_note": run.get("paper_note", ""), "figure": run.get("figure", "misc"),
-           "ln": run["ln"], "max_epoch": run["max_epoch"], "curve": epochs, "epochs": len(epochs)}
+           "ln": run["ln"], "max_epoch": run["max_epoch"], "curve": epochs, "epochs": len(epochs),
+           "source": run.get("source", "")}
+    avg = rd.average()
+    if avg is not None:
+        row.update(avg_bleu_tok=avg["bleu_tok"], avg_sacrebleu=avg.get("sacrebleu"),
+                   avg_epochs=f"{avg['epochs'][0]}-{avg['epochs'][-1]}")
     scored = [e for e in epochs if e.get("bleu_tok") is not None]
     if scored:
         best = max(scored, key=lambda e: (e["bleu_tok"], -e["epoch"]))
@@ -90,20 +98,26 @@ def write_csv(rows, path):
 
 def markdown(rows):
     head = ["run", "arch", "opt", "lr", "warm-up", "seed", "status", "paper",
-            f"{TOK_LABEL} best (epoch)", f"{TOK_LABEL} last", "sacreBLEU", "best valid loss"]
+            f"{TOK_LABEL} best (epoch)", f"{TOK_LABEL} avg (epochs)", f"{TOK_LABEL} last", "sacreBLEU", "best valid loss"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if r.get("unreadable"):
-            lines.append(f"| {r['run']} | | | | | {r['seed']} | {r['status'].replace('|', '/')} |" + " |" * 5)
+            lines.append(f"| {r['run']} | | | | | {r['seed']} | {r['status'].replace('|', '/')} |" + " |" * (len(head) - 7))
             continue
         paper = _fmt(r["paper_bleu"]) if r["paper_bleu"] is not None else r["paper_note"]
         best = f"{_fmt(r.get('best_bleu_tok'))} ({r['best_epoch']})" if r.get("best_bleu_tok") is not None else ""
+        avg = f"{_fmt(r['avg_bleu_tok'])} ({r['avg_epochs']})" if r.get("avg_bleu_tok") is not None else ""
         warm = str(r["warmup"]) if r["warmup"] > 1 else "none"
         cells = [r["run"], r["arch"], r["optimizer"], f"{r['lr']:g}", warm, str(r["seed"]), r["status"], paper,
-                 best, _fmt(r.get("last_bleu_tok")), _fmt(r.get("sacrebleu")), _fmt(r.get("best_valid_loss"), 3)]
+                 best, avg, _fmt(r.get("last_bleu_tok")), _fmt(r.get("sacrebleu")), _fmt(r.get("best_valid_loss"), 3)]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     sigs = sorted({r["signature"] for r in rows if r.get("signature")})
     lines.append("")
+    published = {}  # source -> the runs whose published number it gives
+    for r in rows:
+        if r.get("paper_bleu") is not None and r.get("source") and r["run"] not in published.get(r["source"], []):
+            published.setdefault(r["source"], []).append(r["run"])
+    lines += [f"paper (published BLEU) of {', '.join(names)}: {source}" for source, names in published.items()]
     lines += [f"sacreBLEU signature: {s}" for s in sigs] or ["sacreBLEU signature: (no run evaluated yet)"]
     lines.append("")
     lines.append(NOTE)

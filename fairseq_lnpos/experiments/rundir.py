@@ -5,6 +5,7 @@
     checkpoints/      fairseq's --save-dir (checkpoint_last.pt for resuming; checkpointN.pt until scored)
     eval/epochN.json  validation loss of epoch N (fairseq's), test BLEU when that epoch was scored
     eval/epochN.hyp   the hypotheses that were scored
+    eval/average.json the average of the last N epoch checkpoints (--average-last N) scored, and .hyp
     TRAINED           fairseq-train finished
     DONE.json         written last: a run with it is never redone
     .lock             held (flock) while a grid works on the run
@@ -111,6 +112,23 @@ class RunDir:
                        if (m := EPOCH_FILE.match(p.name)) and not p.name.startswith("."))
         return [read_json(p, what_to_do=f"delete it and run the grid again to re-score epoch {e}")
                 for e, p in found]
+
+    # the average of the last epoch checkpoints ----------------------------------
+    @property
+    def average_checkpoint(self):
+        return self.save_dir / "checkpoint_average.pt"
+
+    @property
+    def average_hyp_path(self):
+        return self.eval_dir / "average.hyp"
+
+    def average(self):
+        """The scored average (its epochs, N and scores), None when not scored yet."""
+        return read_json(self.eval_dir / "average.json", missing_ok=True,
+                         what_to_do="delete it and run the grid again to re-score the average")
+
+    def write_average(self, record):
+        write_json(self.eval_dir / "average.json", record)
 
     # lock ---------------------------------------------------------------------
     def lock(self, wait=60):

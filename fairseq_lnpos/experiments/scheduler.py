@@ -212,34 +212,72 @@ class Grid:
 
     def _score(self, job, epoch, record):
         rd = job.dir
-        request = {"argv": job.generate_argv(epoch, job.manifest)[1:], "data": str(job.data),
-                   "hyp_out": str(rd.hyp_path(epoch)), "checkpoint": str(rd.checkpoint(epoch))}
-        with self.lock:
-            job.pending.add(epoch)
         t = time.time()
 
-        def scored(result, error):
+        def scored(result):
+            rd.write_eval(epoch, {**record, **result})
+            self._drop_checkpoints(job, below=epoch + 1)
+            self.say(f"{job.label}: epoch {epoch} tok BLEU {result['bleu_tok']}, sacreBLEU "
+                     f"{result.get('sacrebleu', '-')}, valid loss {record['valid_loss']} "
+                     f"({time.time() - t:.0f} s after it was saved)")
+
+        self._submit(job, epoch, {"argv": job.generate_argv(epoch, job.manifest)[1:], "hyp_out": str(rd.hyp_path(epoch)),
+                                  "checkpoint": str(rd.checkpoint(epoch))}, scored)
+
+    def _submit(self, job, key, request, scored):
+        """Queue ``request`` with the job's evaluator under ``key`` (in ``job.pending`` until answered);
+        ``scored(result)`` records a result, an evaluator's failure becomes ``job.error``."""
+        with self.lock:
+            job.pending.add(key)
+
+        def answered(result, error):
             if error is None:
-                rd.write_eval(epoch, {**record, **result})
-                self._drop_checkpoints(job, below=epoch + 1)
-                self.say(f"{job.label}: epoch {epoch} tok BLEU {result['bleu_tok']}, sacreBLEU "
-                         f"{result.get('sacrebleu', '-')}, valid loss {record['valid_loss']} "
-                         f"({time.time() - t:.0f} s after it was saved)")
+                scored(result)
             elif isinstance(error, EvalFailed):
                 job.error = str(error)
             with self.lock:
-                job.pending.discard(epoch)
+                job.pending.discard(key)
                 self.finished.notify_all()
 
-        job.evaluator.submit(request, scored)
+        job.evaluator.submit({**request, "data": str(job.data)}, answered)
+
+    def _average_due(self, job):
+        """Is the average of the run's last --average-last epoch checkpoints still to be scored?"""
+        return job.run.average_last > 0 and not self.opts.no_bleu and job.diverged is None and job.dir.average() is None
+
+    def _score_average(self, job):
+        """Queue the scoring of the parameter average of the last --average-last epoch checkpoints
+        (fewer when the run saved fewer); False when there is none to score."""
+        if not self._average_due(job):
+            return False
+        rd, n = job.dir, job.run.average_last
+        last = rd.epoch_checkpoints()[-n:]
+        if not last:
+            return False
+        epochs, out = [ep for ep, _ in last], rd.average_checkpoint
+
+        def scored(result):
+            rd.write_average({"epochs": epochs, "average_last": n, **result})
+            if not self.opts.keep_checkpoints:
+                out.unlink(missing_ok=True)
+            self.say(f"{job.label}: average of epochs {epochs[0]}-{epochs[-1]} tok BLEU {result['bleu_tok']}, "
+                     f"sacreBLEU {result.get('sacrebleu', '-')}")
+
+        self._submit(job, "average", {"argv": job.generate_argv(None, job.manifest, checkpoint=out)[1:],
+                                      "hyp_out": str(rd.average_hyp_path), "checkpoint": str(out),
+                                      "average": [str(path) for _, path in last]}, scored)
+        return True
 
     def _drop_checkpoints(self, job, below):
-        """Delete checkpointN.pt (N < below) whose epoch is recorded, unless --keep-checkpoints."""
+        """Delete checkpointN.pt (N < below) whose epoch is recorded, unless --keep-checkpoints; the
+        newest --average-last of them stay until their average is scored."""
         if self.opts.keep_checkpoints:
             return
         rd = job.dir
-        for ep, path in rd.epoch_checkpoints():
-            if ep < below and rd.has_eval(ep):
+        found = rd.epoch_checkpoints()
+        keep = {ep for ep, _ in found[-job.run.average_last:]} if self._average_due(job) else set()
+        for ep, path in found:
+            if ep < below and rd.has_eval(ep) and ep not in keep:
                 path.unlink()
 
     def _after_training(self, job):
@@ -252,15 +290,23 @@ class Grid:
             self._score(job, last, rec)  # the last epoch is always scored
         threading.Thread(target=self._finish, args=(job,), daemon=True).start()
 
-    def _finish(self, job):
+    def _wait_for_scoring(self, job):
+        """Wait until ``job``'s queued scoring is done; False when the grid stops meanwhile."""
         with self.lock:
             while job.pending and not self.stop.is_set():
                 self.finished.wait()
+        if self.stop.is_set():
+            return False
+        if job.error:
+            raise RunFailed(job.error)
+        return True
+
+    def _finish(self, job):
         try:
-            if self.stop.is_set():
+            if not self._wait_for_scoring(job):
                 return
-            if job.error:
-                raise RunFailed(job.error)
+            if self._score_average(job) and not self._wait_for_scoring(job):
+                return
             self._drop_checkpoints(job, below=float("inf"))
             st, rd = job.log_state, job.dir
             diverged = job.diverged

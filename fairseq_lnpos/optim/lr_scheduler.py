@@ -10,6 +10,9 @@
 * ``step_decay``: lr_max until epoch K, lr_max * factor from epoch K on (the Pre-LN recipe:
   "x0.1 at the 8th epoch"); with ``--inverse-sqrt-after-decay`` it then decays as
   lr_max * factor * sqrt(U_K / t), U_K being the update count when epoch K began (WMT recipe).
+* ``inverse_sqrt_nowarmup``: lr_max * sqrt(A / (A + n)) after n updates, A = ``--decay-period``:
+  T-Fixup's schedule (layer6ai-labs/T-Fixup, ``fairseq/optim/lr_scheduler/inverse_sqrt_nowarmup_schedule.py``,
+  the same name and option), which none of fairseq's own schedules gives.
 * Linear decay to 0 (RAdam's recipe) is fairseq's own ``polynomial_decay --power 1
   --end-learning-rate 0 --warmup-updates 0 --total-num-update N``: no new code.
 
@@ -113,5 +116,25 @@ class StepDecaySchedule(FairseqLRScheduler):
     def step_update(self, num_updates):
         self._num_updates = num_updates
         lr = self._lr(num_updates + 1)
+        self.optimizer.set_lr(lr)
+        return lr
+
+
+@dataclass
+class InverseSqrtNoWarmupConfig(FairseqDataclass):
+    decay_period: int = field(default=4000, metadata={"help": "A in lr * sqrt(A / (A + updates))"})
+    lr: List[float] = II("optimization.lr")
+
+
+@register_lr_scheduler("inverse_sqrt_nowarmup", dataclass=InverseSqrtNoWarmupConfig)
+class InverseSqrtNoWarmupSchedule(FairseqLRScheduler):
+    def __init__(self, cfg, optimizer):
+        super().__init__(cfg, optimizer)
+        check(cfg.decay_period >= 1, f"--decay-period must be >= 1, got {cfg.decay_period}")
+        self.lr_max = _lr_max(cfg)
+        self.step_update(0)
+
+    def step_update(self, num_updates):
+        lr = self.lr_max * math.sqrt(self.cfg.decay_period / (self.cfg.decay_period + num_updates))
         self.optimizer.set_lr(lr)
         return lr
