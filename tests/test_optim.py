@@ -174,3 +174,56 @@ def test_the_grids_radam_rows_decay_linearly_to_zero():
     assert r[0] == pytest.approx(1e-3)
     assert r[50] == pytest.approx(1e-3 * (1 - 50 / 100))
     assert r[99] == pytest.approx(1e-5)
+
+
+def test_tfixup_schedule_is_lr_times_sqrt_a_over_a_plus_t():
+    """T-Fixup's inverse_sqrt_nowarmup: lr_max at the first update, then lr * sqrt(A / (A + n)) after n
+    updates, as its official code sets it in step_update(n); resumed, the same curve."""
+    opt, sched = schedule("inverse_sqrt_nowarmup", lr=5e-4, decay_period=4000)
+    r = rates(opt, sched, 12001)
+    assert r[0] == 5e-4
+    assert r[4000] == pytest.approx(5e-4 * math.sqrt(0.5))  # update 4001 follows 4000 updates
+    assert r[12000] == pytest.approx(5e-4 / 2)
+    assert all(a > b for a, b in zip(r, r[1:]))
+    opt2, sched2 = schedule("inverse_sqrt_nowarmup", lr=5e-4, decay_period=4000)
+    sched2.load_state_dict(sched.state_dict())
+    sched2.step_update(12000)
+    assert opt2.get_lr() == pytest.approx(r[12000])
+    with pytest.raises(LnposError, match="--decay-period must be >= 1"):
+        schedule("inverse_sqrt_nowarmup", decay_period=0)
+
+
+def test_the_transformer_clinic_rows_warm_up_from_1e_7():
+    """fairseq's own inverse_sqrt with the flags of the Transformer-Clinic rows: 1e-7 at the first
+    update, lr_max after 6000, then lr_max * sqrt(6000 / n)."""
+    from fairseq_lnpos.experiments import commands, runs
+
+    flags = commands.schedule_args(runs.BY_NAME["ref-iwslt-clinic-admin"], total_updates=None)
+    value = dict(zip(flags[::2], flags[1::2]))
+    assert value["--lr-scheduler"] == "inverse_sqrt"
+    opt, sched = schedule("inverse_sqrt", lr=float(value["--lr"]), warmup_updates=int(value["--warmup-updates"]),
+                          warmup_init_lr=float(value["--warmup-init-lr"]))
+    r = rates(opt, sched, 24001)
+    assert r[0] == pytest.approx(1e-7)
+    assert r[3000] == pytest.approx(1e-7 + 3000 * (7e-4 - 1e-7) / 6000)
+    assert r[6000] == pytest.approx(7e-4)
+    assert r[24000] == pytest.approx(7e-4 / 2)
+
+
+def test_the_radam_repository_rows_warm_up_then_decay_linearly_to_1e_9():
+    from fairseq_lnpos.experiments import commands, runs
+
+    for name, warmup in (("ref-iwslt-radamrepo-adam-wu4000", 4000), ("ref-iwslt-radamrepo-radam-nowu", 0)):
+        flags = commands.schedule_args(runs.BY_NAME[name], total_updates=70000)
+        value = dict(zip(flags[::2], flags[1::2]))
+        opt, sched = schedule("polynomial_decay", lr=float(value["--lr"]), warmup_updates=int(value["--warmup-updates"]),
+                              force_anneal=None, end_learning_rate=float(value["--end-learning-rate"]),
+                              power=float(value["--power"]), total_num_update=int(value["--total-num-update"]))
+        r = rates(opt, sched, 70000)
+        # the RAdam repository's nmt/my_module/linear_schedule.py after n updates, past the warm-up
+        liu = lambda n: (3e-4 - 1e-9) * (1 - (n - max(warmup, 1)) / (70000 - max(warmup, 1))) + 1e-9  # noqa: E731
+        assert r[40000] == pytest.approx(liu(40000), rel=1e-3) and r[69999] == pytest.approx(liu(69999), rel=1e-3)
+        assert max(r) == pytest.approx(3e-4)
+        assert r[0] == (3e-4 if not warmup else 0.0)  # fairseq warms up from 0; the repository from 1e-8
+        if warmup:
+            assert r[2000] == pytest.approx(3e-4 / 2)
