@@ -415,3 +415,120 @@ def test_the_evaluator_writes_what_fairseq_generate_writes(uninterrupted, data, 
     inproc2 = run_generate(cmd2[1:])
     assert lines(inproc2) == lines(cli2.stdout) and lines(inproc2) != lines(inproc)
     assert lines(run_generate(cmd[1:])) == lines(inproc)
+
+
+def test_the_last_n_epoch_checkpoints_stay_until_their_average_is_scored(tmp_path):
+    """--average-last N: scored epochs are dropped as before, except the newest N, kept until their
+    average is recorded; a diverged run has no average and keeps none."""
+    from types import SimpleNamespace as NS
+
+    from fairseq_lnpos.experiments.rundir import RunDir
+    from fairseq_lnpos.experiments.scheduler import Grid
+
+    grid = Grid([], _opts(out=str(tmp_path)), [None])
+    rd = RunDir(tmp_path / "run")
+    rd.save_dir.mkdir(parents=True)
+    rd.eval_dir.mkdir()
+
+    def saved(*epochs):
+        for e in epochs:
+            rd.checkpoint(e).write_bytes(b"")
+            rd.write_eval(e, {"epoch": e})
+
+    left = lambda: [e for e, _ in rd.epoch_checkpoints()]  # noqa: E731
+    job = NS(dir=rd, run=NS(average_last=2), diverged=None)
+    saved(1, 2, 3)
+    grid._drop_checkpoints(job, below=4)
+    assert left() == [2, 3]
+    saved(4)
+    grid._drop_checkpoints(job, below=5)
+    assert left() == [3, 4]
+    rd.write_average({"epochs": [3, 4], "bleu_tok": 1.0})
+    grid._drop_checkpoints(job, below=float("inf"))
+    assert left() == []
+    for average_last, diverged in ((0, None), (2, 7)):  # no averaging asked / a diverged run
+        saved(5, 6)
+        (rd.eval_dir / "average.json").unlink(missing_ok=True)
+        grid._drop_checkpoints(NS(dir=rd, run=NS(average_last=average_last), diverged=diverged), below=7)
+        assert left() == []
+    for e in grid.evaluators.values():
+        e.close()
+
+
+# Two rows of other papers' recipes (Transformer-Clinic's Post-LN, T-Fixup's) at the tiny size: three
+# epochs (Transformer-Clinic's 100k-update cap dropped), the average of the last two scored as well
+REF = ["ref-iwslt-clinic-postln", "ref-iwslt-tfixup"]
+REF_ARGS = ["run", "--only", ",".join(REF), "--arch-size", "tiny", "--max-epoch", "3", "--set", "max_update=0",
+            "--set", "max_tokens=512", "--set", "batch_tokens=512", "--average-last", "2"]
+
+
+@pytest.mark.slow
+def test_reference_recipes_end_to_end_with_averaging(data, tmp_path):
+    import torch
+
+    from fairseq_lnpos.checkpoint import load_checkpoint_file
+    from fairseq_lnpos.data.manifest import read_manifest
+    from fairseq_lnpos.experiments.evaluate import generate_cmd, parse_generate, run_generate
+
+    out = tmp_path / "ref"
+    run = sh(GRID, *REF_ARGS, "--data", data, "--out", out, "--keep-checkpoints")
+    assert run.returncode == 0, run.stderr[-2000:]
+    refs = read_lines(data.parent / "text" / "tok" / "test.en")
+    for name in REF:
+        rd = out / name / "seed1"
+        train = (rd / "train.log").read_text().split("# grid: ")[1].splitlines()[0]
+        assert "--lnpos-init" in train and " --max-update" not in train
+        assert ("--share-all-embeddings" if "clinic" in name else "--share-decoder-input-output-embed") in train
+        avg = json.loads((rd / "eval" / "average.json").read_text())
+        assert avg["epochs"] == [2, 3] and avg["average_last"] == 2 and avg["n_sentences"] == 20
+        hyps = read_lines(rd / "eval" / "average.hyp")
+        assert avg["bleu_tok"] == round(tok_bleu(hyps, refs, lowercase=True), 2)
+        # the scored model is the parameter mean of epochs 2 and 3, computed here by hand
+        ckpt = rd / "checkpoints"
+        two, three = (load_checkpoint_file(ckpt / f"checkpoint{e}.pt")["model"] for e in (2, 3))
+        mean = load_checkpoint_file(ckpt / "checkpoint_average.pt")["model"]
+        assert set(mean) == set(two)
+        for k, v in mean.items():
+            if v.is_floating_point():
+                assert torch.allclose(v, (two[k].double() + three[k].double()).div(2).to(v.dtype)), k
+        assert any(not torch.equal(mean[k], three[k]) for k in mean)
+        # ... decoded with the row's beam and length penalty (T-Fixup: beam 4, lenpen 0.3)
+        row = G.R.BY_NAME[name]
+        cmd = generate_cmd(data, ckpt / "checkpoint_average.pt", read_manifest(data), row.beam, row.lenpen,
+                           extra=["--max-len-a", "1.2", "--max-len-b", "10"])
+        seen, again = parse_generate(run_generate(cmd[1:]))
+        assert hyps == [again.get(i, "") for i in range(len(seen))]
+    cfg = json.loads((out / REF[1] / "seed1" / "config.json").read_text())
+    assert (cfg["beam"], cfg["lenpen"], cfg["run"]["average_last"]) == (4, 0.3, 2)  # --average-last 2 overrides 10
+
+    # the table: published beside measured, the average in its own column
+    table = sh(TABLE, out, "--no-figures")
+    assert table.returncode == 0, table.stderr[-2000:]
+    r = rows(out)
+    for name, published in zip(REF, ("35.64", "35.73")):
+        avg = json.loads((out / name / "seed1" / "eval" / "average.json").read_text())
+        assert r[name]["paper_bleu"] == published and float(r[name]["avg_bleu_tok"]) == avg["bleu_tok"]
+        assert r[name]["avg_epochs"] == "2-3" and "Transformer-Clinic" in r[REF[0]]["source"]
+        line = next(l for l in (out / "results.md").read_text().splitlines() if l.startswith(f"| {name} |"))
+        assert f"| {published} | " in line and f"{avg['bleu_tok']:.2f} (2-3)" in line
+    assert "tok BLEU avg (epochs)" in (out / "results.md").read_text()
+
+    # resumed after training and scoring the epochs, before the average: the average is scored once,
+    # no epoch again, then the epoch checkpoints go (no --keep-checkpoints this time)
+    first = {n: json.loads((out / n / "seed1" / "eval" / "average.json").read_text()) for n in REF}
+    for name in REF:
+        (out / name / "seed1" / "DONE.json").unlink()
+        (out / name / "seed1" / "eval" / "average.json").unlink()
+    again = sh(GRID, *REF_ARGS, "--data", data, "--out", out)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert " tok BLEU " not in again.stdout.replace("average of epochs 2-3 tok BLEU", "")
+    for name in REF:
+        assert again.stdout.count(f"{name} seed 1: average of epochs 2-3 tok BLEU") == 1
+        rec = json.loads((out / name / "seed1" / "eval" / "average.json").read_text())
+        assert {k: v for k, v in rec.items() if k != "eval_seconds"} == \
+            {k: v for k, v in first[name].items() if k != "eval_seconds"}
+        assert sorted(p.name for p in (out / name / "seed1" / "checkpoints").iterdir()) == \
+            ["checkpoint_best.pt", "checkpoint_last.pt"]
+    # and a finished run is not redone
+    third = sh(GRID, *REF_ARGS, "--data", data, "--out", out)
+    assert third.returncode == 0 and third.stdout.count("already finished, not redone") == 2
