@@ -55,20 +55,30 @@ class WarmupInverseSqrtConfig(FairseqDataclass):
     lr: List[float] = II("optimization.lr")
 
 
-@register_lr_scheduler("warmup_inverse_sqrt", dataclass=WarmupInverseSqrtConfig)
-class WarmupInverseSqrtSchedule(FairseqLRScheduler):
+class UpdateSchedule(FairseqLRScheduler):
+    """A rate that depends on the update count alone: ``rate(n)`` for the update after n updates."""
+
     def __init__(self, cfg, optimizer):
         super().__init__(cfg, optimizer)
-        check(cfg.warmup_updates >= 0, f"--warmup-updates must be >= 0, got {cfg.warmup_updates}")
-        check(cfg.decay_anchor is None or cfg.decay_anchor >= 1,
-              f"--decay-anchor must be >= 1, got {cfg.decay_anchor}")
         self.lr_max = _lr_max(cfg)
         self.step_update(0)
 
     def step_update(self, num_updates):
-        lr = warmup_inverse_sqrt(num_updates + 1, self.lr_max, self.cfg.warmup_updates, self.cfg.decay_anchor)
+        lr = self.rate(num_updates)
         self.optimizer.set_lr(lr)
         return lr
+
+
+@register_lr_scheduler("warmup_inverse_sqrt", dataclass=WarmupInverseSqrtConfig)
+class WarmupInverseSqrtSchedule(UpdateSchedule):
+    def __init__(self, cfg, optimizer):
+        check(cfg.warmup_updates >= 0, f"--warmup-updates must be >= 0, got {cfg.warmup_updates}")
+        check(cfg.decay_anchor is None or cfg.decay_anchor >= 1,
+              f"--decay-anchor must be >= 1, got {cfg.decay_anchor}")
+        super().__init__(cfg, optimizer)
+
+    def rate(self, num_updates):
+        return warmup_inverse_sqrt(num_updates + 1, self.lr_max, self.cfg.warmup_updates, self.cfg.decay_anchor)
 
 
 @dataclass
@@ -127,14 +137,10 @@ class InverseSqrtNoWarmupConfig(FairseqDataclass):
 
 
 @register_lr_scheduler("inverse_sqrt_nowarmup", dataclass=InverseSqrtNoWarmupConfig)
-class InverseSqrtNoWarmupSchedule(FairseqLRScheduler):
+class InverseSqrtNoWarmupSchedule(UpdateSchedule):
     def __init__(self, cfg, optimizer):
-        super().__init__(cfg, optimizer)
         check(cfg.decay_period >= 1, f"--decay-period must be >= 1, got {cfg.decay_period}")
-        self.lr_max = _lr_max(cfg)
-        self.step_update(0)
+        super().__init__(cfg, optimizer)
 
-    def step_update(self, num_updates):
-        lr = self.lr_max * math.sqrt(self.cfg.decay_period / (self.cfg.decay_period + num_updates))
-        self.optimizer.set_lr(lr)
-        return lr
+    def rate(self, num_updates):
+        return self.lr_max * math.sqrt(self.cfg.decay_period / (self.cfg.decay_period + num_updates))
