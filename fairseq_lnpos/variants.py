@@ -14,8 +14,9 @@ class Variant:
 
 
 VARIANTS = {
-    "postln": Variant("Post-LN", "transformer", False),
-    "preln": Variant("Pre-LN", "transformer", True),
+    # fairseq's transformer and layers plus --lnpos-init (models/variant.py)
+    "postln": Variant("Post-LN", "transformer_lnpos", False),
+    "preln": Variant("Pre-LN", "transformer_lnpos", True),
     "deepnorm": Variant("DeepNorm", "transformer_deepnorm", False),
     "keel": Variant("Keel", "transformer_keel", False),
     "admin": Variant("Admin", "transformer_admin", False),

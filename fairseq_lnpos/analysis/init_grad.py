@@ -53,6 +53,7 @@ class Options:
     archs: List[str] = dataclasses.field(default_factory=lambda: ["postln", "preln"])
     size: str = "iwslt_de_en"
     model_args: str = ""
+    init: Optional[str] = None
     vocab: int = 8000
     depths: List[int] = dataclasses.field(default_factory=lambda: [6, 8, 10, 12, 14])
     layers_depth: int = 6
@@ -115,6 +116,9 @@ def parse_args(argv=None):
     p.add_argument("--model-args", default="",
                    help="extra fairseq model options, one quoted string, e.g. "
                    "\"--encoder-embed-dim 64 --decoder-embed-dim 64\" (for quick looks and tests)")
+    p.add_argument("--init", choices=("fairseq-0.12", "fairseq-0.9", "fairseq-0.8"),
+                   help="the plugin archs' --lnpos-init (default fairseq-0.12, fairseq 0.12's own; fairseq-0.8: "
+                   "Xavier FFNs and zero biases, the fairseq of the paper's time)")
     p.add_argument("--vocab", type=int, default=8000, help="word types of the generated corpus (no --data)")
     p.add_argument("--depths", default="6,8,10,12,14",
                    help="encoder = decoder layers of the depth sweep (Fig. 3c/d)")
@@ -171,6 +175,8 @@ def fairseq_argv(arch, layers, opts, data="-"):
             "--label-smoothing", str(opts.label_smoothing), "--dropout", str(opts.dropout),
             "--max-tokens", str(opts.tokens)]
     argv += shlex.split(opts.model_args)
+    if opts.init:
+        argv += ["--lnpos-init", opts.init]
     if layers is not None:
         argv += ["--encoder-layers", str(layers), "--decoder-layers", str(layers)]
     if opts.source_lang:
@@ -191,7 +197,7 @@ def load_data(opts):
         src_dict, tgt_dict, dataset = make_corpus(
             n_sentences=max(2000, opts.tokens * opts.batches // 10), vocab=opts.vocab)
         opts.source_lang, opts.target_lang = opts.source_lang or "src", opts.target_lang or "tgt"
-        task = TranslationTask(fairseq_build.parse(fairseq_argv("transformer", None, opts)), src_dict, tgt_dict)
+        task = TranslationTask(fairseq_build.parse(fairseq_argv(arch_name("postln"), None, opts)), src_dict, tgt_dict)
         return task, dataset, f"generated Markov corpus ({len(dataset)} pairs, {len(tgt_dict)} types)"
     from fairseq_lnpos.data.bindir import check_data_dir
     from fairseq_lnpos.data.manifest import ManifestError, read_manifest
@@ -205,7 +211,7 @@ def load_data(opts):
             pass
     opts.source_lang, opts.target_lang = check_data_dir(data, opts.source_lang, opts.target_lang)
     split = opts.split or ("train" if list(data.glob("train.*.idx")) else "valid")
-    _, _, task = fairseq_build.setup(fairseq_argv("transformer", None, opts, data=str(data)))
+    _, _, task = fairseq_build.setup(fairseq_argv(arch_name("postln"), None, opts, data=str(data)))
     try:
         task.load_dataset(split)
     except FileNotFoundError as e:
@@ -348,6 +354,8 @@ def lemma2_stats(model, sample):
 def settings_of(opts, data_desc):
     s = {k: getattr(opts, k) for k in ("tokens", "batches", "dropout", "label_smoothing", "size", "model_args",
                                        "first_seed", "split", "data", "checkpoint")}
+    if opts.init:  # absent when not given, so results of earlier versions still resume
+        s["init"] = opts.init
     s["data_desc"] = data_desc
     return s
 

@@ -47,12 +47,11 @@ import math
 
 from fairseq.models import register_model
 from fairseq.modules import LayerDropModuleList
-from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 import torch
 from torch import nn
 
 from ..errors import check
-from .variant import VariantTransformerModel
+from .variant import DecoderLayer, EncoderLayer, VariantTransformerModel
 
 logger = logging.getLogger(__name__)
 
@@ -100,13 +99,13 @@ class AdminLayer:
         return torch.addcmul(x, residual, self.skip_weight(name))
 
 
-class AdminEncoderLayer(AdminLayer, TransformerEncoderLayerBase):
+class AdminEncoderLayer(AdminLayer, EncoderLayer):
     def __init__(self, cfg, index=0, return_fc=False):
         super().__init__(cfg, return_fc=return_fc)
         self.admin_init(["self_attn", "ffn"])
 
 
-class AdminDecoderLayer(AdminLayer, TransformerDecoderLayerBase):
+class AdminDecoderLayer(AdminLayer, DecoderLayer):
     def __init__(self, cfg, no_encoder_attn=False, index=0):
         super().__init__(cfg, no_encoder_attn)
         self.admin_init(["self_attn"] + ([] if self.encoder_attn is None else ["encoder_attn"]) + ["ffn"])

@@ -2,7 +2,8 @@
 
 A variant fixes where LayerNorm sits (and, except for Post-LN and Pre-LN, the model class); a size fills in
 fairseq's defaults for dimensions and depth, which the command line can override as usual.
-Post-LN and Pre-LN are fairseq's own ``transformer`` model: Pre-LN is exactly
+Post-LN and Pre-LN are fairseq's ``transformer`` and its layers (model ``transformer_lnpos``, which adds
+``--lnpos-init``): Pre-LN is exactly
 ``--encoder-normalize-before --decoder-normalize-before`` (fairseq then adds the final
 LayerNorm of each stack itself), Post-LN is the same model without them.
 """
@@ -11,7 +12,7 @@ from fairseq.models.transformer import base_architecture, transformer_iwslt_de_e
 
 from ..errors import check
 from ..variants import SIZES, TINY, VARIANTS, arch_name
-from . import admin, deepnorm, keel, tfixup  # noqa: F401  (register the models named in variants.VARIANTS)
+from . import admin, deepnorm, keel, tfixup, variant  # noqa: F401  (register the models named in variants.VARIANTS)
 
 
 def tiny_architecture(args):

@@ -12,12 +12,11 @@ weights (and biases) by an init scale, which for encoder-decoder amounts to an e
 import logging
 
 from fairseq.models import register_model
-from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 import torch
 from torch import nn
 
 from ..errors import check
-from .variant import VariantTransformerModel
+from .variant import DecoderLayer, EncoderLayer, VariantTransformerModel, layer_attentions
 
 logger = logging.getLogger(__name__)
 
@@ -50,19 +49,18 @@ class DeepNormResidual:
         return torch.add(x, residual, alpha=self.alpha)
 
 
-class DeepNormEncoderLayer(DeepNormResidual, TransformerEncoderLayerBase):
+class DeepNormEncoderLayer(DeepNormResidual, EncoderLayer):
     def __init__(self, cfg, index=0, return_fc=False):
         super().__init__(cfg, return_fc=return_fc)
         self.alpha, beta = deepnorm_coefficients(cfg.encoder.layers, cfg.decoder.layers)["encoder"]
-        deepnorm_init([self.self_attn], self.fc1, self.fc2, beta)
+        deepnorm_init(layer_attentions(self), self.fc1, self.fc2, beta)
 
 
-class DeepNormDecoderLayer(DeepNormResidual, TransformerDecoderLayerBase):
+class DeepNormDecoderLayer(DeepNormResidual, DecoderLayer):
     def __init__(self, cfg, no_encoder_attn=False, index=0):
         super().__init__(cfg, no_encoder_attn)
         self.alpha, beta = deepnorm_coefficients(cfg.encoder.layers, cfg.decoder.layers)["decoder"]
-        attentions = [self.self_attn] + ([self.encoder_attn] if self.encoder_attn is not None else [])
-        deepnorm_init(attentions, self.fc1, self.fc2, beta)
+        deepnorm_init(layer_attentions(self), self.fc1, self.fc2, beta)
 
 
 @register_model("transformer_deepnorm")

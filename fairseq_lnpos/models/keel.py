@@ -15,12 +15,11 @@ import logging
 
 from fairseq.models import register_model
 from fairseq.modules import LayerNorm
-from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from torch import nn
 
 from ..errors import check
 from .deepnorm import DeepNormResidual
-from .variant import VariantTransformerModel
+from .variant import DecoderLayer, EncoderLayer, VariantTransformerModel
 
 logger = logging.getLogger(__name__)
 
@@ -72,13 +71,13 @@ class KeelLayer(DeepNormResidual):
         return (self.ffn_branch_norm(args[0]),)
 
 
-class KeelEncoderLayer(KeelLayer, TransformerEncoderLayerBase):
+class KeelEncoderLayer(KeelLayer, EncoderLayer):
     def __init__(self, cfg, index=0, return_fc=False):
         super().__init__(cfg, return_fc=return_fc)
         self.keelify(cfg, index, "encoder", ["self_attn"])
 
 
-class KeelDecoderLayer(KeelLayer, TransformerDecoderLayerBase):
+class KeelDecoderLayer(KeelLayer, DecoderLayer):
     def __init__(self, cfg, no_encoder_attn=False, index=0):
         super().__init__(cfg, no_encoder_attn)
         self.keelify(cfg, index, "decoder", ["self_attn"] + ([] if self.encoder_attn is None else ["encoder_attn"]))

@@ -26,12 +26,11 @@ As in the official code (where the paper, with N = M throughout, is silent):
 import logging
 
 from fairseq.models import register_model
-from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 import torch
 from torch import nn
 
 from ..errors import check
-from .variant import VariantTransformerModel
+from .variant import DecoderLayer, EncoderLayer, VariantTransformerModel, layer_attentions
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +43,11 @@ def tfixup_scales(encoder_layers, decoder_layers):
 
 
 class TFixupLayer:
-    def tfixupify(self, attentions, scale):
+    def tfixupify(self, scale):
         for name in ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"):
             if getattr(self, name, None) is not None:
                 setattr(self, name, nn.Identity())
-        for attn in attentions:
+        for attn in layer_attentions(self):
             nn.init.xavier_uniform_(attn.v_proj.weight, gain=scale)
             nn.init.xavier_uniform_(attn.out_proj.weight, gain=scale)
         for fc in (self.fc1, self.fc2):
@@ -56,17 +55,16 @@ class TFixupLayer:
             nn.init.zeros_(fc.bias)
 
 
-class TFixupEncoderLayer(TFixupLayer, TransformerEncoderLayerBase):
+class TFixupEncoderLayer(TFixupLayer, EncoderLayer):
     def __init__(self, cfg, index=0, return_fc=False):
         super().__init__(cfg, return_fc=return_fc)
-        self.tfixupify([self.self_attn], tfixup_scales(cfg.encoder.layers, cfg.decoder.layers)["encoder"][0])
+        self.tfixupify(tfixup_scales(cfg.encoder.layers, cfg.decoder.layers)["encoder"][0])
 
 
-class TFixupDecoderLayer(TFixupLayer, TransformerDecoderLayerBase):
+class TFixupDecoderLayer(TFixupLayer, DecoderLayer):
     def __init__(self, cfg, no_encoder_attn=False, index=0):
         super().__init__(cfg, no_encoder_attn)
-        attentions = [self.self_attn] + ([] if self.encoder_attn is None else [self.encoder_attn])
-        self.tfixupify(attentions, tfixup_scales(cfg.encoder.layers, cfg.decoder.layers)["decoder"][0])
+        self.tfixupify(tfixup_scales(cfg.encoder.layers, cfg.decoder.layers)["decoder"][0])
 
 
 @register_model("transformer_tfixup")

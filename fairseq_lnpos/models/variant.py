@@ -1,9 +1,31 @@
 """A fairseq ``transformer`` whose encoder and decoder layers are plugin layer classes.
 
 Only the layer class differs from fairseq's model: options, embeddings, generation and
-checkpoints are fairseq's own.
+checkpoints are fairseq's own. Every plugin model has one option of its own, ``--lnpos-init``:
+
+* ``fairseq-0.12`` (default): fairseq 0.12's initialization, untouched. fc1/fc2 of every layer and
+  the q/k/v projection biases are PyTorch's default ``nn.Linear`` init (weights uniform with
+  variance 1/(3 fan_in), biases uniform in +-1/sqrt(fan_in)): ``build_fc1``/``build_fc2`` in
+  ``fairseq/modules/transformer_layer.py`` since v0.10.0, q/k/v ``nn.Linear`` in
+  ``fairseq/modules/multihead_attention.py`` since v0.9.0.
+* ``fairseq-0.9``: fc1/fc2 Xavier-uniform with zero bias, as v0.8.0 and v0.9.0 build them in
+  ``fairseq/modules/transformer_layer.py`` (its ``Linear`` helper); q/k/v biases as in 0.12 (v0.9.0's
+  ``multihead_attention.py`` made q/k/v separate ``nn.Linear``s with PyTorch's default bias). The
+  fairseq of T-Fixup's official code.
+* ``fairseq-0.8``: ``fairseq-0.9`` plus zero q/k/v biases (v0.8.0's ``multihead_attention.py``
+  zeroes its single ``in_proj_bias``): the fairseq of Xiong et al.'s time and of Transformer-Clinic
+  (Admin's official code).
+
+Nothing else differs between these versions: v0.8.0's one Xavier-uniform ``in_proj_weight`` of
+shape (3d, d) has the bound sqrt(6 / 4d) that 0.12 gets from Xavier-uniform with gain 2^-1/2 on each
+(d, d) projection; out_proj (Xavier-uniform, zero bias), the embeddings (normal, std d^-1/2,
+padding row zero), the output projection (normal, std d^-1/2) and LayerNorm (1, 0) are the same.
+
+A layer applies the chosen initialization right after fairseq built it, before a variant's own
+initialization (DeepNorm's, T-Fixup's; Admin's profiling comes later still), as those papers did.
 """
 from fairseq.distributed import fsdp_wrap
+from fairseq.models import register_model
 from fairseq.models.transformer import (
     TransformerConfig,
     TransformerDecoderBase,
@@ -11,6 +33,51 @@ from fairseq.models.transformer import (
     TransformerModel,
 )
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+from torch import nn
+
+from ..errors import check
+
+DEFAULT_INIT = "fairseq-0.12"
+INITS = (DEFAULT_INIT, "fairseq-0.9", "fairseq-0.8")
+
+
+def layer_attentions(layer):
+    """The attention modules of a fairseq encoder or decoder layer (self, then cross if any)."""
+    return [a for a in (layer.self_attn, getattr(layer, "encoder_attn", None)) if a is not None]
+
+
+def apply_init(layer, cfg):
+    """Re-initialise a just-built fairseq layer as ``--lnpos-init`` says (see the module docstring)."""
+    init = getattr(cfg, "lnpos_init", None) or DEFAULT_INIT
+    check(init in INITS, f"--lnpos-init {init!r}: one of {', '.join(INITS)}")
+    if init == DEFAULT_INIT:
+        return
+    for fc in (layer.fc1, layer.fc2):
+        nn.init.xavier_uniform_(fc.weight)
+        nn.init.zeros_(fc.bias)
+    if init == "fairseq-0.9":
+        return
+    for attn in layer_attentions(layer):
+        for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+            if proj.bias is not None:
+                nn.init.zeros_(proj.bias)
+
+
+class EncoderLayer(TransformerEncoderLayerBase):
+    """fairseq's encoder layer with ``--lnpos-init`` applied; every plugin encoder layer subclasses it."""
+
+    def __init__(self, cfg, index=0, return_fc=False):
+        super().__init__(cfg, return_fc=return_fc)
+        apply_init(self, cfg)
+
+
+class DecoderLayer(TransformerDecoderLayerBase):
+    """fairseq's decoder layer with ``--lnpos-init`` applied; every plugin decoder layer subclasses it."""
+
+    def __init__(self, cfg, no_encoder_attn=False, index=0):
+        super().__init__(cfg, no_encoder_attn)
+        apply_init(self, cfg)
 
 
 def without_fused_inference(module):
@@ -60,8 +127,16 @@ class VariantDecoder(TransformerDecoderBase):
 class VariantTransformerModel(TransformerModel):
     """Subclasses set the two layer classes (constructed as ``cls(cfg, ..., index=i)``)."""
 
-    encoder_layer_cls = None
-    decoder_layer_cls = None
+    encoder_layer_cls = EncoderLayer
+    decoder_layer_cls = DecoderLayer
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        parser.add_argument("--lnpos-init", choices=INITS, default=DEFAULT_INIT,
+                            help="fairseq-0.12: fairseq 0.12's own initialization (default); fairseq-0.9: "
+                            "Xavier-uniform fc1/fc2 with zero biases; fairseq-0.8: also zero q/k/v biases "
+                            "(the fairseq of Xiong et al. 2020 and Admin)")
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
@@ -72,3 +147,10 @@ class VariantTransformerModel(TransformerModel):
         cfg = TransformerConfig.from_namespace(args)
         return VariantDecoder(cfg, tgt_dict, embed_tokens, cls.decoder_layer_cls,
                               no_encoder_attn=cfg.no_cross_attention)
+
+
+@register_model("transformer_lnpos")
+class LnposTransformerModel(VariantTransformerModel):
+    """Post-LN and Pre-LN: fairseq's transformer and its layers, plus ``--lnpos-init``. With the
+    default initialization its parameters equal those of fairseq's ``transformer`` built with the
+    same seed and options."""
