@@ -9,13 +9,12 @@ import shlex
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from conftest import REPO
-from test_faults import (GRID, INTERRUPTED, OUT, ROW, SYN, TABLE, TRAIN, Case, changed_outside, check_case,  # noqa: F401
-                         grid_data, run_folder, snapshot, toy_checkpoint, toy_copy, write)
+from test_faults import (GRID, INTERRUPTED, OUT, ROW, SYN, TABLE, TRAIN, Case, check_case, run_folder, snapshot,
+                         toy_copy, write)
 from toydata import make_toy_data
 
 from fairseq_lnpos.experiments import grid as G
@@ -190,8 +189,8 @@ def test_data_prep_refuses_a_folder_another_command_holds(tmp_path, capsys, held
         release_lock(fd, lock)
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
-    assert re.fullmatch(rf"make-synthetic\.sh: error: --{held} \S+/{held} is in use by another command "
-                        rf"\(lock \S+/\.{held}\.lock\): wait for it to finish or stop it, or give another folder\n", err)
+    assert re.fullmatch(rf"make-synthetic\.sh: error: --{held} \S+/{held} is in use by another command \(lock "
+                        rf"\S+/\.{held}\.lock\): wait for it to finish or stop it, or give another folder\n", err)
     assert snapshot(tmp_path) == {k: v for k, v in before.items() if k != f".{held}.lock"}
 
 

@@ -21,7 +21,8 @@ import signal
 import time
 from pathlib import Path
 
-from fairseq_lnpos.common import hold_lock, read_lines, release_lock, write_json  # noqa: F401  (read_lines: the data modules import it from here)
+from fairseq_lnpos.common import hold_lock, release_lock, write_json
+from fairseq_lnpos.common import read_lines  # noqa: F401  (the data modules import it from here)
 from fairseq_lnpos.data.download import DataError
 from fairseq_lnpos.data.manifest import write_manifest
 from fairseq_lnpos.errors import at_least, interrupt_handler
