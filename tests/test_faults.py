@@ -407,6 +407,12 @@ def run_case(case, sandbox, monkeypatch, capsys):
 
 @pytest.mark.parametrize("case", CASES)
 def test_fault(case, tmp_path, monkeypatch, capsys, request):
+    check_case(case, tmp_path, monkeypatch, capsys, request)
+
+
+def check_case(case, tmp_path, monkeypatch, capsys, request):
+    """Run one row in a new sandbox; assert its exit status, its one error line, and that nothing
+    changed outside the paths it may write."""
     for need, fixture in (("data", "toy_data"), ("ckpt", "toy_checkpoint")):
         if need in case.needs:
             TOY[need] = request.getfixturevalue(fixture)

@@ -18,8 +18,9 @@ import sys
 import threading
 from pathlib import Path
 
+from ..common import CONTROL, one_line
 from ..data.manifest import read_manifest
-from ..errors import INTERRUPT_EXIT, CommandParser, LnposError, run_main
+from ..errors import INTERRUPT_EXIT, CommandParser, LnposError, finite_float, run_main
 from . import runs as R
 from .commands import Job, arch_name, batch_plan, total_updates
 from .scheduler import Grid
@@ -238,7 +239,7 @@ def add_run_options(r):
     r.add_argument("--fairseq-args", default="", help="extra fairseq-train flags, one string")
     r.add_argument("--gen-args", default="", help="extra fairseq-generate flags, one string")
     r.add_argument("--beam", type=positive_int(1), default=5)
-    r.add_argument("--lenpen", type=float, default=1.2)
+    r.add_argument("--lenpen", type=finite_float, default=1.2)
     r.add_argument("--uncapped-len", action="store_true",
                    help="score with fairseq's default output length (200 tokens) instead of 1.2 x source + 10")
     r.add_argument("--eval-every", type=positive_int(1), default=1, metavar="N",
@@ -307,8 +308,19 @@ def run_options(**values):
     return opts
 
 
+def check_one_line(opts):
+    """No control character (newline, tab ...) in any text option: a value may reach a generated
+    script (grid.sh slurm), a log line or a table, where it would start a new line."""
+    for dest, value in vars(opts).items():
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, str) and CONTROL.search(v):
+                raise LnposError(f"--{dest.replace('_', '-')} {one_line(v)}: holds a control character (a newline, "
+                                 f"a tab ...): give the value on one line without them")
+
+
 def command(argv=None):
     opts = build_parser().parse_args(argv)
+    check_one_line(opts)
     if opts.cmd == "list":
         return cmd_list(opts)
     if opts.cmd in ("slurm", "status"):

@@ -15,10 +15,9 @@ the path (:class:`~fairseq_lnpos.errors.StateError`), never taken as absent.
 import fcntl
 import os
 import re
-import time
 from pathlib import Path
 
-from ..common import read_json, write_json
+from ..common import hold_lock, read_json, write_json
 from ..errors import LnposError
 
 EPOCH_FILE = re.compile(r"^epoch(\d+)\.json$")
@@ -117,18 +116,8 @@ class RunDir:
         """Hold the run's lock; returns the open fd (close it to release). A grid killed a moment
         ago may still have a fairseq child exiting, hence the wait."""
         self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_CREAT | os.O_RDWR)
-        deadline = time.time() + wait
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd
-            except BlockingIOError:
-                if time.time() > deadline:
-                    os.close(fd)
-                    raise LnposError(f"{self.path} is in use by another grid (lock {self.lock_path}); "
-                                     f"wait for it or stop it") from None
-                time.sleep(0.5)
+        return hold_lock(self.lock_path, f"{self.path} is in use by another grid (lock {self.lock_path}); "
+                                         f"wait for it or stop it", wait)
 
     def locked(self):
         """Is a grid working on this run now?"""

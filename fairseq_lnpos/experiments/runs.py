@@ -33,6 +33,7 @@ Defaults (the paper is silent; our rule: add nothing fairseq does not do by defa
 - Decoding: beam 5, length penalty 1.2 for both datasets (the paper states it; it does not say
   whether checkpoints were averaged: we do not average).
 """
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..errors import LnposError
@@ -273,6 +274,8 @@ def coerce(run, key, value):
             new = None if value == "" else float(value)
     except ValueError:
         raise RunTableError(f"--set {key}={value}: not a valid value for {key}") from None
+    if isinstance(new, float) and not math.isfinite(new):
+        raise RunTableError(f"--set {key}={value}: give a finite number")
     if key in INT_FIELDS and new < INT_FIELDS[key]:
         raise RunTableError(f"--set {key}={value}: must be at least {INT_FIELDS[key]}")
     if key in ("lr", "max_tokens") and new is not None and not new > 0:
