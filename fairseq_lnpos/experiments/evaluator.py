@@ -81,14 +81,14 @@ class Evaluator:
             request, callback = item
             try:
                 result, error = self._ask(i, request), None
-            except Exception as e:  # noqa: BLE001 -- every error is that request's, never this thread's end
+            except Exception as e:  # every error is that request's, never the end of this thread
                 result, error = None, e
             with self.lock:
                 self.busy -= 1
             callback(result, error)
 
     def _ask(self, i, request):
-        for attempt in range(1, self.attempts + 1):
+        for _ in range(self.attempts):
             proc = self.procs[i]
             if proc is None or proc.poll() is not None:
                 log = open(self.log_path, "ab")
