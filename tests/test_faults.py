@@ -205,7 +205,8 @@ def run_folder(**files):
     return setup
 
 
-GOOD_CONFIG = '{"hash": "0", "seed": 1, "arch": "transformer_preln_tiny", "run": {"name": "%s"}}' % ROW
+GOOD_CONFIG = ('{"hash": "0", "seed": 1, "arch": "transformer_preln_tiny", "run": {"name": "%s", "dataset": '
+               '"iwslt14", "ln": "preln", "optimizer": "adam", "lr": 0.0005}}' % ROW)
 
 CASES = [
     # --- the grid and the results table

@@ -23,6 +23,7 @@ from ..data.manifest import read_manifest
 from ..errors import INTERRUPT_EXIT, CommandParser, LnposError, finite_float, run_main
 from . import runs as R
 from .commands import Job, arch_name, batch_plan, total_updates
+from .rundir import check_out_dir, make_out_dir
 from .scheduler import Grid
 
 
@@ -88,8 +89,7 @@ def make_jobs(opts, runs, dry_run):
     """One Job per run x seed, with its data dir checked (a dry run tolerates missing data)."""
     data, seeds = parse_data(opts.data), parse_seeds(opts.seeds)
     out = Path(opts.out)
-    if out.exists() and not out.is_dir():
-        raise LnposError(f"--out {out} is a file: give a folder (it is created when missing)")
+    check_out_dir(out)
     jobs, manifests = [], {}
     for r in runs:
         d = data.get(r.dataset, data.get("*", Path(R.DATASETS[r.dataset]["default_data"]))).resolve()
@@ -194,15 +194,13 @@ def run_grid(opts, runs):
         need_cuda(1, "--fp16")
     jobs, manifests = make_jobs(opts, runs, opts.dry_run)
     for j in jobs:
+        j.dir.check()  # every state file of the run: a bad one stops the grid before it starts
         j.dir.check_config(j.config_hash())
         batch_plan(j.run, opts.world)
     if opts.dry_run:
         print_dry_run(jobs, manifests)
         return 0
-    try:
-        Path(opts.out).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise LnposError(f"--out {opts.out}: cannot create it ({e.strerror}): give a writable folder") from None
+    make_out_dir(opts.out)
     grid = Grid(jobs, opts, slots)
     previous = {}
     if threading.current_thread() is threading.main_thread():

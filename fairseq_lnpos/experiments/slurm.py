@@ -31,6 +31,7 @@ from ..errors import LnposError, StateError, run_main
 from . import grid as G
 from .commands import batch_plan
 from .report import collect
+from .rundir import read_tasks, tasks_text
 
 TIME = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)")
 NAME = re.compile(r"[A-Za-z0-9_.-]+")  # a SLURM partition or account name
@@ -212,7 +213,7 @@ def plan(opts):
         j.opts = argparse.Namespace(**dict(vars(opts), fairseq_args=fargs))
         j.dir.check_config(j.config_hash())
         tasks.append((j.run.name, j.seed, fargs))
-    listing = "".join(f"{n}\t{s}\t{f}\n" for n, s, f in tasks)
+    listing = tasks_text(tasks)
     grid_id = hashlib.sha256(listing.encode()).hexdigest()[:8]
     script, tasks_path = out / f"slurm-{grid_id}.sbatch", out / f"slurm-{grid_id}.tasks"
     devices = GPU_SETUP.format(gpus=opts.gpus_per_run) if opts.gpus_per_run else ""
@@ -272,7 +273,7 @@ def worker(argv):
     if len(jobs) != 1:
         raise LnposError(f"worker: {len(jobs)} runs selected, expected one (--only NAME --seeds S)")
     job = jobs[0]
-    if job.dir.trained or job.dir.done() is not None:
+    if job.dir.trained or job.dir.outcome() not in (None, "failed"):
         print(f"worker: {job.label} already trained", file=sys.stderr)
         return 0
     hosts = subprocess.check_output(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]]).decode().split()
@@ -296,8 +297,8 @@ def status_lines(out_dir):
     rows = collect(out)
     seen = {(r["run"], str(r["seed"])) for r in rows}
     for tasks in sorted(out.glob("slurm-*.tasks")):
-        for line in tasks.read_text().splitlines():
-            name, seed = line.split("\t")[:2]
+        for name, seed, _ in read_tasks(tasks):
+            seed = str(seed)
             if (name, seed) not in seen:
                 seen.add((name, seed))
                 rows.append({"run": name, "seed": seed, "status": f"queued ({tasks.stem})", "epochs": 0})
@@ -307,7 +308,7 @@ def status_lines(out_dir):
     width = max(len(f"{r['run']} seed{r['seed']}") for r in rows)
     for r in rows:
         status = r["status"]
-        key = "unreadable" if r.get("unreadable") else ("not started" if status == "not started" else status.split(" ")[0])
+        key = "unreadable" if r.get("unreadable") else ("not started" if status == "not started" else status.split(" ")[0].rstrip(":"))
         counts[key] = counts.get(key, 0) + 1
         if r.get("unreadable"):
             status = "unreadable"
