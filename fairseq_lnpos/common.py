@@ -7,23 +7,37 @@
   :class:`~fairseq_lnpos.errors.StateError` naming the path.
 - ``read_lines``: lines split on ``\\n`` only (as perl and grep do), without the newline.
 - ``fmt_time``: seconds as ``H:MM:SS``.
+- ``one_line``: a text with its control characters (newlines, tabs ...) written as escapes.
+- ``hold_lock`` / ``release_lock``: an exclusive lock (flock) on a file, refused with a message
+  while another process holds it (the grid's run folders, the data-prep output folders).
 """
+import fcntl
 import json
 import os
+import re
+import time
 from pathlib import Path
 
 from .errors import LnposError, StateError
 
 USER_DIR = Path(__file__).resolve().parent
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def write_text(path, text):
-    """Atomically replace ``path`` with ``text`` (UTF-8)."""
+    """Atomically replace ``path`` with ``text`` (UTF-8); a folder at ``path`` is an error, and
+    nothing (no temporary file) stays when the write fails."""
     path = Path(path)
+    if path.is_dir():
+        raise LnposError(f"{path} is a folder, not a file: move it away or remove it, then run again")
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -61,7 +75,42 @@ def read_lines(path):
         raise LnposError(f"{path}: not UTF-8 text ({e}): pass the original file") from None
 
 
+def one_line(text):
+    """``text`` with its control characters written as escapes (a newline as backslash-n)."""
+    return CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
+
+
 def fmt_time(seconds):
     """``3725`` -> ``1:02:05``."""
     s = int(round(seconds))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def hold_lock(path, busy, wait=0):
+    """Hold an exclusive lock on file ``path`` (created when missing); returns the open fd (close
+    it, or :func:`release_lock`, to release). While another process holds it, tries again for
+    ``wait`` seconds, then raises :class:`LnposError` ``busy``. A lock file that its holder removed
+    meanwhile (:func:`release_lock`) is not taken: the lock is tried on the file now at ``path``."""
+    deadline = time.time() + wait
+    while True:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            if time.time() >= deadline:
+                raise LnposError(busy) from None
+            time.sleep(0.5)
+            continue
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def release_lock(fd, path):
+    """Remove lock file ``path`` and release the lock ``fd`` held on it (see :func:`hold_lock`)."""
+    Path(path).unlink(missing_ok=True)
+    os.close(fd)

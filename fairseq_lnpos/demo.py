@@ -1,13 +1,13 @@
 """`make demo`: the paper's effect on a CPU in minutes, on data the project generates.
 
     python -m fairseq_lnpos.demo [--out demo-out] [--seeds 1,2] [--with-keel] [--with-admin]
-                                 [--with-tfixup] [--quick]
+                                 [--with-tfixup] [--with-preln-rmsnorm] [--with-dyt] [--with-derf] [--quick]
 
 Steps (each resumes; a finished demo re-runs in seconds):
  1. the synthetic corpus (data-prep/make-synthetic.sh: 4500 training pairs, 300 valid, 300 test);
  2. a grid of `_tiny` runs (the `demo-*` rows of experiments/runs.py): Post-LN without warm-up,
-    Post-LN with 100 warm-up updates, Pre-LN and DeepNorm without warm-up (Keel, Admin, T-Fixup on
-    request), Adam lr 1e-3 (constant after the warm-up), 512-token batches, 3 epochs (~100 updates
+    Post-LN with 100 warm-up updates, Pre-LN and DeepNorm without warm-up (Keel, Admin, T-Fixup, Pre-LN
+    with RMSNorm, DyT, Derf on request), Adam lr 1e-3 (constant after the warm-up), 512-token batches, 3 epochs (~100 updates
     each), per-layer gradient norms logged at every update, test BLEU per epoch;
  3. the results table (scripts/make_table.sh): demo-out/results.csv, results.md, fig_demo.png;
  4. gradient norms of the first updates (grad_norms_first_updates.png);
@@ -30,7 +30,8 @@ from pathlib import Path
 from .errors import check, run_main
 
 RUNS = ["demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu", "demo-deepnorm-nowu"]
-OPTIONAL = ("keel", "admin", "tfixup")  # --with-keel, --with-admin, --with-tfixup: demo-<name>-nowu
+# --with-keel, --with-admin, ..., --with-preln-rmsnorm: demo-<name>-nowu
+OPTIONAL = ("keel", "admin", "tfixup", "preln_rmsnorm", "dyt", "derf")
 FIRST_UPDATES = 100  # updates shown in the gradient-norm figure
 
 
@@ -158,7 +159,7 @@ def main(argv=None):
     p.add_argument("--out", default="demo-out", help="output folder (default demo-out/)")
     p.add_argument("--seeds", default="1,2", help="seeds, comma-separated (default 1,2)")
     for name in OPTIONAL:
-        p.add_argument(f"--with-{name}", action="store_true",
+        p.add_argument(f"--with-{name.replace('_', '-')}", action="store_true",
                        help=f"add demo-{name}-nowu (about 2 more minutes)")
     p.add_argument("--jobs", type=int, default=2, help="runs side by side on the CPU (default 2)")
     p.add_argument("--quick", action="store_true",

@@ -6,7 +6,11 @@ own commands run the plugin (``--user-dir``), :func:`install_excepthook` does th
 raised while fairseq builds a model, optimizer, scheduler or task.
 """
 import argparse
+import math
+import os
+import signal
 import sys
+import threading
 
 USAGE_EXIT = 2        # bad input: the message says what to do
 INTERRUPT_EXIT = 130  # Ctrl-C / SIGTERM: a re-run resumes
@@ -51,9 +55,33 @@ def check(condition, message):
         raise LnposError(message)
 
 
+def interrupt_handler(on_interrupt=None):
+    """A handler for SIGINT and SIGTERM that raises KeyboardInterrupt in this process (after
+    ``on_interrupt(signum)``), so that SIGTERM stops a command as Ctrl-C does. A process forked
+    meanwhile (a worker) ignores SIGINT, which the terminal sends to its whole group and this
+    process answers, and dies of SIGTERM as it would without the handler (``Pool.terminate``)."""
+    owner = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() != owner:
+            if signum == signal.SIGTERM:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+            return
+        if on_interrupt is not None:
+            on_interrupt(signum)
+        raise KeyboardInterrupt
+
+    return handler
+
+
 def run_main(prog, main, argv=None):
     """Call ``main(argv)`` as a command: its return value is the exit status; an
-    :class:`LnposError` becomes one line ``PROG: error: ...`` and exit 2; Ctrl-C one line and 130."""
+    :class:`LnposError` becomes one line ``PROG: error: ...`` and exit 2; Ctrl-C or SIGTERM one
+    line and 130 (SIGTERM raises KeyboardInterrupt while ``main`` runs, so clean-ups run for both)."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread:
+        previous = signal.signal(signal.SIGTERM, interrupt_handler())
     try:
         status = main(argv)
     except LnposError as e:
@@ -62,6 +90,9 @@ def run_main(prog, main, argv=None):
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; run the same command again to resume", file=sys.stderr)
         return INTERRUPT_EXIT
+    finally:
+        if main_thread:  # a handler installed outside Python reads as None
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     return 0 if status is None else status
 
 
@@ -71,6 +102,17 @@ class CommandParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(USAGE_EXIT, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def finite_float(text):
+    """argparse type: a finite number (``inf`` and ``nan`` are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
 
 
 def at_least(minimum, name, value):

@@ -11,6 +11,7 @@ class Variant:
     label: str              # how tables and figures name it
     model: str              # the fairseq model the arch belongs to
     normalize_before: bool  # fairseq's --{encoder,decoder}-normalize-before
+    norm: str = None        # --lnpos-norm the arch fixes (models/norms.py); None: the option decides
 
 
 VARIANTS = {
@@ -21,6 +22,10 @@ VARIANTS = {
     "keel": Variant("Keel", "transformer_keel", False),
     "admin": Variant("Admin", "transformer_admin", False),
     "tfixup": Variant("T-Fixup", "transformer_tfixup", False),
+    # Pre-LN with another normalization in place of every LayerNorm
+    "preln_rmsnorm": Variant("Pre-RMSNorm", "transformer_lnpos", True, norm="rmsnorm"),
+    "dyt": Variant("DyT", "transformer_lnpos", True, norm="dyt"),
+    "derf": Variant("Derf", "transformer_lnpos", True, norm="derf"),
 }
 
 # size name -> arch-name suffix; dimensions come from fairseq's arch of the same suffix, except tiny

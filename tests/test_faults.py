@@ -205,7 +205,8 @@ def run_folder(**files):
     return setup
 
 
-GOOD_CONFIG = '{"hash": "0", "seed": 1, "arch": "transformer_preln_tiny", "run": {"name": "%s"}}' % ROW
+GOOD_CONFIG = ('{"hash": "0", "seed": 1, "arch": "transformer_preln_tiny", "run": {"name": "%s", "dataset": '
+               '"iwslt14", "ln": "preln", "optimizer": "adam", "lr": 0.0005}}' % ROW)
 
 CASES = [
     # --- the grid and the results table
@@ -407,6 +408,12 @@ def run_case(case, sandbox, monkeypatch, capsys):
 
 @pytest.mark.parametrize("case", CASES)
 def test_fault(case, tmp_path, monkeypatch, capsys, request):
+    check_case(case, tmp_path, monkeypatch, capsys, request)
+
+
+def check_case(case, tmp_path, monkeypatch, capsys, request):
+    """Run one row in a new sandbox; assert its exit status, its one error line, and that nothing
+    changed outside the paths it may write."""
     for need, fixture in (("data", "toy_data"), ("ckpt", "toy_checkpoint")):
         if need in case.needs:
             TOY[need] = request.getfixturevalue(fixture)

@@ -443,7 +443,7 @@ def test_the_last_n_epoch_checkpoints_stay_until_their_average_is_scored(tmp_pat
     saved(4)
     grid._drop_checkpoints(job, below=5)
     assert left() == [3, 4]
-    rd.write_average({"epochs": [3, 4], "bleu_tok": 1.0})
+    rd.write_average({"epochs": [3, 4], "average_last": 2, "bleu_tok": 1.0})
     grid._drop_checkpoints(job, below=float("inf"))
     assert left() == []
     for average_last, diverged in ((0, None), (2, 7)):  # no averaging asked / a diverged run

@@ -336,6 +336,6 @@ def test_the_worker_on_another_node_starts_the_units_fairseq_train_as_its_rank(t
     assert (env["SLURM_NODEID"], env["SLURM_STEP_NODELIST"], env["SLURM_NNODES"], env["SLURM_NTASKS_PER_NODE"]) == (
         "1", "n[1-2]", "2", "1")
     # a run already trained: nothing is started (node 0's unit only scores it)
-    job.dir.path.mkdir(parents=True)
+    job.dir.claim(job.config(), job.config_hash())
     job.dir.mark_trained()
     assert slurm.main(["worker", *argv]) == 0 and len(started) == 1

@@ -5,6 +5,8 @@
 Reads every run folder ``OUT/NAME/seedS/`` the grid writes (config.json, DONE.json, eval/epochN.json);
 a run without DONE.json is "unfinished" and listed, not counted; a file that exists but cannot be read
 is an error naming it. Runs of one cell (architecture, depth, warm-up, learning rate) are its seeds.
+The map's axes are its only differences: a folder whose runs differ in any other setting (optimizer,
+schedule, model size, data, budget, ...) is refused, naming the setting (:func:`check_one_experiment`).
 Writes OUT/stability.csv (one row per cell), OUT/stability.md (printed too),
 OUT/stability_heatmaps.png (rows: depth, columns: architecture) and OUT/sensitivity_vs_depth.png.
 
@@ -18,10 +20,10 @@ import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from ..common import read_json, write_text
+from ..common import write_text
 from ..errors import CommandParser, LnposError, StateError, run_main
-from ..experiments.rundir import run_dirs
-from ..variants import VARIANTS
+from ..experiments.rundir import RunDir, outcome, run_dirs
+from ..variants import VARIANTS, arch_names
 
 DEFAULT_LAYERS = 6  # "layers" absent or null: the arch's default depth (6 for every size)
 # Default --margin: within 0.1 bit of the best cell's final validation loss, i.e. a perplexity within
@@ -49,6 +51,12 @@ class Record:
     initial_loss: float = None
     final_valid_loss: float = None
     bleu: float = None   # test tok BLEU of the last scored epoch
+    settings: tuple = ()  # (name, value) of every other setting of the run (see settings())
+
+
+AXES = "architecture, depth, warm-up, learning rate, seed"
+# fields of a recorded run that are the map's axes (ln, layers, warmup, lr) or only name or describe it
+NOT_SETTINGS = {"name", "ln", "layers", "warmup", "lr", "figure", "paper_bleu", "paper_valid_loss", "paper_note"}
 
 
 @dataclass(frozen=True)
@@ -65,46 +73,59 @@ class Cell:
     stable: bool = False            # no seed diverged and within --margin of the architecture's best cell
 
 
-def _status(text):
-    text = str(text)
-    if text == "finished":
-        return "finished"
-    return "diverged" if text.startswith("diverged") else "failed"
+def settings(cfg):
+    """The settings of a recorded config besides the map's axes, as sorted (name, value) pairs: the
+    fields of its run, the model size (not the arch name, which names the architecture too) and the
+    grid's options that change results (data, fp16, fairseq and generation flags, beam)."""
+    run = {k: v for k, v in cfg["run"].items() if k not in NOT_SETTINGS}
+    rest = {k: v for k, v in cfg.items() if k not in ("hash", "seed", "run", "arch")}
+    variant_size = arch_names().get(cfg["arch"])
+    arch = {"model size": variant_size[1]} if variant_size else {"arch": cfg["arch"]}
+    return tuple(sorted({**run, **rest, **arch}.items(), key=lambda kv: kv[0]))
 
 
-def _last_eval(run_dir, key):
-    """``key`` of the latest eval/epochN.json where it is not null, or None."""
-    evals = [read_json(p) for p in (run_dir / "eval").glob("epoch*.json")]
-    evals = sorted((e for e in evals if e.get(key) is not None), key=lambda e: e["epoch"])
-    return evals[-1][key] if evals else None
+def _last(evals, key):
+    """``key`` of the latest epoch record where it is not null, or None."""
+    found = [e[key] for e in evals if e.get(key) is not None]
+    return found[-1] if found else None
 
 
 def load_record(run_dir):
-    run_dir = Path(run_dir)
-    cfg_path = run_dir / "config.json"
-    cfg = read_json(cfg_path)
-    try:
-        run = cfg["run"]
-        key = dict(path=str(run_dir), variant=run["ln"], layers=int(run.get("layers") or DEFAULT_LAYERS),
-                   lr=float(run["lr"]), warmup=int(run.get("warmup") or 0), seed=int(cfg["seed"]))
-    except (KeyError, TypeError, ValueError) as e:
-        raise StateError(f"{cfg_path} lacks a valid {e}: it was not written by the grid; delete {run_dir}") from None
+    rd = RunDir(run_dir)
+    cfg = rd.config()
+    if cfg is None:
+        raise StateError(f"{rd.config_path} is missing: {run_dir} is not a run folder of the grid; move it away")
+    run = cfg["run"]
+    key = dict(path=str(rd.path), variant=run["ln"], layers=run["layers"] or DEFAULT_LAYERS, lr=float(run["lr"]),
+               warmup=run["warmup"] or 0, seed=cfg["seed"], settings=settings(cfg))
     if key["variant"] not in VARIANTS:
-        raise StateError(f"{cfg_path}: unknown architecture {key['variant']!r} (known: {', '.join(VARIANTS)})")
-    done = read_json(run_dir / "DONE.json", missing_ok=True,
-                     what_to_do=f"delete it and run the sweep again to redo {run_dir}")
+        raise StateError(f"{rd.config_path}: unknown architecture {key['variant']!r} (known: {', '.join(VARIANTS)})")
+    done = rd.done()
     if done is None:
         return Record(status="unfinished", **key)
+    evals = rd.evals()
     final = done.get("final_valid_loss")
     if final is None:
-        final = _last_eval(run_dir, "valid_loss")
-    status = _status(done.get("status"))
+        final = _last(evals, "valid_loss")
+    status = outcome(done)
     if status == "finished" and final is not None and not math.isfinite(final):
         status = "diverged"  # a NaN/inf final loss: diverged, though training ran to its end
-    return Record(status=status, diverged_at=done.get("diverged_at"),
-                  initial_loss=done.get("initial_loss"),
-                  final_valid_loss=final,
-                  bleu=_last_eval(run_dir, "bleu_tok"), **key)
+    return Record(status=status, diverged_at=done.get("diverged_at"), initial_loss=done.get("initial_loss"),
+                  final_valid_loss=final, bleu=_last(evals, "bleu_tok"), **key)
+
+
+def check_one_experiment(out, records):
+    """The map compares runs along its axes only: refuse ``records`` that differ in another setting."""
+    first = dict(records[0].settings)
+    for r in records[1:]:
+        other = dict(r.settings)
+        differ = sorted(k for k in first.keys() | other.keys() if first.get(k, "(absent)") != other.get(k, "(absent)"))
+        if differ:
+            k = differ[0]
+            raise LnposError(
+                f"{out}: its runs differ in {', '.join(differ)} ({k} {first.get(k, '(absent)')!r} in "
+                f"{records[0].path}, {other.get(k, '(absent)')!r} in {r.path}), not only in the map's axes "
+                f"({AXES}): map one experiment per folder (a sweep's --out)")
 
 
 def load_records(out):
@@ -114,7 +135,9 @@ def load_records(out):
     runs = run_dirs(out)
     if not runs:
         raise LnposError(f"{out}: no run folders NAME/seedS/config.json in it: give the output folder of a sweep")
-    return [load_record(rd.path) for rd in runs]
+    records = [load_record(rd.path) for rd in runs]
+    check_one_experiment(out, records)
+    return records
 
 
 def _mean(values):

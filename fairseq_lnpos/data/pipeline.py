@@ -4,8 +4,10 @@ fairseq-preprocess and the manifest.
 A stage builds its output folder under a temporary name and renames it when complete, with a
 ``.stage.json`` stamp of its parameters: a re-run with the same parameters skips it, a re-run with
 other parameters rebuilds it (and every later stage, whose parameters include the earlier ones).
-A stage that fails or is interrupted (Ctrl-C) removes its temporary folder; the stages finished
-before it stay, so that a re-run resumes there.
+A stage that fails or is interrupted (Ctrl-C, SIGTERM) removes its temporary folder; the stages
+finished before it stay, so that a re-run resumes there. While a command works, it holds a lock on
+each output folder (``.NAME.lock`` beside it, since a stage folder is replaced by a rename): a
+second command on the same folder is refused.
 """
 import contextlib
 import hashlib
@@ -19,10 +21,11 @@ import signal
 import time
 from pathlib import Path
 
-from fairseq_lnpos.common import read_lines, write_json  # noqa: F401  (read_lines: the data modules import it from here)
+from fairseq_lnpos.common import hold_lock, release_lock, write_json
+from fairseq_lnpos.common import read_lines  # noqa: F401  (the data modules import it from here)
 from fairseq_lnpos.data.download import DataError
 from fairseq_lnpos.data.manifest import write_manifest
-from fairseq_lnpos.errors import at_least
+from fairseq_lnpos.errors import at_least, interrupt_handler
 
 STAMP = ".stage.json"
 BIN_STAMP = "lnpos-stage.json"
@@ -167,21 +170,15 @@ def binarize(bpe_dir, bin_dir, src, tgt, workers, params, manifest, splits=("tra
 
 @contextlib.contextmanager
 def interrupt_main_process_only():
-    """Ctrl-C (SIGINT, sent to every process of the terminal's group) stops this process with
-    KeyboardInterrupt; worker processes forked meanwhile (ours, fairseq-preprocess's) ignore it
-    instead of printing a traceback each, and are ended with this process. Whatever error follows a
-    Ctrl-C is its consequence (a KeyboardInterrupt raised inside an ``import`` can leave a library
-    half-imported, and the next use of it fails with an unrelated error): it is reported as the
-    interruption it is."""
-    main_pid = os.getpid()
+    """Ctrl-C (SIGINT, sent to every process of the terminal's group) and SIGTERM stop this process
+    with KeyboardInterrupt; worker processes forked meanwhile (ours, fairseq-preprocess's) ignore
+    Ctrl-C instead of printing a traceback each, and are ended with this process
+    (errors.interrupt_handler). Whatever error follows an interruption is its consequence (a
+    KeyboardInterrupt raised inside an ``import`` can leave a library half-imported, and the next
+    use of it fails with an unrelated error): it is reported as the interruption it is."""
     interrupted = []
-
-    def on_sigint(signum, frame):
-        if os.getpid() == main_pid:
-            interrupted.append(signum)
-            raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    handler = interrupt_handler(interrupted.append)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     except Exception as e:
@@ -189,7 +186,8 @@ def interrupt_main_process_only():
             raise KeyboardInterrupt from e
         raise
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, signal.SIG_DFL if old is None else old)
 
 
 def add_folder_options(parser, dataset, bpe_size, workers=None):
@@ -217,12 +215,33 @@ def check_writable_folder(path, option):
         raise DataError(f"{option} {path}: {existing} is not writable: give a folder you can write to")
 
 
+def lock_path(folder):
+    """The lock file of output folder ``folder``: beside it (a stage folder is replaced whole)."""
+    folder = Path(folder).resolve()
+    return folder.parent / f".{folder.name}.lock"
+
+
+@contextlib.contextmanager
+def folder_lock(folder, option):
+    """Hold the lock of output folder ``folder`` (option ``option``), or raise :class:`LnposError`
+    when another command holds it."""
+    path = lock_path(folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = hold_lock(path, f"{option} {folder} is in use by another command (lock {path}): wait for it to "
+                         f"finish or stop it, or give another folder")
+    try:
+        yield
+    finally:
+        release_lock(fd, path)
+
+
 def run_dataset(out, bin_dir, workers, dataset, langs, stages, lowercase, compound_split, label=None):
     """The body of a data-prep command: ``stages(out)`` builds the text stages (raw, tok, bpe) in
     ``out`` and returns (raw fingerprint, bpe fingerprint, pair counts per split); then
     fairseq-preprocess into ``bin_dir`` with the manifest, and a summary. Raises
     :class:`DataError` (bad input) or KeyboardInterrupt; finished stages stay for the next run, and
-    a folder this call created stays only if something was finished in it."""
+    a folder this call created stays only if something was finished in it. Both folders are
+    locked meanwhile (:func:`folder_lock`)."""
     out, bin_dir = Path(out), Path(bin_dir)
     at_least(1, "--workers", workers)
     check_writable_folder(out, "--out")
@@ -230,7 +249,7 @@ def run_dataset(out, bin_dir, workers, dataset, langs, stages, lowercase, compou
     src, tgt = langs
     created = [p for p in (out, bin_dir) if not p.exists()]
     try:
-        with interrupt_main_process_only():
+        with interrupt_main_process_only(), folder_lock(out, "--out"), folder_lock(bin_dir, "--bin"):
             out.mkdir(parents=True, exist_ok=True)
             p_raw, p_bpe, counts = stages(out)
             binarize(out / "bpe", bin_dir, src, tgt, workers,

@@ -10,7 +10,8 @@ word) with two German-like reorderings that make the model look at the source, n
 position: adjectives follow their noun, and the verb of a subordinate clause goes to its end.
 A source sentence therefore has exactly one translation, about 200 words per language, 4 to 12
 words per sentence. The lexicon is fixed; ``--seed`` chooses the sentences. Valid and test
-sentences do not occur in train.
+sentences do not occur in train. The corpus is generated in memory: at most ``MAX_PAIRS`` (one
+million) pairs per split.
 
 Output is the IWSLT layout: <out>/tok (lowercased, tokenized: here the generated tokens),
 <out>/raw/test.* (capitalised sentences with attached final period), <out>/bpe, and <bin> from
@@ -44,6 +45,7 @@ PREPOSITIONS = "in near behind under over beside with without".split()
 DETERMINERS = "the a this every".split()
 THAT = "that"
 SAYS = "says thinks believes hopes knows".split()  # verbs that take a subordinate clause
+MAX_PAIRS = 1_000_000  # per split; about 0.5 GB of memory while the corpus is generated
 
 
 def pseudo_words(n, rng, taken):
@@ -148,7 +150,8 @@ def parser():
     p.add_argument("--out", default="data-bin/synthetic.text", help="text folder (default: %(default)s)")
     p.add_argument("--bin", default="data-bin/synthetic", help="binarized folder (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1, help="chooses the sentences (default: %(default)s)")
-    p.add_argument("--train", type=int, default=24000, help="training pairs (default: %(default)s)")
+    p.add_argument("--train", type=int, default=24000,
+                   help=f"training pairs (default: %(default)s; at most {MAX_PAIRS} per split)")
     p.add_argument("--valid", type=int, default=1000, help="validation pairs (default: %(default)s)")
     p.add_argument("--test", type=int, default=1000, help="test pairs (default: %(default)s)")
     p.add_argument("--bpe-size", type=int, default=2000,
@@ -165,6 +168,8 @@ def prepare(out="data-bin/synthetic.text", bin_dir="data-bin/synthetic", seed=1,
     for name, n in (("--train", train), ("--valid", valid), ("--test", test)):
         if n < 1:
             raise DataError(f"{name} {n}: give at least 1 sentence pair")
+        if n > MAX_PAIRS:
+            raise DataError(f"{name} {n}: at most {MAX_PAIRS} sentence pairs (the corpus is generated in memory)")
     at_least(0, "--seed", seed)
     at_least(1, "--bpe-size", bpe_size)
     sizes = {"train": train, "valid": valid, "test": test}

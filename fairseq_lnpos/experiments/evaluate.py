@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from ..common import USER_DIR, read_lines, write_text
-from ..errors import CommandParser, LnposError, run_main
+from ..errors import CommandParser, LnposError, finite_float, run_main
 
 COMPOUND = re.compile(r"(\S)-(\S)")  # fairseq examples/translation/compound_split_bleu.sh
 
@@ -45,6 +45,8 @@ def tok_bleu(hyps, refs, lowercase=False, split_compounds=False):
 
     if len(hyps) != len(refs):
         raise LnposError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    if not refs:  # BLEU of no sentence is undefined (fairseq's scorer divides by zero)
+        raise LnposError("no sentence to score: the hypotheses and references are empty; give one sentence a line")
     d = dictionary.Dictionary()
     scorer = bleu.Scorer(bleu.BleuConfig(pad=d.pad(), eos=d.eos(), unk=d.unk()))
     for h, r in zip(hyps, refs):
@@ -210,7 +212,7 @@ def command(argv=None):
     c.add_argument("--data", required=True)
     c.add_argument("--path", required=True)
     c.add_argument("--beam", type=int, default=5)
-    c.add_argument("--lenpen", type=float, default=1.2)
+    c.add_argument("--lenpen", type=finite_float, default=1.2)
     c.add_argument("--hyp-out")
     s = sub.add_parser("score", help="score a file of tokenized hypotheses")
     s.add_argument("--hyp", required=True)

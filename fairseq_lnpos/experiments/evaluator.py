@@ -9,7 +9,8 @@ goes to stderr (the grid's ``evaluator.log``).
 
 :class:`Evaluator` is the grid's side: a queue served by one thread per process (``--evaluators N``
 processes per device, default 1), so training never waits for scoring; a callback receives each
-result.
+result. A process that dies while scoring (killed, e.g. by the out-of-memory killer) is not the grid
+stopping: a new process scores that checkpoint again, and a second death is that request's failure.
 """
 import json
 import os
@@ -31,10 +32,13 @@ class EvalFailed(Exception):
 
 
 class Evaluator:
-    def __init__(self, env, log_path, launch, processes=1):
+    attempts = 2  # processes that may die on one request before it fails
+
+    def __init__(self, env, log_path, launch, processes=1, stopping=lambda: False):
         """``launch(cmd, env, **popen_kwargs)`` starts a process (the grid's, so that it can stop it);
-        ``processes`` of them take the requests from one queue."""
-        self.env, self.log_path, self.launch = env, log_path, launch
+        ``processes`` of them take the requests from one queue; ``stopping()`` tells whether the
+        grid is stopping (then a process that dies is no failure)."""
+        self.env, self.log_path, self.launch, self.stopping = env, log_path, launch, stopping
         self.requests = queue.Queue()
         self.procs = [None] * processes
         self.busy = 0
@@ -78,31 +82,37 @@ class Evaluator:
             request, callback = item
             try:
                 result, error = self._ask(i, request), None
-            except (EvalFailed, Stopped) as e:
+            except Exception as e:  # every error is that request's, never the end of this thread
                 result, error = None, e
             with self.lock:
                 self.busy -= 1
             callback(result, error)
 
     def _ask(self, i, request):
-        proc = self.procs[i]
-        if proc is None or proc.poll() is not None:
-            log = open(self.log_path, "ab")
-            proc = self.procs[i] = self.launch([sys.executable, "-m", "fairseq_lnpos.experiments.evaluator"],
-                                               self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
-            log.close()
-        try:
-            proc.stdin.write((json.dumps(request) + "\n").encode())
-            proc.stdin.flush()
-            line = proc.stdout.readline()
-        except (BrokenPipeError, OSError):
-            line = b""
-        if not line:
+        for _ in range(self.attempts):
+            proc = self.procs[i]
+            if proc is None or proc.poll() is not None:
+                log = open(self.log_path, "ab")
+                proc = self.procs[i] = self.launch([sys.executable, "-m", "fairseq_lnpos.experiments.evaluator"],
+                                                   self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+                log.close()
+            try:
+                proc.stdin.write((json.dumps(request) + "\n").encode())
+                proc.stdin.flush()
+                line = proc.stdout.readline()
+            except (BrokenPipeError, OSError):
+                line = b""
+            if line:
+                break
             code = proc.wait()
-            if code < 0:  # killed: the grid is stopping
+            if self.stopping():
                 raise Stopped()
-            raise EvalFailed(f"the evaluator exited ({code}) while scoring {request['checkpoint']}; "
-                             f"see {self.log_path}")
+            if code >= 0:  # it exited by itself: scoring again would fail the same way
+                raise EvalFailed(f"the evaluator exited ({code}) while scoring {request['checkpoint']}; "
+                                 f"see {self.log_path}")
+        else:
+            raise EvalFailed(f"the evaluator was killed (signal {-code}) while scoring {request['checkpoint']}, "
+                             f"{self.attempts} times (out of memory?); see {self.log_path}")
         answer = json.loads(line)
         if "error" in answer:
             raise EvalFailed(answer["error"])

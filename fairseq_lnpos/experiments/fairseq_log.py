@@ -16,9 +16,10 @@ from pathlib import Path
 
 LOG_LINE = re.compile(r"^\S+ \S+ \| \w+ \| (\S+) \| (.*)$")
 # an epoch's own checkpoint (checkpointN.pt); a run stopped by --max-update inside an epoch saves
-# only checkpoint_best/_last, which is not an epoch to score
-SAVED = re.compile(r"Saved checkpoint (\S*checkpoint\d+\.pt) \(epoch (\d+) @ (\d+) updates")
-LOADED = re.compile(r"Loaded checkpoint \S+ \(epoch (\d+) @ (\d+) updates\)")
+# only checkpoint_best/_last, which is not an epoch to score. A path may hold spaces: it is what
+# lies between "checkpoint " and " (epoch".
+SAVED = re.compile(r"Saved checkpoint (.*?checkpoint\d+\.pt) \(epoch (\d+) @ (\d+) updates")
+LOADED = re.compile(r"Loaded checkpoint .+ \(epoch (\d+) @ (\d+) updates\)")
 RAN = re.compile(r"^# fairseq-train ran ([0-9.]+) s")  # written by the scheduler after each launch
 FATAL_FP = re.compile(r"FloatingPointError|Minimum loss scale reached|gradients are Nan/Inf")
 

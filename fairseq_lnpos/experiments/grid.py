@@ -18,10 +18,12 @@ import sys
 import threading
 from pathlib import Path
 
+from ..common import CONTROL, one_line
 from ..data.manifest import read_manifest
-from ..errors import INTERRUPT_EXIT, CommandParser, LnposError, run_main
+from ..errors import INTERRUPT_EXIT, CommandParser, LnposError, finite_float, run_main
 from . import runs as R
 from .commands import Job, arch_name, batch_plan, check_joined_dictionary, total_updates
+from .rundir import check_out_dir, make_out_dir
 from .scheduler import Grid
 
 
@@ -96,8 +98,7 @@ def make_jobs(opts, runs, dry_run):
     """One Job per run x seed, with its data dir checked (a dry run tolerates missing data)."""
     data, seeds = parse_data(opts.data), parse_seeds(opts.seeds)
     out = Path(opts.out)
-    if out.exists() and not out.is_dir():
-        raise LnposError(f"--out {out} is a file: give a folder (it is created when missing)")
+    check_out_dir(out)
     jobs, manifests = [], {}
     for r in runs:
         d = data.get(r.dataset, data.get("*", Path(R.DATASETS[r.dataset]["default_data"]))).resolve()
@@ -212,15 +213,13 @@ def run_grid(opts, runs):
         need_cuda(1, "--fp16")
     jobs, manifests = make_jobs(opts, runs, opts.dry_run)
     for j in jobs:
+        j.dir.check()  # every state file of the run: a bad one stops the grid before it starts
         j.dir.check_config(j.config_hash())
         batch_plan(j.run, opts.world)
     if opts.dry_run:
         print_dry_run(jobs, manifests)
         return 0
-    try:
-        Path(opts.out).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise LnposError(f"--out {opts.out}: cannot create it ({e.strerror}): give a writable folder") from None
+    make_out_dir(opts.out)
     grid = Grid(jobs, opts, slots)
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -257,7 +256,7 @@ def add_run_options(r):
     r.add_argument("--fairseq-args", default="", help="extra fairseq-train flags, one string")
     r.add_argument("--gen-args", default="", help="extra fairseq-generate flags, one string")
     r.add_argument("--beam", type=positive_int(1), help="beam size for every run (default: the run's, 5 for the paper)")
-    r.add_argument("--lenpen", type=float, help="length penalty for every run (default: the run's, 1.2 for the paper)")
+    r.add_argument("--lenpen", type=finite_float, help="length penalty for every run (default: the run's, 1.2 for the paper)")
     r.add_argument("--average-last", type=positive_int(0), metavar="N",
                    help="also score the parameter average of each run's last N epoch checkpoints "
                         "(default: the run's, 10 for the ref-* rows, else 0 = none)")
@@ -329,8 +328,19 @@ def run_options(**values):
     return opts
 
 
+def check_one_line(opts):
+    """No control character (newline, tab ...) in any text option: a value may reach a generated
+    script (grid.sh slurm), a log line or a table, where it would start a new line."""
+    for dest, value in vars(opts).items():
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, str) and CONTROL.search(v):
+                raise LnposError(f"--{dest.replace('_', '-')} {one_line(v)}: holds a control character (a newline, "
+                                 f"a tab ...): give the value on one line without them")
+
+
 def command(argv=None):
     opts = build_parser().parse_args(argv)
+    check_one_line(opts)
     if opts.cmd == "list":
         return cmd_list(opts)
     if opts.cmd in ("slurm", "status"):

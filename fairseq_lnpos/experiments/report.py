@@ -5,6 +5,8 @@
 Writes OUT_DIR/results.md, OUT_DIR/results.csv and OUT_DIR/fig_<figure>.png (one per `figure`
 group of runs.py, and fig_all.png with every run when there are several groups: BLEU and
 validation loss per epoch, one column per optimizer, warm-up as line styles). "best" is the best epoch on the test set, as the paper's per-epoch curves show it.
+A results.md or results.csv this command did not write (results.md without its first line
+:data:`MD_MARKER`, results.csv without its header) is never overwritten: it is an error.
 """
 import csv
 import io
@@ -20,6 +22,7 @@ CSV_COLUMNS = ["run", "arch", "optimizer", "lr", "warmup", "schedule", "seed", "
                "paper_valid_loss", "paper_note", "best_bleu_tok", "best_epoch", "last_bleu_tok", "last_epoch",
                "sacrebleu", "last_sacrebleu", "best_valid_loss", "epochs", "avg_bleu_tok", "avg_sacrebleu",
                "avg_epochs", "source"]
+MD_MARKER = "<!-- written by scripts/make_table.sh, which rewrites this file -->"
 TOK_LABEL = "tok BLEU"
 NOTE = ("tok BLEU: fairseq's BLEU scorer on the data's Moses tokens (lowercased for IWSLT, compound-split "
         "for WMT), the paper's metric; sacreBLEU: detokenized output against the raw references, at the "
@@ -51,7 +54,7 @@ def _row(rd):
     run = cfg["run"]
     epochs = rd.evals()
     done = rd.done()
-    if done:
+    if done is not None:
         status = done["status"]
     elif rd.locked():
         status = "running"
@@ -99,7 +102,7 @@ def write_csv(rows, path):
 def markdown(rows):
     head = ["run", "arch", "opt", "lr", "warm-up", "seed", "status", "paper",
             f"{TOK_LABEL} best (epoch)", f"{TOK_LABEL} avg (epochs)", f"{TOK_LABEL} last", "sacreBLEU", "best valid loss"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [MD_MARKER, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if r.get("unreadable"):
             lines.append(f"| {r['run']} | | | | | {r['seed']} | {r['status'].replace('|', '/')} |" + " |" * (len(head) - 7))
@@ -175,6 +178,20 @@ def figures(rows, out_dir):
     return written
 
 
+def _check_ours(path, first_line):
+    """Refuse to replace ``path`` unless this command wrote it (its first line is ``first_line``)."""
+    if not path.exists() and not path.is_symlink():
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            ours = f.readline().rstrip("\n") == first_line
+    except (OSError, UnicodeDecodeError):
+        ours = False
+    if not ours:
+        raise LnposError(f"{path} was not written by make_table.sh, so it is not replaced: move it away, then "
+                         f"run make_table.sh again; nothing was written")
+
+
 def make_table(out_dir, with_figures=True, skip_unreadable=False):
     """Write OUT/results.md, results.csv (and the figures); returns (markdown, [written paths]).
 
@@ -186,6 +203,8 @@ def make_table(out_dir, with_figures=True, skip_unreadable=False):
     rows = collect(out)
     if not rows:
         raise LnposError(f"no runs in {out} (expected {out}/NAME/seedS/config.json): run scripts/grid.sh run first")
+    for path, first in ((out / "results.md", MD_MARKER), (out / "results.csv", ",".join(CSV_COLUMNS))):
+        _check_ours(path, first)
     md = markdown(rows)
     written = [write_text(out / "results.md", md), out / "results.csv"]
     write_csv(rows, out / "results.csv")

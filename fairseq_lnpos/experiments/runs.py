@@ -38,6 +38,7 @@ Defaults (the paper is silent; our rule: add nothing fairseq does not do by defa
 The ``ref-*`` rows (``REFERENCE`` below) are other papers' recipes, knob for knob from their
 official code, with their published numbers: docs/published.md lists them and their sources.
 """
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..errors import LnposError
@@ -273,6 +274,8 @@ RUNS = [
     _m30k("multi30k-keel-adam-lr5e-4-nowu", "keel", "adam", 5e-4, figure="multi30k"),
     *[_m30k(f"multi30k-{ln}-adam-lr{lr_s}-nowu", ln, "adam", lr, figure="multi30k")
       for ln in ("admin", "tfixup") for lr, lr_s in ((5e-4, "5e-4"), (1e-3, "1e-3"))],
+    *[_m30k(f"multi30k-{ln}-adam-lr5e-4-nowu", ln, "adam", 5e-4, figure="multi30k")
+      for ln in ("preln_rmsnorm", "dyt", "derf")],
     # --- Other papers' recipes, with their published IWSLT14 De-En numbers (docs/published.md) ------
     *REFERENCE,
     # --- `make demo` (synthetic corpus, _tiny archs, CPU); same settings for every architecture ------
@@ -283,6 +286,9 @@ RUNS = [
     _demo("demo-keel-nowu", "keel"),
     _demo("demo-admin-nowu", "admin"),
     _demo("demo-tfixup-nowu", "tfixup"),
+    _demo("demo-preln_rmsnorm-nowu", "preln_rmsnorm"),
+    _demo("demo-dyt-nowu", "dyt"),
+    _demo("demo-derf-nowu", "derf"),
 ]
 
 BY_NAME = {r.name: r for r in RUNS}
@@ -339,6 +345,8 @@ def coerce(run, key, value):
             new = None if value == "" else float(value)
     except ValueError:
         raise RunTableError(f"--set {key}={value}: not a valid value for {key}") from None
+    if isinstance(new, float) and not math.isfinite(new):
+        raise RunTableError(f"--set {key}={value}: give a finite number")
     if key in INT_FIELDS and new < INT_FIELDS[key]:
         raise RunTableError(f"--set {key}={value}: must be at least {INT_FIELDS[key]}")
     if key in ("lr", "max_tokens") and new is not None and not new > 0:

@@ -4,8 +4,10 @@ A slot is one place for a run: a GPU group (``CUDA_VISIBLE_DEVICES``), given ``-
 times, or a share of the CPU. Each slot's worker takes the next job, trains it with fairseq-train
 (resuming from checkpoint_last.pt), follows its log, and hands every saved epoch to the
 evaluator of its device; the slot is free again as soon as training ends. A run is finished
-(DONE.json) when its last epoch is scored. CPU threads are shared out among everything that runs
-at once: the slots and the evaluators.
+(DONE.json) when every saved epoch is recorded (scored, or left unscored by --eval-every) and its
+last epoch scored, in its own folder still; a run that cannot get there is failed (DONE.json says
+why; a re-run retries it). CPU threads are shared out among everything that runs at once: the slots
+and the evaluators.
 """
 import os
 import shlex
@@ -16,12 +18,13 @@ import threading
 import time
 from pathlib import Path
 
-from ..common import fmt_time, read_json
+from ..common import fmt_time
 from ..data.manifest import read_manifest
 from ..errors import LnposError, StateError
 from .commands import total_updates
-from .evaluator import EvalFailed, Evaluator, Stopped
+from .evaluator import Evaluator, Stopped
 from .fairseq_log import LogState, LogTail, number
+from .rundir import outcome
 
 # children get SIGTERM when the thread that started them dies, also when the grid is SIGKILLed
 PDEATHSIG = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
@@ -43,7 +46,8 @@ class Grid:
         self.progress_log = self.out / "progress.log"
         devices = sorted(set(slots), key=str)
         self.threads = max(1, (os.cpu_count() or 1) // (len(slots) + len(devices) * opts.evaluators))
-        self.evaluators = {d: Evaluator(self.env(d), self.out / "evaluator.log", self.popen, opts.evaluators)
+        self.evaluators = {d: Evaluator(self.env(d), self.out / "evaluator.log", self.popen, opts.evaluators,
+                                        stopping=self.stop.is_set)
                            for d in devices}
         self.finished = threading.Condition(self.lock)
 
@@ -117,12 +121,15 @@ class Grid:
     def execute(self, job, slot):
         rd = job.dir
         done = rd.done()
-        if done is not None:
+        if done is not None and outcome(done) != "failed":
             job.state = "skipped"
             self.say(f"{job.label}: already {done['status']}, not redone")
             return
         job.lock_fd, job.released = rd.lock(), False
         try:
+            if done is not None:  # it failed: retried
+                self.say(f"{job.label}: retried (it {done['status']})")
+                rd.done_path.unlink(missing_ok=True)
             rd.claim(job.config(), job.config_hash())
             rd.evals()  # a damaged record is an error now, not a silently re-scored epoch later
             job.state = "running"
@@ -130,6 +137,10 @@ class Grid:
             job.log_state = LogState(patience=self.opts.patience)
             job.evaluator = self.evaluators[slot]
             self._train(job, slot)
+        except RunFailed as e:
+            self._fail(job, e)  # recorded while the run's lock is held
+            self._release(job)
+            return
         except BaseException:
             self._release(job)
             raise
@@ -168,7 +179,8 @@ class Grid:
                 if ended:
                     with open(rd.log_path, "a", encoding="utf-8") as log:
                         log.write(f"\n# fairseq-train ran {time.time() - t_launch:.1f} s\n")
-                    tail.poll()
+                    for ep in tail.poll():  # saved just before a diverged run was stopped
+                        self._epoch_saved(job, ep)
                     break
                 if self.stop.is_set():
                     raise Stopped()
@@ -233,7 +245,7 @@ class Grid:
         def answered(result, error):
             if error is None:
                 scored(result)
-            elif isinstance(error, EvalFailed):
+            elif not isinstance(error, Stopped):  # the grid is stopping: it is scored on resume
                 job.error = str(error)
             with self.lock:
                 job.pending.discard(key)
@@ -284,7 +296,7 @@ class Grid:
         """The slot is free; the run is finished once its scoring is (in the evaluator's thread)."""
         rd = job.dir
         last = max(job.log_state.saved, default=0)
-        rec = read_json(rd.eval_path(last), missing_ok=True) if last else None  # None: being scored
+        rec = rd.eval(last) if last else None  # None: being scored
         if rec is not None and rec.get("bleu_tok") is None and not self.opts.no_bleu \
                 and rd.checkpoint(last).exists():
             self._score(job, last, rec)  # the last epoch is always scored
@@ -305,6 +317,7 @@ class Grid:
         try:
             if not self._wait_for_scoring(job):
                 return
+            self._check_complete(job)
             if self._score_average(job) and not self._wait_for_scoring(job):
                 return
             self._drop_checkpoints(job, below=float("inf"))
@@ -322,6 +335,19 @@ class Grid:
         finally:
             self._release(job)
 
+    def _check_complete(self, job):
+        """The run is over only when its folder is still its own and every saved epoch is recorded:
+        scored, or left unscored on purpose (--eval-every, --no-bleu), and the last one scored."""
+        rd = job.dir
+        rd.check_intact(job.config_hash())
+        records = {e: rd.eval(e) for e in sorted(job.log_state.saved)}
+        lost = [e for e, rec in records.items() if rec is None]
+        if lost:
+            raise RunFailed(f"epoch {', '.join(map(str, lost))} saved but never scored; re-run to score it")
+        saved = list(records)
+        if saved and not self.opts.no_bleu and records[saved[-1]].get("bleu_tok") is None:
+            raise RunFailed(f"its last epoch ({saved[-1]}) was not scored; re-run to score it")
+
     def _release(self, job):
         if job.lock_fd is not None:
             os.close(job.lock_fd)
@@ -331,8 +357,15 @@ class Grid:
             self.finished.notify_all()
 
     def _fail(self, job, error):
+        """Say why the run failed; while this grid holds the run, record it (DONE.json), so that
+        the table and ``grid.sh status`` show it and a re-run retries it."""
         job.state, job.status = "done", f"failed: {error}"
         self.failed = True
+        if job.lock_fd is not None:
+            try:
+                job.dir.write_failed(" ".join(str(error).split()))
+            except OSError:  # the run folder is gone: nothing to record it in
+                pass
         self.say(f"{job.label}: FAILED: {error} (re-run to retry)")
 
     # the whole grid -----------------------------------------------------------

@@ -26,13 +26,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..common import write_text
+from ..common import one_line, write_text
 from ..errors import LnposError, StateError, run_main
 from . import grid as G
 from .commands import batch_plan
 from .report import collect
+from .rundir import read_tasks, tasks_text
 
-TIME = re.compile(r"^(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)$")
+TIME = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)")
+NAME = re.compile(r"[A-Za-z0-9_.-]+")  # a SLURM partition or account name
 # options of `grid.sh run` a task does not take from the command line: set per task or by the allocation
 PER_TASK = {"dry_run", "out", "seeds", "fairseq_args", "gpus", "runs_per_gpu", "jobs", "gpus_per_run"}
 PORT_BASE, PORT_SPAN = 20000, 20000
@@ -40,7 +42,7 @@ PORT_BASE, PORT_SPAN = 20000, 20000
 
 def parse_time(text):
     """SLURM's [D-]HH:MM:SS as seconds."""
-    m = TIME.match(text)
+    m = TIME.fullmatch(text)
     if not m:
         raise argparse.ArgumentTypeError(f"{text!r} is not a time: give HH:MM:SS or D-HH:MM:SS, e.g. 24:00:00")
     d, h, mi, s = (int(x or 0) for x in m.groups())
@@ -50,13 +52,26 @@ def parse_time(text):
     return secs
 
 
+def slurm_names(option, several):
+    """argparse type of a SLURM name (``several``: a comma-separated list of them, as sbatch takes
+    partitions): letters, digits, ``_``, ``.`` and ``-``."""
+    def parse(text):
+        if not all(NAME.fullmatch(n) for n in (text.split(",") if several else [text])):
+            raise argparse.ArgumentTypeError(
+                f"{one_line(text)} is not a SLURM {option} name: letters, digits, '_', '.' and '-'"
+                + (", several separated by commas" if several else ""))
+        return text
+    return parse
+
+
 def slurm_time(secs):
     return f"{secs // 3600}:{secs // 60 % 60:02d}:{secs % 60:02d}"
 
 
 def add_options(p):
     """The options of ``grid.sh slurm`` beyond those of ``grid.sh run`` (the parser resolves conflicts)."""
-    p.add_argument("--partition", required=True, help="SLURM partition")
+    p.add_argument("--partition", required=True, type=slurm_names("partition", several=True),
+                   help="SLURM partition (or several, comma-separated)")
     p.add_argument("--time", required=True, type=parse_time, metavar="HH:MM:SS",
                    help="time limit of one task; a task stopped at the limit requeues itself and resumes")
     p.add_argument("--gpus-per-run", type=G.positive_int(0), default=1, metavar="G",
@@ -65,7 +80,7 @@ def add_options(p):
                    help="nodes of one run (N > 1: fairseq's multi-node training, GPUs only)")
     p.add_argument("--cpus-per-run", type=G.positive_int(1), metavar="C",
                    help="--cpus-per-task (default: 2 on the CPU, 4 per GPU)")
-    p.add_argument("--account", help="SLURM account")
+    p.add_argument("--account", type=slurm_names("account", several=False), help="SLURM account")
     p.add_argument("--max-running", type=G.positive_int(1), metavar="K", help="at most K tasks at once (%%K)")
     p.add_argument("--dry-run", action="store_true",
                    help="write the script and its task list into OUT and print the script; submit nothing")
@@ -176,8 +191,10 @@ def sbatch_lines(opts, ntasks, name, logs):
         lines.append(f"--gres=gpu:{g}")
     if opts.account:
         lines.append(f"--account={opts.account}")
+    # sbatch reads quotes in #SBATCH lines as a shell does; in --output, %% is a literal %
+    output = str(logs).replace("%", "%%") + "/%A_%a.out"
     lines += ["--requeue", f"--signal=B:USR1@{margin}", "--open-mode=append",
-              f"--output={logs}/%A_%a.out", f"--chdir={Path.cwd()}"]
+              "--output=" + shlex.quote(output), "--chdir=" + shlex.quote(str(Path.cwd()))]
     return "\n".join(f"#SBATCH {x}" for x in lines)
 
 
@@ -193,12 +210,10 @@ def plan(opts):
     for j in jobs:
         batch_plan(j.run, opts.world)
         fargs = task_fairseq_args(opts, j.run, j.seed)
-        if "\t" in fargs or "\n" in fargs:
-            raise LnposError("--fairseq-args: no tabs or newlines, please")
         j.opts = argparse.Namespace(**dict(vars(opts), fairseq_args=fargs))
         j.dir.check_config(j.config_hash())
         tasks.append((j.run.name, j.seed, fargs))
-    listing = "".join(f"{n}\t{s}\t{f}\n" for n, s, f in tasks)
+    listing = tasks_text(tasks)
     grid_id = hashlib.sha256(listing.encode()).hexdigest()[:8]
     script, tasks_path = out / f"slurm-{grid_id}.sbatch", out / f"slurm-{grid_id}.tasks"
     devices = GPU_SETUP.format(gpus=opts.gpus_per_run) if opts.gpus_per_run else ""
@@ -208,7 +223,8 @@ def plan(opts):
         after = 'kill -TERM "$WORKERS" 2>/dev/null; wait "$WORKERS" 2>/dev/null'
     text = SCRIPT.format(
         sbatch=sbatch_lines(opts, len(tasks), f"grid-{grid_id}", out / "slurm-logs"),
-        ntasks=len(tasks), command=shlex.join(["grid.sh", "slurm"] + opts.argv), root=shlex.quote(str(G_ROOT)),
+        ntasks=len(tasks), command=one_line(shlex.join(["grid.sh", "slurm"] + opts.argv)),
+        root=shlex.quote(str(G_ROOT)),
         tasks=shlex.quote(str(tasks_path)), out=shlex.quote(str(out)),
         passthrough=shlex.join(passthrough(opts)), devices=devices, after=after)
     return tasks, script, tasks_path, text, listing
@@ -257,7 +273,7 @@ def worker(argv):
     if len(jobs) != 1:
         raise LnposError(f"worker: {len(jobs)} runs selected, expected one (--only NAME --seeds S)")
     job = jobs[0]
-    if job.dir.trained or job.dir.done() is not None:
+    if job.dir.trained or job.dir.outcome() not in (None, "failed"):
         print(f"worker: {job.label} already trained", file=sys.stderr)
         return 0
     hosts = subprocess.check_output(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]]).decode().split()
@@ -281,8 +297,8 @@ def status_lines(out_dir):
     rows = collect(out)
     seen = {(r["run"], str(r["seed"])) for r in rows}
     for tasks in sorted(out.glob("slurm-*.tasks")):
-        for line in tasks.read_text().splitlines():
-            name, seed = line.split("\t")[:2]
+        for name, seed, _ in read_tasks(tasks):
+            seed = str(seed)
             if (name, seed) not in seen:
                 seen.add((name, seed))
                 rows.append({"run": name, "seed": seed, "status": f"queued ({tasks.stem})", "epochs": 0})
@@ -292,7 +308,7 @@ def status_lines(out_dir):
     width = max(len(f"{r['run']} seed{r['seed']}") for r in rows)
     for r in rows:
         status = r["status"]
-        key = "unreadable" if r.get("unreadable") else ("not started" if status == "not started" else status.split(" ")[0])
+        key = "unreadable" if r.get("unreadable") else ("not started" if status == "not started" else status.split(" ")[0].rstrip(":"))
         counts[key] = counts.get(key, 0) + 1
         if r.get("unreadable"):
             status = "unreadable"

@@ -14,6 +14,7 @@ measures the learning rate it names. A run whose training loss stays above its f
 Presets: the default is the laptop map (the `_tiny` archs on the generated corpus, validation loss
 only); ``--real`` is the paper's IWSLT model on Multi30k (data-prep/prepare-multi30k.sh) for one GPU.
 """
+import math
 from dataclasses import replace
 
 from ..errors import LnposError
@@ -46,8 +47,8 @@ def parse_axes(archs, lrs, warmups, layers):
     if unknown or not arch_list:
         raise LnposError(f"--archs {archs}: give variants from {', '.join(VARIANTS)}")
     lr_list = _list(lrs, float, "lr")
-    if any(not lr > 0 for lr in lr_list):
-        raise LnposError(f"--lr {lrs}: learning rates must be positive")
+    if any(not (math.isfinite(lr) and lr > 0) for lr in lr_list):
+        raise LnposError(f"--lr {lrs}: learning rates must be positive finite numbers")
     warm_list, layer_list = _list(warmups, int, "warmup"), _list(layers, int, "layers")
     if any(w < 1 for w in warm_list):
         raise LnposError(f"--warmup {warmups}: give warm-up lengths of at least 1 (1 = none)")
@@ -69,5 +70,10 @@ def expand(archs, lrs, warmups, layers, max_update, dataset="synthetic"):
     runs = [replace(base, name=cell_name(ln, n, lr, w), ln=ln, lr=lr, warmup=w if w > 1 else 0, layers=n)
             .with_defaults()
             for ln in archs for n in layers for w in warmups for lr in lrs]
-    assert len({r.name for r in runs}) == len(runs)
+    names = {}
+    for r in runs:
+        if r.name in names:
+            raise LnposError(f"--lr {names[r.name]!r} and {r.lr!r} give cells the same name {r.name}: give "
+                             f"learning rates that differ in their first 6 significant digits")
+        names[r.name] = r.lr
     return runs

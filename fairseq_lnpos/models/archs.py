@@ -1,4 +1,4 @@
-"""Named architectures: {postln, preln, deepnorm, keel, admin, tfixup} x {base, iwslt_de_en, wmt_en_de, tiny}.
+"""Named architectures: every variant of ``variants.VARIANTS`` x {base, iwslt_de_en, wmt_en_de, tiny}.
 
 A variant fixes where LayerNorm sits (and, except for Post-LN and Pre-LN, the model class); a size fills in
 fairseq's defaults for dimensions and depth, which the command line can override as usual.
@@ -35,13 +35,16 @@ assert set(FILL_DEFAULTS) == set(SIZES)
 ARCHS = {}  # arch name -> variant
 
 
-def register_variant(variant, model, normalize_before):
+def register_variant(variant, model, normalize_before, norm):
     for size, fill_defaults in FILL_DEFAULTS.items():
         name = arch_name(variant, size)
 
         def arch(args, fill_defaults=fill_defaults, name=name):
-            # The variant is what the name says: it overrides --{encoder,decoder}-normalize-before.
+            # The variant is what the name says: it overrides --{encoder,decoder}-normalize-before
+            # (and --lnpos-norm where it names a normalization).
             args.encoder_normalize_before = args.decoder_normalize_before = normalize_before
+            if norm is not None:
+                args.lnpos_norm = norm
             fill_defaults(args)
             for side in ("encoder", "decoder"):
                 layers = getattr(args, f"{side}_layers")
@@ -52,4 +55,4 @@ def register_variant(variant, model, normalize_before):
 
 
 for _name, _v in VARIANTS.items():
-    register_variant(_name, _v.model, _v.normalize_before)
+    register_variant(_name, _v.model, _v.normalize_before, _v.norm)

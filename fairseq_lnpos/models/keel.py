@@ -12,6 +12,7 @@ Each sublayer computes ``x = LN_a(alpha * x + F(LN_b(x)))``: fairseq's Post-LN l
   weights keep fairseq's default initialisation.
 """
 import logging
+import math
 
 from fairseq.models import register_model
 from fairseq.modules import LayerNorm
@@ -28,7 +29,7 @@ def keel_alpha(cfg, stack):
     """alpha for ``stack``: ``--keel-alpha`` if given, else the stack's number of sublayers."""
     alpha = getattr(cfg, "keel_alpha", None)
     if alpha is not None:
-        check(alpha > 0, f"--keel-alpha must be positive, got {alpha}")
+        check(math.isfinite(alpha) and alpha > 0, f"--keel-alpha must be a positive finite number, got {alpha}")
         return float(alpha)
     if stack == "encoder":
         return 2.0 * cfg.encoder.layers

@@ -37,6 +37,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 from torch import nn
 
 from ..errors import check
+from .norms import DEFAULT_NORM, NORMS, replace_norms
 
 DEFAULT_INIT = "fairseq-0.12"
 INITS = (DEFAULT_INIT, "fairseq-0.9", "fairseq-0.8")
@@ -106,6 +107,7 @@ class VariantEncoder(TransformerEncoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, layer_cls, return_fc=False):
         self.layer_cls, self._built = layer_cls, 0
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+        self.norms_replaced = replace_norms(self, cfg)
 
     def build_encoder_layer(self, cfg):
         layer = without_fused_inference(self.layer_cls(cfg, index=self._built, return_fc=self.return_fc))
@@ -117,6 +119,7 @@ class VariantDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, layer_cls, no_encoder_attn=False):
         self.layer_cls, self._built = layer_cls, 0
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        self.norms_replaced = replace_norms(self, cfg)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         layer = self.layer_cls(cfg, no_encoder_attn, index=self._built)
@@ -137,6 +140,17 @@ class VariantTransformerModel(TransformerModel):
                             help="fairseq-0.12: fairseq 0.12's own initialization (default); fairseq-0.9: "
                             "Xavier-uniform fc1/fc2 with zero biases; fairseq-0.8: also zero q/k/v biases "
                             "(the fairseq of Xiong et al. 2020 and Admin)")
+        parser.add_argument("--lnpos-norm", choices=NORMS, default=DEFAULT_NORM,
+                            help="what every LayerNorm of the model becomes: layernorm (unchanged, default), "
+                            "rmsnorm, dyt (weight * tanh(alpha x) + bias) or derf (weight * erf(alpha x + s) + bias)")
+        parser.add_argument("--lnpos-norm-alpha", type=float, metavar="A",
+                            help="initial alpha of dyt and derf (default 0.5)")
+
+    def __init__(self, args, encoder, decoder):
+        norm = getattr(args, "lnpos_norm", None) or DEFAULT_NORM
+        check(norm == DEFAULT_NORM or encoder.norms_replaced + decoder.norms_replaced > 0,
+              f"--lnpos-norm {norm}: {args.arch} has no LayerNorm to replace; drop the option")
+        super().__init__(args, encoder, decoder)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

@@ -34,7 +34,7 @@ from omegaconf import II
 from fairseq_lnpos.checkpoint import guard_checkpoint_loading, guard_state_loading
 from fairseq_lnpos.data.bindir import check_data_dir
 from fairseq_lnpos.data.download import DataError
-from fairseq_lnpos.errors import check
+from fairseq_lnpos.errors import LnposError, check
 from fairseq_lnpos.gradnorm import GradNormPlan, finite_or_none
 from fairseq_lnpos.models.variant import without_fused_inference
 
@@ -64,6 +64,8 @@ class TranslationLnposConfig(TranslationConfig):
     log_interval: int = II("common.log_interval")
     save_dir: str = II("checkpoint.save_dir")
     distributed_rank: int = II("distributed_training.distributed_rank")
+    fp16: bool = II("common.fp16")
+    cpu: bool = II("common.cpu")
 
 
 def pending_grad_scale(optimizer):
@@ -145,6 +147,17 @@ class GradNormLogger:
             f.write(json.dumps(rec) + "\n")
 
 
+def check_half_precision(cfg):
+    """fairseq-train --fp16 without a CUDA GPU fails in fairseq's FP16Optimizer with an
+    AssertionError ("Torch not compiled with CUDA enabled"); fairseq has no half-precision training
+    on the CPU (its --bf16 implies --tpu)."""
+    import torch
+
+    if getattr(cfg, "fp16", False) and (getattr(cfg, "cpu", False) or not torch.cuda.is_available()):
+        raise LnposError("--fp16 needs a CUDA GPU (fairseq trains in half precision on GPUs only; its --bf16 "
+                         "needs a TPU): drop --fp16 to train on the CPU")
+
+
 def _remove_new_empty_folder(path):
     """fairseq-train creates --save-dir (default ./checkpoints) before it sets the task up: on bad
     data, remove it again if it is empty and this run made it (changed after the plugin loaded)."""
@@ -192,6 +205,8 @@ class TranslationLnposTask(TranslationTask):
                             "or choose another subset") from None
 
     def build_model(self, cfg, from_checkpoint=False):
+        if not from_checkpoint:  # a model to train (fairseq-generate decodes in fp16 on a CPU too)
+            check_half_precision(self.cfg)
         # fairseq's own Post-LN included: see without_fused_inference (upstream fairseq 0.12.2)
         model = without_fused_inference(super().build_model(cfg, from_checkpoint))
         return guard_state_loading(model, getattr(cfg, "arch", None) or getattr(cfg, "_name", "?"))

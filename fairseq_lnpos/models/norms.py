@@ -1,0 +1,87 @@
+"""What the normalization is: ``--lnpos-norm`` on every plugin arch.
+
+Every LayerNorm a model uses (each sublayer's, a Pre-LN stack's final one, ``--layernorm-embedding``,
+Keel's branch and bias-free ones) is replaced, after fairseq built the encoder or decoder, by
+
+* ``layernorm`` (default): left as it is.
+* ``rmsnorm``: ``torch.nn.RMSNorm`` (``x / sqrt(mean(x^2) + eps) * g``, no bias), with the eps of the
+  LayerNorm it replaces (fairseq's: 1e-5). ``torch.nn.RMSNorm`` exists from torch 2.4 on; on an
+  older torch the option is refused with one line.
+* ``dyt``: Dynamic Tanh (Zhu, Chen, He, LeCun & Liu, CVPR 2025, "Transformers without
+  Normalization"): ``weight * tanh(alpha * x) + bias``, ``alpha`` one learned scalar per module
+  initialised to ``--lnpos-norm-alpha`` (default 0.5, the paper's default and
+  jiachenzhu/DyT ``dynamic_tanh.py``'s ``alpha_init_value``), ``weight`` 1, ``bias`` 0. The paper
+  finds 0.5 right for most non-LLM models; for LLMs it tunes alpha by width and position (its LLaMA
+  recipes, ``other_tasks/LLaMA/README.md``: a larger alpha for the norms before attention than for
+  those before the FFN and the final one, e.g. 0.8 / 0.2 at 7B) - not done here, one alpha for all.
+* ``derf``: Dynamic erf (arXiv 2512.10938): ``weight * erf(alpha * x + shift) + bias``, learned
+  scalars ``alpha`` (initial ``--lnpos-norm-alpha``, 0.5) and ``shift`` (0), as the ``Derf`` class of
+  lucidrains/x-transformers (``x_transformers/x_transformers.py``, without its ``unit_offset``).
+
+The replacement keeps the module's name, so its parameters keep theirs (``...final_layer_norm.weight``)
+and checkpoints of one normalization reload into a model of the same one. Nothing else of the
+model changes: with ``layernorm`` the model is the one fairseq builds, parameter for parameter.
+"""
+import torch
+from torch import nn
+
+from ..errors import LnposError, check
+
+NORMS = ("layernorm", "rmsnorm", "dyt", "derf")
+DEFAULT_NORM = "layernorm"
+DEFAULT_ALPHA = 0.5
+
+
+class DyT(nn.Module):
+    def __init__(self, dim, alpha=DEFAULT_ALPHA):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.full((1,), float(alpha)))
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        return torch.addcmul(self.bias, torch.tanh(self.alpha * x), self.weight)
+
+
+class Derf(nn.Module):
+    def __init__(self, dim, alpha=DEFAULT_ALPHA):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.full((1,), float(alpha)))
+        self.shift = nn.Parameter(torch.zeros(1))
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        return torch.addcmul(self.bias, torch.erf(torch.addcmul(self.shift, self.alpha, x)), self.weight)
+
+
+def is_layer_norm(module):
+    """torch's LayerNorm (what fairseq's ``LayerNorm`` returns on a CPU) or fairseq's fused one."""
+    return isinstance(module, nn.LayerNorm) or type(module).__name__ == "FusedLayerNorm"
+
+
+def build_norm(kind, ln, alpha):
+    """The ``kind`` module that replaces the LayerNorm ``ln``."""
+    (dim,) = ln.normalized_shape
+    if kind == "rmsnorm":
+        if not hasattr(nn, "RMSNorm"):
+            raise LnposError(f"--lnpos-norm rmsnorm needs torch >= 2.4 (torch.nn.RMSNorm), this is torch "
+                             f"{torch.__version__}: upgrade torch or choose another --lnpos-norm")
+        return nn.RMSNorm(dim, eps=ln.eps)
+    return {"dyt": DyT, "derf": Derf}[kind](dim, alpha)
+
+
+def replace_norms(module, cfg):
+    """Replace every LayerNorm inside ``module`` as ``cfg.lnpos_norm`` says; returns how many."""
+    kind = getattr(cfg, "lnpos_norm", None) or DEFAULT_NORM
+    check(kind in NORMS, f"--lnpos-norm {kind!r}: one of {', '.join(NORMS)}")
+    alpha = getattr(cfg, "lnpos_norm_alpha", None)
+    alpha = DEFAULT_ALPHA if alpha is None else alpha
+    check(0 < alpha < float("inf"), f"--lnpos-norm-alpha must be a positive number, got {alpha}")
+    if kind == DEFAULT_NORM:
+        return 0
+    found = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
+             if is_layer_norm(child)]
+    for parent, name, child in found:
+        setattr(parent, name, build_norm(kind, child, alpha))
+    return len(found)
