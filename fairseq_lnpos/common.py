@@ -24,12 +24,17 @@ USER_DIR = Path(__file__).resolve().parent
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+def refuse_folder(path):
+    """A folder where a file is to be written is an error that names it."""
+    if Path(path).is_dir():
+        raise LnposError(f"{path} is a folder, not a file: move it away or remove it, then run again")
+
+
 def write_text(path, text):
     """Atomically replace ``path`` with ``text`` (UTF-8); a folder at ``path`` is an error, and
     nothing (no temporary file) stays when the write fails."""
     path = Path(path)
-    if path.is_dir():
-        raise LnposError(f"{path} is a folder, not a file: move it away or remove it, then run again")
+    refuse_folder(path)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8", newline="\n") as f:

@@ -1,13 +1,14 @@
 """`make demo`: the paper's effect on a CPU in minutes, on data the project generates.
 
     python -m fairseq_lnpos.demo [--out demo-out] [--seeds 1,2] [--with-keel] [--with-admin]
-                                 [--with-tfixup] [--with-preln-rmsnorm] [--with-dyt] [--with-derf] [--quick]
+                                 [--with-tfixup] [--with-preln-rmsnorm] [--with-dyt] [--with-derf]
+                                 [--with-scalenorm] [--with-subln] [--quick]
 
 Steps (each resumes; a finished demo re-runs in seconds):
  1. the synthetic corpus (data-prep/make-synthetic.sh: 4500 training pairs, 300 valid, 300 test);
  2. a grid of `_tiny` runs (the `demo-*` rows of experiments/runs.py): Post-LN without warm-up,
     Post-LN with 100 warm-up updates, Pre-LN and DeepNorm without warm-up (Keel, Admin, T-Fixup, Pre-LN
-    with RMSNorm, DyT, Derf on request), Adam lr 1e-3 (constant after the warm-up), 512-token batches, 3 epochs (~100 updates
+    with RMSNorm, DyT, Derf, ScaleNorm+FixNorm, Sub-LN on request), Adam lr 1e-3 (constant after the warm-up), 512-token batches, 3 epochs (~100 updates
     each), per-layer gradient norms logged at every update, test BLEU per epoch;
  3. the results table (scripts/make_table.sh): demo-out/results.csv, results.md, fig_demo.png;
  4. gradient norms of the first updates (grad_norms_first_updates.png);
@@ -31,7 +32,7 @@ from .errors import check, run_main
 
 RUNS = ["demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu", "demo-deepnorm-nowu"]
 # --with-keel, --with-admin, ..., --with-preln-rmsnorm: demo-<name>-nowu
-OPTIONAL = ("keel", "admin", "tfixup", "preln_rmsnorm", "dyt", "derf")
+OPTIONAL = ("keel", "admin", "tfixup", "preln_rmsnorm", "dyt", "derf", "scalenorm", "subln")
 FIRST_UPDATES = 100  # updates shown in the gradient-norm figure
 
 

@@ -26,6 +26,8 @@ VARIANTS = {
     "preln_rmsnorm": Variant("Pre-RMSNorm", "transformer_lnpos", True, norm="rmsnorm"),
     "dyt": Variant("DyT", "transformer_lnpos", True, norm="dyt"),
     "derf": Variant("Derf", "transformer_lnpos", True, norm="derf"),
+    "scalenorm": Variant("ScaleNorm+FixNorm", "transformer_scalenorm", True, norm="scalenorm"),
+    "subln": Variant("Sub-LN", "transformer_subln", True),
 }
 
 # size name -> arch-name suffix; dimensions come from fairseq's arch of the same suffix, except tiny

@@ -6,10 +6,10 @@ from torch import nn
 
 from conftest import build_model, toy_data  # noqa: F401
 from fairseq_lnpos.errors import LnposError
-from fairseq_lnpos.models.norms import Derf, DyT, is_layer_norm
+from fairseq_lnpos.models.norms import Derf, DyT, ScaleNorm, is_layer_norm
 
 SMALL = ("--encoder-layers", 2, "--decoder-layers", 2)
-KINDS = {"rmsnorm": nn.RMSNorm, "dyt": DyT, "derf": Derf}
+KINDS = {"rmsnorm": nn.RMSNorm, "dyt": DyT, "derf": Derf, "scalenorm": ScaleNorm}
 
 
 def norm_modules(model):

@@ -13,7 +13,7 @@ import io
 import sys
 from pathlib import Path
 
-from ..common import write_text
+from ..common import refuse_folder, write_text
 from ..errors import CommandParser, LnposError, StateError, run_main
 from . import runs as R
 from .rundir import run_dirs
@@ -182,6 +182,7 @@ def _check_ours(path, first_line):
     """Refuse to replace ``path`` unless this command wrote it (its first line is ``first_line``)."""
     if not path.exists() and not path.is_symlink():
         return
+    refuse_folder(path)
     try:
         with open(path, encoding="utf-8") as f:
             ours = f.readline().rstrip("\n") == first_line

@@ -275,7 +275,7 @@ RUNS = [
     *[_m30k(f"multi30k-{ln}-adam-lr{lr_s}-nowu", ln, "adam", lr, figure="multi30k")
       for ln in ("admin", "tfixup") for lr, lr_s in ((5e-4, "5e-4"), (1e-3, "1e-3"))],
     *[_m30k(f"multi30k-{ln}-adam-lr5e-4-nowu", ln, "adam", 5e-4, figure="multi30k")
-      for ln in ("preln_rmsnorm", "dyt", "derf")],
+      for ln in ("preln_rmsnorm", "dyt", "derf", "scalenorm", "subln")],
     # --- Other papers' recipes, with their published IWSLT14 De-En numbers (docs/published.md) ------
     *REFERENCE,
     # --- `make demo` (synthetic corpus, _tiny archs, CPU); same settings for every architecture ------
@@ -289,6 +289,8 @@ RUNS = [
     _demo("demo-preln_rmsnorm-nowu", "preln_rmsnorm"),
     _demo("demo-dyt-nowu", "dyt"),
     _demo("demo-derf-nowu", "derf"),
+    _demo("demo-scalenorm-nowu", "scalenorm"),
+    _demo("demo-subln-nowu", "subln"),
 ]
 
 BY_NAME = {r.name: r for r in RUNS}

@@ -14,6 +14,9 @@ Keel's branch and bias-free ones) is replaced, after fairseq built the encoder o
   finds 0.5 right for most non-LLM models; for LLMs it tunes alpha by width and position (its LLaMA
   recipes, ``other_tasks/LLaMA/README.md``: a larger alpha for the norms before attention than for
   those before the FFN and the final one, e.g. 0.8 / 0.2 at 7B) - not done here, one alpha for all.
+* ``scalenorm``: ScaleNorm (Nguyen & Salazar 2019, "Transformers without Tears"):
+  ``g * x / max(||x||, eps)``, ``g`` one learned scalar initialised to sqrt(d), eps 1e-5, as
+  tnq177/transformers_without_tears ``layers.py`` (``ScaleNorm``).
 * ``derf``: Dynamic erf (arXiv 2512.10938): ``weight * erf(alpha * x + shift) + bias``, learned
   scalars ``alpha`` (initial ``--lnpos-norm-alpha``, 0.5) and ``shift`` (0), as the ``Derf`` class of
   lucidrains/x-transformers (``x_transformers/x_transformers.py``, without its ``unit_offset``).
@@ -27,7 +30,7 @@ from torch import nn
 
 from ..errors import LnposError, check
 
-NORMS = ("layernorm", "rmsnorm", "dyt", "derf")
+NORMS = ("layernorm", "rmsnorm", "dyt", "derf", "scalenorm")
 DEFAULT_NORM = "layernorm"
 DEFAULT_ALPHA = 0.5
 
@@ -55,6 +58,16 @@ class Derf(nn.Module):
         return torch.addcmul(self.bias, torch.erf(torch.addcmul(self.shift, self.alpha, x)), self.weight)
 
 
+class ScaleNorm(nn.Module):
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((1,), float(dim) ** 0.5))  # the scalar g
+        self.eps = eps
+
+    def forward(self, x):
+        return x * (self.weight / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp(min=self.eps))
+
+
 def is_layer_norm(module):
     """torch's LayerNorm (what fairseq's ``LayerNorm`` returns on a CPU) or fairseq's fused one."""
     return isinstance(module, nn.LayerNorm) or type(module).__name__ == "FusedLayerNorm"
@@ -68,6 +81,8 @@ def build_norm(kind, ln, alpha):
             raise LnposError(f"--lnpos-norm rmsnorm needs torch >= 2.4 (torch.nn.RMSNorm), this is torch "
                              f"{torch.__version__}: upgrade torch or choose another --lnpos-norm")
         return nn.RMSNorm(dim, eps=ln.eps)
+    if kind == "scalenorm":
+        return ScaleNorm(dim)
     return {"dyt": DyT, "derf": Derf}[kind](dim, alpha)
 
 

@@ -1,0 +1,89 @@
+"""Sub-LN (Magneto; Wang et al., ICML 2023, "Magneto: A Foundation Transformer", arXiv 2210.06423),
+encoder-decoder form, as in microsoft/torchscale (``torchscale/architecture/encoder.py`` and
+``decoder.py`` under ``subln``; ``component/multihead_attention.py``, ``feedforward_network.py``).
+
+Pre-LN with one more LayerNorm inside the sublayer, before its output projection::
+
+    attention:  x + W_O · LN_sub(Attention(W_Q LN(x), W_K LN(x), W_V LN(x)))
+    FFN:        x + W_2 · LN_sub(act(W_1 LN(x)))
+
+``LN_sub`` is ``self_attn_sub_layer_norm`` (width d) and ``ffn_sub_layer_norm`` (width d_ff) of
+each layer, applied by forward pre-hooks on ``self_attn.out_proj`` and ``fc2``, so fairseq's
+parameter names stay (the self-attention is switched to fairseq's own attention code, which calls
+``out_proj``, instead of torch's fused kernel). As torchscale (its ``inner_attn_ln`` exists only ``if subln and
+self.self_attention``), the decoder's cross-attention has no ``LN_sub``; the paper names only
+self-attention and the FFN.
+
+Initialization (torchscale's ``subln`` branch, which follows the paper's DeepNet-derived rule):
+after the chosen ``--lnpos-init``, the value and output projections and fc1/fc2 (weights and
+biases, as torchscale scales every parameter with those names) are multiplied by gamma:
+encoder ``sqrt(log(3M) · log(2N) / 3)``, decoder ``sqrt(log(3M))`` for N encoder and M decoder
+layers; the decoder's cross-attention is not scaled (torchscale skips ``encoder_attn``).
+Deviation: torchscale starts from its own default initialization (Xavier-uniform q/k/v with gain
+2^-1/2, as fairseq), so with ``--lnpos-init fairseq-0.12`` the fc1/fc2 starting point is PyTorch's
+default ``nn.Linear`` (as torchscale's ``FeedForwardNetwork``, which builds plain ``nn.Linear``s).
+"""
+import logging
+import math
+
+from fairseq.models import register_model
+from fairseq.modules import LayerNorm
+
+from ..errors import check
+from .variant import DecoderLayer, EncoderLayer, VariantTransformerModel
+
+logger = logging.getLogger(__name__)
+
+
+def subln_gammas(encoder_layers, decoder_layers):
+    """``{"encoder": gamma, "decoder": gamma}`` for N encoder and M decoder layers."""
+    n, m = encoder_layers, decoder_layers
+    check(n >= 1 and m >= 1, f"Sub-LN needs at least one encoder and one decoder layer, got {n} and {m}")
+    return {"encoder": math.sqrt(math.log(3 * m) * math.log(2 * n) / 3), "decoder": math.sqrt(math.log(3 * m))}
+
+
+class SubLNLayer:
+    def subln(self, cfg, gamma):
+        check(self.normalize_before, "Sub-LN is a Pre-LN layer: its arch sets --*-normalize-before")
+        self.self_attn_sub_layer_norm = LayerNorm(self.embed_dim)
+        self.ffn_sub_layer_norm = LayerNorm(self.fc1.out_features)
+        # fairseq's own attention path calls out_proj (torch's fused F.multi_head_attention_forward,
+        # which fairseq takes in training otherwise, would use its weight directly)
+        self.self_attn._set_skip_embed_dim_check()
+        self.self_attn.out_proj.register_forward_pre_hook(self._sub_norm_attention)
+        self.fc2.register_forward_pre_hook(self._sub_norm_ffn)
+        for module in (self.self_attn.v_proj, self.self_attn.out_proj, self.fc1, self.fc2):
+            module.weight.data.mul_(gamma)
+            if module.bias is not None:
+                module.bias.data.mul_(gamma)
+
+    def _sub_norm_attention(self, module, args):
+        return (self.self_attn_sub_layer_norm(args[0]),)
+
+    def _sub_norm_ffn(self, module, args):
+        return (self.ffn_sub_layer_norm(args[0]),)
+
+
+class SubLNEncoderLayer(SubLNLayer, EncoderLayer):
+    def __init__(self, cfg, index=0, return_fc=False):
+        super().__init__(cfg, return_fc=return_fc)
+        self.subln(cfg, subln_gammas(cfg.encoder.layers, cfg.decoder.layers)["encoder"])
+
+
+class SubLNDecoderLayer(SubLNLayer, DecoderLayer):
+    def __init__(self, cfg, no_encoder_attn=False, index=0):
+        super().__init__(cfg, no_encoder_attn)
+        self.subln(cfg, subln_gammas(cfg.encoder.layers, cfg.decoder.layers)["decoder"])
+
+
+@register_model("transformer_subln")
+class SubLNTransformerModel(VariantTransformerModel):
+    encoder_layer_cls = SubLNEncoderLayer
+    decoder_layer_cls = SubLNDecoderLayer
+
+    @classmethod
+    def build_model(cls, args, task):
+        gammas = subln_gammas(args.encoder_layers, args.decoder_layers)
+        logger.info("Sub-LN %d-%d: init gamma encoder %.4f, decoder %.4f",
+                    args.encoder_layers, args.decoder_layers, gammas["encoder"], gammas["decoder"])
+        return super().build_model(args, task)
