@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from .errors import check, run_main
+from .experiments.runs import BY_NAME
 
 RUNS = ["demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu", "demo-deepnorm-nowu"]
 # --with-keel, --with-admin, ..., --with-preln-rmsnorm: demo-<name>-nowu
@@ -172,7 +173,9 @@ def main(argv=None):
     extra = [name for name in OPTIONAL if getattr(args, f"with_{name}")]
     runs = RUNS + [f"demo-{name}-nowu" for name in extra]
     archs = ["postln", "preln", "deepnorm"] + extra
-    steps = ["synthetic corpus", f"grid of {len(runs)} runs x seeds {args.seeds}", "results table",
+    inits = sorted({BY_NAME[r].init for r in runs})
+    steps = ["synthetic corpus", f"grid of {len(runs)} runs x seeds {args.seeds} (initialization "
+             f"{', '.join(inits)})", "results table",
              "gradient norms of the first updates", "Fig. 3 at initialization (tiny size)"]
     say = lambda i: log(f"step {i}/{len(steps)}: {steps[i - 1]} (elapsed {time.time() - t0:.0f} s)")  # noqa: E731
 

@@ -30,6 +30,11 @@ VARIANTS = {
     "subln": Variant("Sub-LN", "transformer_subln", True),
 }
 
+# --lnpos-init: fairseq 0.12's own initialization (the default) or that of an older fairseq
+# (models/variant.py says what each changes)
+INITS = ("fairseq-0.12", "fairseq-0.9", "fairseq-0.8")
+DEFAULT_INIT = INITS[0]
+
 # size name -> arch-name suffix; dimensions come from fairseq's arch of the same suffix, except tiny
 SIZES = {"base": "", "iwslt_de_en": "_iwslt_de_en", "wmt_en_de": "_wmt_en_de", "tiny": "_tiny"}
 

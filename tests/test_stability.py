@@ -122,6 +122,7 @@ def test_sensitivity_needs_initial_losses(tmp_path):
     md = S.markdown(tmp_path, S.load_records(tmp_path), S.make_cells(S.load_records(tmp_path)), 0.1)
     assert "Learning-rate grid: 0.001, 0.01.\n\n| architecture | layers | warm-up none |" in md
     assert "| Pre-LN | 6 | initial loss not recorded |" in md
+    assert "Initialization: fairseq-0.12 (--lnpos-init)." in md  # the runs' own, the default for older runs
 
 
 def test_heatmap_data_and_png(sweep, tmp_path):

@@ -35,7 +35,7 @@ from typing import List, Optional
 
 from fairseq_lnpos.common import fmt_time, write_json
 from fairseq_lnpos.errors import CommandParser, LnposError, at_least, check, run_main
-from fairseq_lnpos.variants import SIZES, VARIANTS, arch_name
+from fairseq_lnpos.variants import INITS, SIZES, VARIANTS, arch_name
 
 PROG = "init_grad_analysis"
 DEFAULTS = {"tokens": 256, "batches": 2, "seeds": 2}
@@ -116,7 +116,7 @@ def parse_args(argv=None):
     p.add_argument("--model-args", default="",
                    help="extra fairseq model options, one quoted string, e.g. "
                    "\"--encoder-embed-dim 64 --decoder-embed-dim 64\" (for quick looks and tests)")
-    p.add_argument("--init", choices=("fairseq-0.12", "fairseq-0.9", "fairseq-0.8"),
+    p.add_argument("--init", choices=INITS,
                    help="the plugin archs' --lnpos-init (default fairseq-0.12, fairseq 0.12's own; fairseq-0.8: "
                    "Xavier FFNs and zero biases, the fairseq of the paper's time)")
     p.add_argument("--vocab", type=int, default=8000, help="word types of the generated corpus (no --data)")

@@ -23,7 +23,7 @@ from pathlib import Path
 from ..common import write_text
 from ..errors import CommandParser, LnposError, StateError, run_main
 from ..experiments.rundir import RunDir, outcome, run_dirs
-from ..variants import VARIANTS, arch_names
+from ..variants import DEFAULT_INIT, VARIANTS, arch_names
 
 DEFAULT_LAYERS = 6  # "layers" absent or null: the arch's default depth (6 for every size)
 # Default --margin: within 0.1 bit of the best cell's final validation loss, i.e. a perplexity within
@@ -346,11 +346,17 @@ def _table(values, fmt):
     return lines
 
 
+def _init_of(records):
+    """The runs' --lnpos-init (one value: the map refuses runs that differ in it); older runs: the default."""
+    return dict(records[0].settings).get("init", DEFAULT_INIT) if records else DEFAULT_INIT
+
+
 def markdown(out, records, cells, margin):
     counts = {s: sum(r.status == s for r in records) for s in ("finished", "diverged", "failed", "unfinished")}
     lines = [f"# Stability map of {out}", "",
              f"{len(records)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + ". Unfinished and "
-             "failed runs are not counted. Losses in bits (fairseq's base 2), label smoothing included.", ""]
+             "failed runs are not counted. Losses in bits (fairseq's base 2), label smoothing included. "
+             f"Initialization: {_init_of(records)} (--lnpos-init).", ""]
     for (variant, layers), _ in _group(cells, lambda c: (c.variant, c.layers)).items():
         m = heatmap(cells, variant, layers)
         lines += [f"## {VARIANTS[variant].label}, {layers} layers: final validation loss (mean over seeds)", "",

@@ -42,7 +42,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..errors import LnposError
-from ..variants import VARIANTS
+from ..variants import INITS, VARIANTS
 
 # Dataset-level settings. `batch_tokens` is the effective batch of one update (tokens), the same
 # whatever the number of GPUs: grid.py picks --max-tokens/--update-freq to reach it.
@@ -76,7 +76,6 @@ DATASETS = {
 SCHEDULES = ("inverse_sqrt", "fairseq_inverse_sqrt", "inverse_sqrt_nowarmup", "step_decay", "linear", "fixed")
 SHARES = ("none", "decoder", "all")  # --share-decoder-input-output-embed, --share-all-embeddings
 # --lnpos-init (models/variant.py): fairseq 0.12's init (the default), or that of an older fairseq
-INITS = ("fairseq-0.12", "fairseq-0.9", "fairseq-0.8")
 OPTIMIZERS = ("adam", "sgd", "radam")
 LN_KINDS = tuple(VARIANTS)
 

@@ -37,10 +37,9 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 from torch import nn
 
 from ..errors import check
+from ..variants import DEFAULT_INIT, INITS
 from .norms import DEFAULT_NORM, NORMS, replace_norms
 
-DEFAULT_INIT = "fairseq-0.12"
-INITS = (DEFAULT_INIT, "fairseq-0.9", "fairseq-0.8")
 
 
 def layer_attentions(layer):
