@@ -269,3 +269,13 @@ def test_share_all_embeddings_needs_a_joined_dictionary(tmp_path):
                                          "--joined-dictionary"):
         C.check_joined_dictionary(run, tmp_path, ("de", "en"))
     C.check_joined_dictionary(R.BY_NAME["ref-iwslt-tfixup"], tmp_path, ("de", "en"))  # shares the decoder's only
+
+
+def test_default_data_folders_are_where_data_prep_writes_them():
+    import inspect
+
+    from fairseq_lnpos.data import iwslt, multi30k, wmt
+
+    for dataset, module in (("iwslt14", iwslt), ("multi30k", multi30k), ("wmt14", wmt)):
+        bin_default = inspect.signature(module.prepare).parameters["bin_dir"].default
+        assert R.DATASETS[dataset]["default_data"] == bin_default, dataset

@@ -65,7 +65,7 @@ DATASETS = {
         max_tokens=512, batch_tokens=512, max_epoch=3, dropout=0.1,
     ),
     "wmt14": dict(
-        arch_size="wmt_en_de", default_data="data-bin/wmt14_en_de", source_lang="en",
+        arch_size="wmt_en_de", default_data="data-bin/wmt14.en-de", source_lang="en",
         target_lang="de", max_tokens=8192, batch_tokens=8192 * 16, max_epoch=20, dropout=0.1,
     ),
 }
