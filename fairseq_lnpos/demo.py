@@ -2,6 +2,7 @@
 
     python -m fairseq_lnpos.demo [--out demo-out] [--seeds 1,2] [--with-keel] [--with-admin]
                                  [--with-tfixup] [--with-preln-rmsnorm] [--with-dyt] [--with-derf] [--quick]
+                                 [--with-periln] (and the other further placements, variants.PLACEMENTS)
 
 Steps (each resumes; a finished demo re-runs in seconds):
  1. the synthetic corpus (data-prep/make-synthetic.sh: 4500 training pairs, 300 valid, 300 test);
@@ -28,10 +29,12 @@ import time
 from pathlib import Path
 
 from .errors import check, run_main
+from .variants import PLACEMENTS
 
 RUNS = ["demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu", "demo-deepnorm-nowu"]
 # --with-keel, --with-admin, ..., --with-preln-rmsnorm: demo-<name>-nowu
 OPTIONAL = ("keel", "admin", "tfixup", "preln_rmsnorm", "dyt", "derf")
+OPTIONAL += PLACEMENTS  # --with-periln, ...
 FIRST_UPDATES = 100  # updates shown in the gradient-norm figure
 
 

@@ -26,7 +26,11 @@ VARIANTS = {
     "preln_rmsnorm": Variant("Pre-RMSNorm", "transformer_lnpos", True, norm="rmsnorm"),
     "dyt": Variant("DyT", "transformer_lnpos", True, norm="dyt"),
     "derf": Variant("Derf", "transformer_lnpos", True, norm="derf"),
+    # further placements (models/<name>.py)
+    "periln": Variant("Peri-LN", "transformer_periln", True),
 }
+# the further placements: each has a demo row (--with-<name>) and a Multi30k row
+PLACEMENTS = ("periln",)
 
 # size name -> arch-name suffix; dimensions come from fairseq's arch of the same suffix, except tiny
 SIZES = {"base": "", "iwslt_de_en": "_iwslt_de_en", "wmt_en_de": "_wmt_en_de", "tiny": "_tiny"}

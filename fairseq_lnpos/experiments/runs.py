@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..errors import LnposError
 from ..variants import VARIANTS
+from ..variants import PLACEMENTS  # the further placements: one demo and one Multi30k row each
 
 # Dataset-level settings. `batch_tokens` is the effective batch of one update (tokens), the same
 # whatever the number of GPUs: grid.py picks --max-tokens/--update-freq to reach it.
@@ -208,6 +209,7 @@ RUNS = [
       for ln in ("admin", "tfixup") for lr, lr_s in ((5e-4, "5e-4"), (1e-3, "1e-3"))],
     *[_m30k(f"multi30k-{ln}-adam-lr5e-4-nowu", ln, "adam", 5e-4, figure="multi30k")
       for ln in ("preln_rmsnorm", "dyt", "derf")],
+    *[_m30k(f"multi30k-{ln}-adam-lr5e-4-nowu", ln, "adam", 5e-4, figure="multi30k") for ln in PLACEMENTS],
     # --- `make demo` (synthetic corpus, _tiny archs, CPU); same settings for every architecture ------
     _demo("demo-postln-nowu", "postln"),
     _demo("demo-postln-wu100", "postln", warmup=100),
@@ -219,6 +221,7 @@ RUNS = [
     _demo("demo-preln_rmsnorm-nowu", "preln_rmsnorm"),
     _demo("demo-dyt-nowu", "dyt"),
     _demo("demo-derf-nowu", "derf"),
+    *[_demo(f"demo-{ln}-nowu", ln) for ln in PLACEMENTS],
 ]
 
 BY_NAME = {r.name: r for r in RUNS}
