@@ -28,9 +28,10 @@ VARIANTS = {
     "derf": Variant("Derf", "transformer_lnpos", True, norm="derf"),
     # further placements (models/<name>.py)
     "periln": Variant("Peri-LN", "transformer_periln", True),
+    "b2t": Variant("B2T", "transformer_b2t", False),
 }
 # the further placements: each has a demo row (--with-<name>) and a Multi30k row
-PLACEMENTS = ("periln",)
+PLACEMENTS = ("periln", "b2t")
 
 # size name -> arch-name suffix; dimensions come from fairseq's arch of the same suffix, except tiny
 SIZES = {"base": "", "iwslt_de_en": "_iwslt_de_en", "wmt_en_de": "_wmt_en_de", "tiny": "_tiny"}
