@@ -30,9 +30,10 @@ VARIANTS = {
     "periln": Variant("Peri-LN", "transformer_periln", True),
     "b2t": Variant("B2T", "transformer_b2t", False),
     "mixln": Variant("Mix-LN", "transformer_mixln", True),
+    "lnscaling": Variant("LN-Scaling", "transformer_lnscaling", True),
 }
 # the further placements: each has a demo row (--with-<name>) and a Multi30k row
-PLACEMENTS = ("periln", "b2t", "mixln")
+PLACEMENTS = ("periln", "b2t", "mixln", "lnscaling")
 
 # size name -> arch-name suffix; dimensions come from fairseq's arch of the same suffix, except tiny
 SIZES = {"base": "", "iwslt_de_en": "_iwslt_de_en", "wmt_en_de": "_wmt_en_de", "tiny": "_tiny"}
