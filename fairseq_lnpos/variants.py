@@ -31,9 +31,11 @@ VARIANTS = {
     "b2t": Variant("B2T", "transformer_b2t", False),
     "mixln": Variant("Mix-LN", "transformer_mixln", True),
     "lnscaling": Variant("LN-Scaling", "transformer_lnscaling", True),
+    "rezero": Variant("ReZero", "transformer_rezero", False),
+    "rezero_postln": Variant("ReZero+Post-LN", "transformer_rezero_postln", False),
 }
 # the further placements: each has a demo row (--with-<name>) and a Multi30k row
-PLACEMENTS = ("periln", "b2t", "mixln", "lnscaling")
+PLACEMENTS = ("periln", "b2t", "mixln", "lnscaling", "rezero", "rezero_postln")
 
 # size name -> arch-name suffix; dimensions come from fairseq's arch of the same suffix, except tiny
 SIZES = {"base": "", "iwslt_de_en": "_iwslt_de_en", "wmt_en_de": "_wmt_en_de", "tiny": "_tiny"}

@@ -20,6 +20,8 @@ Hooks on the sublayers, not on the LayerNorms, so parameter names stay fairseq's
 """
 from torch import nn
 
+from ..errors import check
+
 LAYER_NORMS = ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm")
 
 
@@ -33,6 +35,11 @@ def drop_layer_norms(layer):
     for name in LAYER_NORMS:
         if getattr(layer, name, None) is not None:
             setattr(layer, name, nn.Identity())
+
+
+def check_no_layernorm_embedding(args, label):
+    """A variant without LayerNorm refuses fairseq's ``--layernorm-embedding``."""
+    check(not getattr(args, "layernorm_embedding", False), f"{label} has no LayerNorm: drop --layernorm-embedding")
 
 
 class SublayerInputs:

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..errors import check
-from .sublayers import drop_layer_norms
+from .sublayers import check_no_layernorm_embedding, drop_layer_norms
 from .variant import DecoderLayer, EncoderLayer, VariantTransformerModel, layer_attentions
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class TFixupTransformerModel(VariantTransformerModel):
     decoder_layer_cls = TFixupDecoderLayer
 
     def __init__(self, args, encoder, decoder):
-        check(not getattr(args, "layernorm_embedding", False), "T-Fixup has no LayerNorm: drop --layernorm-embedding")
+        check_no_layernorm_embedding(args, "T-Fixup")
         super().__init__(args, encoder, decoder)
         scales = tfixup_scales(args.encoder_layers, args.decoder_layers)
         with torch.no_grad():
