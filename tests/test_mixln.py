@@ -28,7 +28,7 @@ def placements(model):
 def test_the_first_quarter_of_each_stack_is_post_ln_by_default(mixln, toy_data, caplog):
     model, _, _ = mixln
     assert placements(model) == [[False] * 2 + [True] * 6, [False] + [True] * 3]
-    assert isinstance(model.encoder.layer_norm, torch.nn.LayerNorm) and isinstance(model.decoder.layer_norm, torch.nn.LayerNorm)
+    assert all(isinstance(stack.layer_norm, torch.nn.LayerNorm) for stack in (model.encoder, model.decoder))
     with caplog.at_level(logging.INFO, logger="fairseq_lnpos.models.mixln"):
         tiny, _, _ = build_model(toy_data, "transformer_mixln_tiny")
     assert placements(tiny) == [[False] + [True] * 5] * 2  # floor(0.25 x 6) = 1

@@ -34,7 +34,8 @@ def test_one_a_per_layer_initialised_to_zero_in_every_size(toy_data, variant):
     for size in SIZES:
         model, _, _ = build_model(toy_data, arch_name(variant, size), *SMALL)
         a = {n: p for n, p in model.named_parameters() if "rezero" in n}
-        assert sorted(a) == [f"{s}.layers.{i}.rezero_weight" for s, n in (("decoder", 2), ("encoder", 3)) for i in range(n)]
+        assert sorted(a) == [f"{stack}.layers.{i}.rezero_weight"
+                             for stack, n in (("decoder", 2), ("encoder", 3)) for i in range(n)]
         assert all(p.shape == (1,) and p.item() == 0 and p.requires_grad for p in a.values())
         has_ln = [n for n, m in model.named_modules() if is_layernorm(m)]
         if variant == "rezero":
