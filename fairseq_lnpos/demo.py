@@ -1,15 +1,14 @@
 """`make demo`: the paper's effect on a CPU in minutes, on data the project generates.
 
     python -m fairseq_lnpos.demo [--out demo-out] [--seeds 1,2] [--with-keel] [--with-admin]
-                                 [--with-tfixup] [--with-preln-rmsnorm] [--with-dyt] [--with-derf]
-                                 [--with-scalenorm] [--with-subln] [--quick]
+                                 [--with-tfixup] [--with-<further variant>] [--quick]
 
 Steps (each resumes; a finished demo re-runs in seconds):
  1. the synthetic corpus (data-prep/make-synthetic.sh: 4500 training pairs, 300 valid, 300 test);
  2. a grid of `_tiny` runs (the `demo-*` rows of experiments/runs.py): Post-LN without warm-up,
-    Post-LN with 100 warm-up updates, Pre-LN and DeepNorm without warm-up (Keel, Admin, T-Fixup, Pre-LN
-    with RMSNorm, DyT, Derf, ScaleNorm+FixNorm, Sub-LN on request), Adam lr 1e-3 (constant after the warm-up), 512-token batches, 3 epochs (~100 updates
-    each), per-layer gradient norms logged at every update, test BLEU per epoch;
+    Post-LN with 100 warm-up updates, Pre-LN and DeepNorm without warm-up (Keel, Admin, T-Fixup and
+    the further variants of ``variants.FURTHER`` on request), Adam lr 1e-3 (constant after the
+    warm-up), 512-token batches, 3 epochs (~100 updates each), per-layer gradient norms logged at every update, test BLEU per epoch;
  3. the results table (scripts/make_table.sh): demo-out/results.csv, results.md, fig_demo.png;
  4. gradient norms of the first updates (grad_norms_first_updates.png);
  5. Fig. 3 at initialization at the tiny size (fig3/);
@@ -30,10 +29,11 @@ from pathlib import Path
 
 from .errors import check, run_main
 from .experiments.runs import BY_NAME
+from .variants import FURTHER
 
 RUNS = ["demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu", "demo-deepnorm-nowu"]
-# --with-keel, --with-admin, ..., --with-preln-rmsnorm: demo-<name>-nowu
-OPTIONAL = ("keel", "admin", "tfixup", "preln_rmsnorm", "dyt", "derf", "scalenorm", "subln")
+# --with-keel, --with-admin, --with-tfixup, --with-dyt, --with-periln, ...: demo-<name>-nowu
+OPTIONAL = ("keel", "admin", "tfixup") + FURTHER
 FIRST_UPDATES = 100  # updates shown in the gradient-norm figure
 
 

@@ -28,7 +28,18 @@ VARIANTS = {
     "derf": Variant("Derf", "transformer_lnpos", True, norm="derf"),
     "scalenorm": Variant("ScaleNorm+FixNorm", "transformer_scalenorm", True, norm="scalenorm"),
     "subln": Variant("Sub-LN", "transformer_subln", True),
+    # further placements (models/<name>.py)
+    "periln": Variant("Peri-LN", "transformer_periln", True),
+    "b2t": Variant("B2T", "transformer_b2t", False),
+    "mixln": Variant("Mix-LN", "transformer_mixln", True),
+    "lnscaling": Variant("LN-Scaling", "transformer_lnscaling", True),
+    "rezero": Variant("ReZero", "transformer_rezero", False),
+    "rezero_postln": Variant("ReZero+Post-LN", "transformer_rezero_postln", False),
 }
+# the further placements and normalizations: each has a demo row (--with-<name>) and a Multi30k row
+PLACEMENTS = ("periln", "b2t", "mixln", "lnscaling", "rezero", "rezero_postln")
+NORMALIZATIONS = ("preln_rmsnorm", "dyt", "derf", "scalenorm", "subln")
+FURTHER = NORMALIZATIONS + PLACEMENTS
 
 # --lnpos-init: fairseq 0.12's own initialization (the default) or that of an older fairseq
 # (models/variant.py says what each changes)

@@ -1,11 +1,13 @@
 """fairseq-train -> checkpoint -> fairseq-generate / resume, with the plugin, on torch >= 2.6."""
 import argparse
+import math
 import re
 
 import pytest
 import torch
 
 from conftest import USER_DIR, fairseq_cmd, run, toy_data  # noqa: F401
+from fairseq_lnpos.variants import PLACEMENTS, arch_name
 
 pytestmark = pytest.mark.slow  # every test here runs fairseq-train or fairseq-generate
 
@@ -90,3 +92,15 @@ def test_bad_input_is_a_one_line_error(toy_data, tmp_path, extra, message):
     assert message in result.stderr.strip().splitlines()[-1]
     assert "Traceback" not in result.stderr
     assert not list(tmp_path.glob("*.pt"))
+
+
+@pytest.mark.parametrize("variant", PLACEMENTS)
+@pytest.mark.slow
+def test_each_further_placement_trains_and_generates(toy_data, tmp_path, variant):
+    from test_admin import fairseq_generate, fairseq_train
+
+    log = fairseq_train(toy_data, tmp_path, arch_name(variant, "tiny"))
+    losses = [float(x) for x in re.findall(r" loss=([^,]+), .*num_updates=\d+", log)]
+    assert re.findall(r"num_updates=(\d+)", log) == ["1", "2"]
+    assert len(losses) == 2 and all(map(math.isfinite, losses))
+    fairseq_generate(toy_data, tmp_path)

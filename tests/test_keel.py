@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from conftest import USER_DIR, build_model, fairseq_cmd, run, toy_data  # noqa: F401
+from test_admin import decode_both_ways
 
 
 def ffn(layer, x):
@@ -76,15 +77,8 @@ def test_decoder_layer_formula(keel, index):
 
 def test_incremental_decoding_equals_the_full_forward(keel):
     model, task, _ = keel
-    src = torch.randint(4, len(task.source_dictionary), (2, 6))
-    prev = torch.randint(4, len(task.target_dictionary), (2, 5))
-    with torch.no_grad():
-        enc = model.encoder(src, src_lengths=torch.tensor([6, 6]))
-        full = model.decoder(prev, encoder_out=enc)[0]
-        state, steps = {}, []
-        for t in range(prev.size(1)):
-            steps.append(model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0])
-    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
+    full, stepwise = decode_both_ways(model, task)
+    assert torch.allclose(stepwise, full, atol=1e-5)
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from conftest import USER_DIR, build_model, fairseq_cmd, run, toy_data  # noqa: F401
 from fairseq_lnpos.models.norms import ScaleNorm
 from fairseq_lnpos.models.subln import subln_gammas
+from test_admin import decode_both_ways
 
 NO_DROPOUT = ("--dropout", 0, "--attention-dropout", 0, "--activation-dropout", 0)
 NEW_ARCHS = ["scalenorm", "subln", "dyt", "derf", "preln_rmsnorm"]
@@ -107,15 +108,8 @@ def test_subln_init_scales_value_output_and_ffn_by_gamma(toy_data):
 @pytest.mark.parametrize("variant", NEW_ARCHS)
 def test_incremental_decoding_equals_the_full_forward(toy_data, variant):
     model, task, _ = build_model(toy_data, f"transformer_{variant}_tiny", "--encoder-layers", 2, "--decoder-layers", 2)
-    src = torch.randint(4, len(task.source_dictionary), (2, 6))
-    prev = torch.randint(4, len(task.target_dictionary), (2, 5))
-    with torch.no_grad():
-        enc = model.encoder(src, src_lengths=torch.tensor([6, 6]))
-        full = model.decoder(prev, encoder_out=enc)[0]
-        state, steps = {}, []
-        for t in range(prev.size(1)):
-            steps.append(model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0])
-    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
+    full, stepwise = decode_both_ways(model, task)
+    assert torch.allclose(stepwise, full, atol=1e-5)
 
 
 @pytest.mark.slow

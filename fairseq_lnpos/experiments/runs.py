@@ -42,7 +42,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..errors import LnposError
-from ..variants import INITS, VARIANTS
+from ..variants import FURTHER, INITS, VARIANTS
 
 # Dataset-level settings. `batch_tokens` is the effective batch of one update (tokens), the same
 # whatever the number of GPUs: grid.py picks --max-tokens/--update-freq to reach it.
@@ -274,7 +274,7 @@ RUNS = [
     *[_m30k(f"multi30k-{ln}-adam-lr{lr_s}-nowu", ln, "adam", lr, figure="multi30k")
       for ln in ("admin", "tfixup") for lr, lr_s in ((5e-4, "5e-4"), (1e-3, "1e-3"))],
     *[_m30k(f"multi30k-{ln}-adam-lr5e-4-nowu", ln, "adam", 5e-4, figure="multi30k")
-      for ln in ("preln_rmsnorm", "dyt", "derf", "scalenorm", "subln")],
+      for ln in FURTHER],
     # --- Other papers' recipes, with their published IWSLT14 De-En numbers (docs/published.md) ------
     *REFERENCE,
     # --- `make demo` (synthetic corpus, _tiny archs, CPU); same settings for every architecture ------
@@ -285,11 +285,7 @@ RUNS = [
     _demo("demo-keel-nowu", "keel"),
     _demo("demo-admin-nowu", "admin"),
     _demo("demo-tfixup-nowu", "tfixup"),
-    _demo("demo-preln_rmsnorm-nowu", "preln_rmsnorm"),
-    _demo("demo-dyt-nowu", "dyt"),
-    _demo("demo-derf-nowu", "derf"),
-    _demo("demo-scalenorm-nowu", "scalenorm"),
-    _demo("demo-subln-nowu", "subln"),
+    *[_demo(f"demo-{ln}-nowu", ln) for ln in FURTHER],
 ]
 
 BY_NAME = {r.name: r for r in RUNS}

@@ -51,6 +51,7 @@ import torch
 from torch import nn
 
 from ..errors import check
+from .sublayers import SublayerResiduals, sublayer_names
 from .variant import DecoderLayer, EncoderLayer, VariantTransformerModel
 
 logger = logging.getLogger(__name__)
@@ -71,29 +72,23 @@ class SkipProfile:
         return w
 
 
-class AdminLayer:
-    """fairseq's Post-LN layer with the k-th ``residual_connection`` of a forward scaled by ``w_k``."""
+class AdminLayer(SublayerResiduals):
+    """fairseq's Post-LN layer with the skip of each sublayer scaled by its ``w``."""
 
     profile = None  # a SkipProfile while the model profiles
 
-    def admin_init(self, sublayers):
-        self.skip_names = [f"{name}_skip" for name in sublayers]
+    def admin_init(self):
+        self.skip_names = [f"{name}_skip" for name in sublayer_names(self)]
         for name in self.skip_names:
             self.register_buffer(f"{name}_init", torch.ones(self.embed_dim))  # w at initialisation (profiled)
             setattr(self, f"{name}_delta", nn.Parameter(torch.zeros(self.embed_dim)))  # what training adds
-        self._sublayer = 0
 
     def skip_weight(self, name):
         """``w = w_init + w_delta`` of the sublayer ``name`` (one of ``skip_names``)."""
         return getattr(self, f"{name}_init") + getattr(self, f"{name}_delta")
 
-    def forward(self, *args, **kwargs):
-        self._sublayer = 0  # fairseq's forward calls residual_connection once per sublayer, in order
-        return super().forward(*args, **kwargs)
-
-    def residual_connection(self, x, residual):  # fairseq: residual + x
-        name = self.skip_names[self._sublayer]
-        self._sublayer += 1
+    def sublayer_residual(self, name, x, residual):
+        name = f"{name}_skip"
         if self.profile is not None:
             return x + self.profile.step(getattr(self, f"{name}_init"), x, residual) * residual
         return torch.addcmul(x, residual, self.skip_weight(name))
@@ -102,13 +97,13 @@ class AdminLayer:
 class AdminEncoderLayer(AdminLayer, EncoderLayer):
     def __init__(self, cfg, index=0, return_fc=False):
         super().__init__(cfg, return_fc=return_fc)
-        self.admin_init(["self_attn", "ffn"])
+        self.admin_init()
 
 
 class AdminDecoderLayer(AdminLayer, DecoderLayer):
     def __init__(self, cfg, no_encoder_attn=False, index=0):
         super().__init__(cfg, no_encoder_attn)
-        self.admin_init(["self_attn"] + ([] if self.encoder_attn is None else ["encoder_attn"]) + ["ffn"])
+        self.admin_init()
 
 
 def mean_over_workers(t):

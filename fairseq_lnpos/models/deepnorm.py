@@ -9,7 +9,6 @@ This follows the paper, not microsoft/torchscale: torchscale divides the default
 weights (and biases) by an init scale, which for encoder-decoder amounts to an encoder beta of
 1.15 (N^4 M)^(-1/16) instead of the paper's 0.87 (N^4 M)^(-1/16).
 """
-import logging
 
 from fairseq.models import register_model
 import torch
@@ -17,9 +16,6 @@ from torch import nn
 
 from ..errors import check
 from .variant import DecoderLayer, EncoderLayer, VariantTransformerModel, layer_attentions
-
-logger = logging.getLogger(__name__)
-
 
 def deepnorm_coefficients(encoder_layers, decoder_layers):
     """``{"encoder": (alpha, beta), "decoder": (alpha, beta)}`` for N encoder and M decoder layers."""
@@ -69,10 +65,7 @@ class DeepNormTransformerModel(VariantTransformerModel):
     decoder_layer_cls = DeepNormDecoderLayer
 
     @classmethod
-    def build_model(cls, args, task):
+    def coefficients(cls, args):
         coef = deepnorm_coefficients(args.encoder_layers, args.decoder_layers)
-        logger.info(
-            "DeepNorm %d-%d: encoder alpha %.4f beta %.4f, decoder alpha %.4f beta %.4f",
-            args.encoder_layers, args.decoder_layers, *coef["encoder"], *coef["decoder"],
-        )
-        return super().build_model(args, task)
+        return ("DeepNorm %d-%d: encoder alpha %.4f beta %.4f, decoder alpha %.4f beta %.4f"
+                % (args.encoder_layers, args.decoder_layers, *coef["encoder"], *coef["decoder"]))

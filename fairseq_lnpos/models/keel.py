@@ -20,6 +20,7 @@ from torch import nn
 
 from ..errors import check
 from .deepnorm import DeepNormResidual
+from .sublayers import LAYER_NORMS, SublayerInputs, sublayer_names
 from .variant import DecoderLayer, EncoderLayer, VariantTransformerModel
 
 logger = logging.getLogger(__name__)
@@ -36,52 +37,41 @@ def keel_alpha(cfg, stack):
     return (2.0 if cfg.no_cross_attention else 3.0) * cfg.decoder.layers
 
 
-class KeelLayer(DeepNormResidual):
+class KeelLayer(SublayerInputs, DeepNormResidual):
     """Turns a just-built fairseq Post-LN layer into a Keel layer."""
 
-    def keelify(self, cfg, index, stack, attentions):
+    def keelify(self, cfg, index, stack):
         dim = self.embed_dim
 
         def norm():
             return LayerNorm(dim) if getattr(cfg, "keel_ln_bias", False) else nn.LayerNorm(dim, bias=False)
 
         self.alpha = 1.0 if index == 0 else keel_alpha(cfg, stack)
-        for name in ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"):  # LN_a
+        for name in LAYER_NORMS:  # LN_a
             if getattr(self, name, None) is not None:
                 setattr(self, name, norm())
         if index == 0:
             self.self_attn_layer_norm = nn.Identity()
         # LN_b: the branch input is normalised by a forward pre-hook, so the parameter names
         # of fairseq's sublayers stay as they are (checkpoints, gradient-norm groups).
-        for name in attentions:
+        for name in sublayer_names(self):
             setattr(self, f"{name}_branch_norm", norm())
-            getattr(self, name).register_forward_pre_hook(self._branch_norm_attention, with_kwargs=True)
-        self.ffn_branch_norm = norm()
-        self.fc1.register_forward_pre_hook(self._branch_norm_ffn)
+        self.hook_sublayer_inputs()
 
-    def _branch_norm_attention(self, module, args, kwargs):
-        norm = self.self_attn_branch_norm if module is self.self_attn else self.encoder_attn_branch_norm
-        query = kwargs["query"]
-        normed = norm(query)
-        if kwargs.get("key") is query:  # self-attention: keys and values are the same input
-            kwargs["key"] = kwargs["value"] = normed
-        kwargs["query"] = normed
-        return args, kwargs
-
-    def _branch_norm_ffn(self, module, args):
-        return (self.ffn_branch_norm(args[0]),)
+    def sublayer_input(self, name, x):
+        return getattr(self, f"{name}_branch_norm")(x)
 
 
 class KeelEncoderLayer(KeelLayer, EncoderLayer):
     def __init__(self, cfg, index=0, return_fc=False):
         super().__init__(cfg, return_fc=return_fc)
-        self.keelify(cfg, index, "encoder", ["self_attn"])
+        self.keelify(cfg, index, "encoder")
 
 
 class KeelDecoderLayer(KeelLayer, DecoderLayer):
     def __init__(self, cfg, no_encoder_attn=False, index=0):
         super().__init__(cfg, no_encoder_attn)
-        self.keelify(cfg, index, "decoder", ["self_attn"] + ([] if self.encoder_attn is None else ["encoder_attn"]))
+        self.keelify(cfg, index, "decoder")
 
 
 @register_model("transformer_keel")

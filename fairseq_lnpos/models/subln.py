@@ -23,7 +23,6 @@ Deviation: torchscale starts from its own default initialization (Xavier-uniform
 2^-1/2, as fairseq), so with ``--lnpos-init fairseq-0.12`` the fc1/fc2 starting point is PyTorch's
 default ``nn.Linear`` (as torchscale's ``FeedForwardNetwork``, which builds plain ``nn.Linear``s).
 """
-import logging
 import math
 
 from fairseq.models import register_model
@@ -31,9 +30,6 @@ from fairseq.modules import LayerNorm
 
 from ..errors import check
 from .variant import DecoderLayer, EncoderLayer, VariantTransformerModel
-
-logger = logging.getLogger(__name__)
-
 
 def subln_gammas(encoder_layers, decoder_layers):
     """``{"encoder": gamma, "decoder": gamma}`` for N encoder and M decoder layers."""
@@ -82,8 +78,7 @@ class SubLNTransformerModel(VariantTransformerModel):
     decoder_layer_cls = SubLNDecoderLayer
 
     @classmethod
-    def build_model(cls, args, task):
+    def coefficients(cls, args):
         gammas = subln_gammas(args.encoder_layers, args.decoder_layers)
-        logger.info("Sub-LN %d-%d: init gamma encoder %.4f, decoder %.4f",
-                    args.encoder_layers, args.decoder_layers, gammas["encoder"], gammas["decoder"])
-        return super().build_model(args, task)
+        return "Sub-LN %d-%d: init gamma encoder %.4f, decoder %.4f" % (
+            args.encoder_layers, args.decoder_layers, gammas["encoder"], gammas["decoder"])

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..errors import check
+from .sublayers import check_no_layernorm_embedding, drop_layer_norms
 from .variant import DecoderLayer, EncoderLayer, VariantTransformerModel, layer_attentions
 
 logger = logging.getLogger(__name__)
@@ -44,9 +45,7 @@ def tfixup_scales(encoder_layers, decoder_layers):
 
 class TFixupLayer:
     def tfixupify(self, scale):
-        for name in ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"):
-            if getattr(self, name, None) is not None:
-                setattr(self, name, nn.Identity())
+        drop_layer_norms(self)
         for attn in layer_attentions(self):
             nn.init.xavier_uniform_(attn.v_proj.weight, gain=scale)
             nn.init.xavier_uniform_(attn.out_proj.weight, gain=scale)
@@ -75,7 +74,7 @@ class TFixupTransformerModel(VariantTransformerModel):
     decoder_layer_cls = TFixupDecoderLayer
 
     def __init__(self, args, encoder, decoder):
-        check(not getattr(args, "layernorm_embedding", False), "T-Fixup has no LayerNorm: drop --layernorm-embedding")
+        check_no_layernorm_embedding(args, "T-Fixup")
         super().__init__(args, encoder, decoder)
         scales = tfixup_scales(args.encoder_layers, args.decoder_layers)
         with torch.no_grad():

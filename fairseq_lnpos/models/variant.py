@@ -24,6 +24,8 @@ padding row zero), the output projection (normal, std d^-1/2) and LayerNorm (1, 
 A layer applies the chosen initialization right after fairseq built it, before a variant's own
 initialization (DeepNorm's, T-Fixup's; Admin's profiling comes later still), as those papers did.
 """
+import logging
+
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model
 from fairseq.models.transformer import (
@@ -40,6 +42,7 @@ from ..errors import check
 from ..variants import DEFAULT_INIT, INITS
 from .norms import DEFAULT_NORM, NORMS, replace_norms
 
+logger = logging.getLogger(__name__)
 
 
 def layer_attentions(layer):
@@ -144,6 +147,18 @@ class VariantTransformerModel(TransformerModel):
                             "rmsnorm, dyt (weight * tanh(alpha x) + bias) or derf (weight * erf(alpha x + s) + bias)")
         parser.add_argument("--lnpos-norm-alpha", type=float, metavar="A",
                             help="initial alpha of dyt and derf (default 0.5)")
+
+    @classmethod
+    def coefficients(cls, args):
+        """One line for the training log with the variant's depth-dependent constants, or None."""
+        return None
+
+    @classmethod
+    def build_model(cls, args, task):
+        line = cls.coefficients(args)
+        if line:
+            logger.info(line)
+        return super().build_model(args, task)
 
     def __init__(self, args, encoder, decoder):
         norm = getattr(args, "lnpos_norm", None) or DEFAULT_NORM
