@@ -105,8 +105,8 @@ def depth_map(tmp_path):
 
 def test_largest_trainable_depth_by_hand(depth_map):
     cells = S.make_cells(S.load_records(depth_map))
-    # Post-LN's best: 4.0 (6 layers, lr 1e-3): stable up to 4.0 + 0.2 x (8.6 - 4.0) = 4.92 (the default tolerance)
-    assert S.DEFAULT_TOLERANCE == 0.2
+    # Post-LN's best: 4.0 (6 layers, lr 1e-3): stable up to 4.0 + 0.3 x (8.6 - 4.0) = 5.38 (the default tolerance)
+    assert S.DEFAULT_TOLERANCE == 0.3
     assert D.largest_depth(cells) == {("postln", 0, 3e-4): (24, [12]), ("postln", 0, 1e-3): (12, []),
                                       ("preln", 0, 3e-4): (48, []), ("preln", 0, 1e-3): (48, [])}
     # a tolerance of 0.05 (up to 4.0 + 0.05 x 4.6 = 4.23) drops Post-LN's 4.4 at 24 layers
@@ -147,7 +147,7 @@ def test_the_depth_figure_from_recorded_results(depth_map, tmp_path):
 def test_the_map_writes_the_depth_outputs_and_states_its_rule(depth_map, capsys):
     assert S.main([str(depth_map)]) == 0
     md = capsys.readouterr().out
-    assert "final <= best + 0.2 x (initial - best) (--tolerance)" in md and "## Largest trainable depth" in md
+    assert "final <= best + 0.3 x (initial - best) (--tolerance)" in md and "## Largest trainable depth" in md
     assert "## Gradient norms along depth: first / last layer" in md and "## Peak memory and training time" in md
     for name in ("largest_depth.csv", "depth_loss.png", "stability.csv", "stability_heatmaps.png"):
         assert (depth_map / name).stat().st_size > 0, name

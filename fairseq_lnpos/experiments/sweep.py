@@ -36,7 +36,7 @@ STABILITY_MAP = dict(archs="postln,preln,deepnorm,keel", lr="1e-4,3e-4,1e-3,3e-3
 # ... and the depth map (no warm-up, depth 6 to 48 at a small width); docs/results.md shows the
 # timed runs these were chosen from
 DEPTH_MAP = dict(archs="postln,preln,deepnorm,keel,admin,tfixup", lr="3e-4,1e-3", warmup="1",
-                 layers="6,12,24,48", max_update=200, width=64)
+                 layers="6,12,24,48", max_update=300, width=64)
 # one GPU: the paper's IWSLT model (d 512) on Multi30k (~115 updates an epoch), fp16
 DEPTH_MAP_REAL = dict(DEPTH_MAP, lr="5e-4,1e-3", layers="6,18,36,60,100", max_update=600, width=None)
 # what the depth map measures beside the loss: per-layer gradient norms (<save-dir>/grad_norms.jsonl)
