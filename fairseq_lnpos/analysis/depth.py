@@ -185,7 +185,7 @@ def _fmt_memory(m):
 def plot(cells, path):
     """OUT/depth_loss.png; returns {(warmup, lr): {variant: [(layers, loss, "stable"|"unstable"|"diverged")]}}
     as drawn (a diverged cell at its initial loss)."""
-    from .stability import _fmt_warmup, _plt
+    from .stability import _fmt_warmup, _plt, _save
 
     plt = _plt()
     panels = {}
@@ -219,9 +219,6 @@ def plot(cells, path):
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("final validation loss (bits)")
     axes[0][-1].legend(fontsize=7)
-    fig.suptitle("Final validation loss against depth: filled = stable, hollow = not stable, x = diverged "
-                 "(at its initial loss)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path, "Final validation loss against depth: filled = stable, hollow = not stable, x = diverged "
+                     "(at its initial loss)")
     return panels

@@ -296,6 +296,15 @@ def _plt():
     return plt
 
 
+def _save(fig, path, title=None):
+    """Title, lay out, write (dpi 90) and close a figure of the map."""
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    _plt().close(fig)
+
+
 def plot_heatmaps(cells, path):
     """One panel per (depth, architecture); returns {(variant, layers): heatmap(...)} as drawn."""
     plt = _plt()
@@ -333,11 +342,8 @@ def plot_heatmaps(cells, path):
             ax.set_xlabel("learning rate", fontsize=8)
             ax.set_ylabel("warm-up updates", fontsize=8)
             fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.suptitle("Final validation loss (bits, mean over seeds; second line: test tok BLEU where scored); "
-                 "x = diverged", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path, "Final validation loss (bits, mean over seeds; second line: test tok BLEU where scored); "
+                     "x = diverged")
     return drawn
 
 
@@ -363,9 +369,7 @@ def plot_sensitivity(sens, path):
         ax.grid(alpha=0.3)
         if drawn[w]:
             ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path)
     return drawn
 
 
