@@ -156,9 +156,9 @@ def markdown(cells):
               for (v, layers), (rss, cuda, t) in _collect(cells, ("peak_rss_mb", "cuda_peak_mb", "train_seconds")).items()}
     if any(m[0] is not None or m[1] is not None for m in memory.values()):
         lines += ["", "## Peak memory and training time", "",
-                  "Peak resident set of fairseq-train (MB; its own process, not the data loader's), CUDA's peak "
-                  "(MB, fairseq's per-update torch.cuda.max_memory_allocated) where it ran on a GPU, and the mean "
-                  "training wall time (s); largest over the learning rates, warm-ups and seeds.", ""]
+                  "Peak resident set of fairseq-train (MB; its own process, not the data loader's) and CUDA's peak "
+                  "(MB, fairseq's per-update torch.cuda.max_memory_allocated) where it ran on a GPU, the largest over "
+                  "the learning rates, warm-ups and seeds; and the mean training wall time (s).", ""]
         lines += _table(memory, "architecture \\ layers", _fmt_memory)
     return lines
 
