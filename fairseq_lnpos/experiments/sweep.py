@@ -111,7 +111,6 @@ def expand(archs, lrs, warmups, layers, max_update, dataset="synthetic", task="t
 
 def add_options(w):
     """The options of ``grid.sh sweep`` besides the grid's own; the axes default to the preset's."""
-    axes = ", ".join(f"{k} {v}" for k, v in STABILITY_MAP.items() if k != "width")
     w.add_argument("--archs", help="variants (default: %s)" % STABILITY_MAP["archs"])
     w.add_argument("--lr", help="learning rates (default: %s)" % STABILITY_MAP["lr"])
     w.add_argument("--warmup", help="warm-up updates, 1 = none (default: %s)" % STABILITY_MAP["warmup"])
@@ -123,9 +122,10 @@ def add_options(w):
                    help="the paper's IWSLT model on Multi30k (one GPU) instead of the tiny model on the generated corpus")
     w.add_argument("--depth-map", action="store_true",
                    help=f"the depth map: defaults {_describe(DEPTH_MAP)}; with --real {_describe(DEPTH_MAP_REAL)}, "
-                        f"--fp16; logs per-layer gradient norms (the stability map's defaults: {axes})")
+                        f"--fp16; logs per-layer gradient norms (the stability map's defaults: {_describe(STABILITY_MAP)})")
     w.add_argument("--checkpoint-activations", action="store_true",
-                   help="fairseq's --checkpoint-activations for every cell (less memory, about a third more time)")
+                   help="fairseq's --checkpoint-activations for every cell (less memory; activations are "
+                        "recomputed in the backward pass)")
     w.add_argument("--bleu", dest="no_bleu", action="store_false", help="also score test BLEU (the last epoch)")
 
 
