@@ -10,17 +10,22 @@
 #     Admin; 7 runs, 12 epochs, --fp16) side by side on GPU 0 (--runs-per-gpu $RUNS_PER_GPU, default 7;
 #     --evaluators $EVALUATORS, default 1): wall time (target <= 8 minutes on an H200) and the table;
 #  6. with MULTI30K_ORIG=DIR, after step 5 in the same OUT_DIR: the Pre-LN row of step 5 alone on
-#     GPU 0 (12 epochs), and the aggregate words/s of step 5 against it (target >= 2.5).
+#     GPU 0 (12 epochs), and the aggregate words/s of step 5 against it (target >= 2.5);
+#  7. with MULTI30K_ORIG=DIR: the depth map's GPU preset (`grid.sh sweep --depth-map --real`: six
+#     archs x depths 6, 18, 36, 60, 100 x lr 5e-4, 1e-3, 600 updates, fp16; 60 runs, $RUNS_PER_GPU
+#     side by side) and its map: wall time, largest trainable depth, gradient ratios, CUDA peaks.
+#     Estimated 1.5-3.5 hours on an H200 (docs/grid.md), not measured: run it alone, resumable.
 # Usage: [MULTI30K_ORIG=DIR] [RUNS_PER_GPU=K] [EVALUATORS=N] scripts/gpu_check.sh OUT_DIR [STEP ...]
-#   (default: every step; needs torch with CUDA and fairseq installed). Steps 5 and 6 take about
-#   8 and 2-3 minutes on an H200; run them as `gpu_check.sh OUT 5` then `gpu_check.sh OUT 6`.
+#   (default: steps 1 to 6; needs torch with CUDA and fairseq installed). Steps 5 and 6 take about
+#   8 and 2-3 minutes on an H200; run them as `gpu_check.sh OUT 5` then `gpu_check.sh OUT 6`, and
+#   step 7 (hours) as `gpu_check.sh OUT 7`.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/_env.sh"  # $ROOT, $PY (the interpreter grid.sh below uses too), PYTHONPATH
 OUT="${1:?usage: gpu_check.sh OUT_DIR [STEP ...]}"
 shift
 STEPS=" ${*:-1 2 3 4 5 6} "
 for s in $STEPS; do
-  case "$s" in [1-6]) ;; *) echo "gpu_check.sh: error: unknown step '$s'; the steps are 1 to 6" >&2; exit 2;; esac
+  case "$s" in [1-7]) ;; *) echo "gpu_check.sh: error: unknown step '$s'; the steps are 1 to 7" >&2; exit 2;; esac
 done
 step() { [[ "$STEPS" == *" $1 "* ]]; }
 mkdir -p "$OUT"
@@ -91,8 +96,8 @@ echo "== 4. throughput ratios on the GPU"
   --max-tokens 4096 --no-analysis --fairseq-args=--fp16 --out "$OUT/bench-gpu-fp16.json" | tail -8
 fi
 
-step 5 || step 6 || exit 0
-[ -n "${MULTI30K_ORIG:-}" ] || { echo "== 5, 6: skipped: set MULTI30K_ORIG=DIR to run the Multi30k grid"; exit 0; }
+step 5 || step 6 || step 7 || exit 0
+[ -n "${MULTI30K_ORIG:-}" ] || { echo "== 5, 6, 7: skipped: set MULTI30K_ORIG=DIR to run the Multi30k grid"; exit 0; }
 "$ROOT/data-prep/prepare-multi30k.sh" --orig "$MULTI30K_ORIG" --out "$OUT/m30k.text" --bin "$OUT/m30k" --workers 8 2>&1 | tail -2
 ROWS=multi30k-postln-adam-lr5e-4-nowu,multi30k-postln-adam-lr5e-4-wu500,multi30k-preln-adam-lr5e-4-nowu,multi30k-postln-radam-lr5e-4-linear,multi30k-deepnorm-adam-lr5e-4-nowu,multi30k-keel-adam-lr5e-4-nowu,multi30k-admin-adam-lr5e-4-nowu
 K="${RUNS_PER_GPU:-7}"
@@ -121,4 +126,11 @@ if step 6; then
   [ -s "$OUT/m30k-alone.seconds" ] || { echo "gpu_check.sh: error: $OUT/m30k-alone was resumed, not timed; remove it and run step 6 again" >&2; exit 2; }
   "$PY" -m fairseq_lnpos.experiments.throughput "$OUT/m30k-grid" "$(cat "$OUT/m30k-grid.seconds")" \
     --alone "$OUT/m30k-alone" "$(cat "$OUT/m30k-alone.seconds")"
+fi
+if step 7; then
+  echo "== 7. the depth map on one GPU (grid.sh sweep --depth-map --real), ${RUNS_PER_GPU:-7} runs side by side"
+  timed "$OUT/depth-real" "$ROOT/scripts/grid.sh" sweep --depth-map --real --data "$OUT/m30k" --out "$OUT/depth-real" \
+    --gpus 0 --runs-per-gpu "$K"
+  [ -s "$OUT/depth-real.seconds" ] && echo "wall time $(cat "$OUT/depth-real.seconds") s (estimate: 1.5-3.5 hours)"
+  "$ROOT/scripts/stability_map.sh" "$OUT/depth-real" | sed -n '/^## Largest trainable depth/,$p'
 fi

@@ -71,21 +71,36 @@ def test_records(sweep):
 
 def test_cells_and_largest_stable_lr_by_hand(sweep):
     records = S.load_records(sweep)
-    cells = S.make_cells(records, margin=0.1)
+    cells = S.make_cells(records, ratio=0.6)
     c = cell(cells, "postln", 6, 0, 1e-2)
     assert (c.seeds, c.diverged, c.final_valid_loss, c.stable) == (2, 1, 12.0, False)
     c = cell(cells, "postln", 6, 0, 1e-3)
     assert (c.seeds, c.diverged, c.final_valid_loss, c.bleu, c.stable) == (2, 0, pytest.approx(4.1), 21.5, True)
-    assert not cell(cells, "postln", 6, 0, 1e-4).stable  # 5.1 > best 4.1 + 0.1
-    assert cell(cells, "postln", 6, 1000, 1e-2).stable  # 4.18 <= 4.2
+    assert c.initial_loss == pytest.approx(9.1)
+    assert cell(cells, "postln", 6, 0, 1e-4).stable  # 5.1 <= 0.6 x 9.1
     assert not any(c.variant == "keel" for c in cells)  # failed runs are not cells
     assert S.max_stable_lr(cells) == {("postln", 6, 0): 1e-3, ("postln", 6, 1000): 1e-2,
                                       ("postln", 12, 0): 1e-3, ("preln", 6, 0): 1e-2}
-    # a wider margin admits lr 1e-4 (5.1), but the largest stable lr at no warm-up stays 1e-3 (1e-2 diverged once)
-    wide = S.make_cells(records, margin=1.0)
-    assert cell(wide, "postln", 6, 0, 1e-4).stable and S.max_stable_lr(wide)[("postln", 6, 0)] == 1e-3
-    # Pre-LN's 4.35 counts against its own best (4.3), not Post-LN's (4.1); a margin of 0.01 excludes it
-    assert S.max_stable_lr(S.make_cells(records, margin=0.01))[("preln", 6, 0)] == 1e-3
+    # at 0.48 x the initial loss: lr 1e-4 (5.1 > 4.37), depth 12 (4.5 > 4.32) and Pre-LN's 4.35 drop out
+    narrow = S.make_cells(records, ratio=0.48)
+    assert not cell(narrow, "postln", 6, 0, 1e-4).stable and cell(narrow, "postln", 6, 1000, 1e-2).stable
+    assert S.max_stable_lr(narrow) == {("postln", 6, 0): 1e-3, ("postln", 6, 1000): 1e-2,
+                                       ("postln", 12, 0): None, ("preln", 6, 0): 1e-3}
+
+
+def test_stable_does_not_flip_on_run_to_run_noise(tmp_path):
+    """The default map on two machines: Post-LN without warm-up reached 4.21 bits at lr 3e-4 on one and
+    4.08 on the other, 4.0 with warm-up; from a first loss of 8.6 both are stable, a stall at 6.2 is not
+    (the rule of 0.1 bit of the best cell gave 3e-4 on one machine and none on the other)."""
+    largest = []
+    for machine, noisy in (("a", 4.21), ("b", 4.08)):
+        out = tmp_path / machine
+        write_run(out, "postln", 1e-4, 0, 1, final=5.6, initial=8.6)
+        write_run(out, "postln", 3e-4, 0, 1, final=noisy, initial=8.6)
+        write_run(out, "postln", 1e-3, 0, 1, final=6.2, initial=8.6)
+        write_run(out, "postln", 1e-3, 1000, 1, final=4.0, initial=8.6)
+        largest.append(S.max_stable_lr(S.make_cells(S.load_records(out)))[("postln", 6, 0)])
+    assert largest == [3e-4, 3e-4]
 
 
 def test_best_loss_per_warmup_by_hand(sweep):
@@ -150,7 +165,7 @@ def test_csv_round_trip(sweep, tmp_path):
 
 
 def test_main_writes_everything_and_prints_the_markdown(sweep, capsys):
-    assert S.main([str(sweep), "--margin", "0.1"]) == 0
+    assert S.main([str(sweep), "--ratio", "0.48"]) == 0
     md = capsys.readouterr().out
     assert md == (sweep / "stability.md").read_text()
     assert "14 runs: 10 finished, 2 diverged, 1 failed, 1 unfinished" in md
@@ -158,9 +173,10 @@ def test_main_writes_everything_and_prints_the_markdown(sweep, capsys):
     assert "| none | 5.100 | 4.100 (BLEU 21.5) | 12.000, x 1/2 |" in md  # Post-LN, 6 layers
     # largest stable lr, then LR sensitivity (grids differ, so each value names its own)
     assert "| architecture | layers | warm-up none | warm-up 1000 |\n|---|---|---|---|\n| Post-LN | 6 | 0.001 | 0.01 |\n" \
-        "| Post-LN | 12 | 0.001 |  |\n| Pre-LN | 6 | 0.01 |  |\n" in md
+        "| Post-LN | 12 | - |  |\n| Pre-LN | 6 | 0.001 |  |\n" in md
     assert "| Post-LN | 6 | 2.000 (lr 0.0001, 0.001, 0.01) | 0.015 (lr 0.001, 0.01) |" in md
     assert f"- unfinished: {sweep / 'preln-L6-lr0.1-w0' / 'seed1'}" in md
+    assert "the final validation loss is at most 0.48 x the initial loss" in md
     assert len(S.read_csv(sweep / "stability.csv")) == 9
     for png in ("stability_heatmaps.png", "sensitivity_vs_depth.png"):
         assert (sweep / png).read_bytes()[:4] == b"\x89PNG"

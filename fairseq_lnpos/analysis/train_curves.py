@@ -16,11 +16,18 @@ from pathlib import Path
 from fairseq_lnpos.errors import CommandParser, LnposError, run_main
 
 
-def read_jsonl(path):
-    """``(updates, {group: [norm or None per update]})``, sorted by update, last record per update."""
+UPDATE = re.compile(r'^\{"update": (\d+)')  # how the task starts a record
+
+
+def read_jsonl(path, max_update=None):
+    """``(updates, {group: [norm or None per update]})``, sorted by update, last record per update;
+    with ``max_update``, only the updates up to it (later records are not parsed)."""
     by_update = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
+            m = UPDATE.match(line)
+            if max_update is not None and m and int(m.group(1)) > max_update:
+                continue
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:

@@ -5,6 +5,10 @@ the epochs whose checkpoint was saved, the update count, the first training loss
 (and where) the run diverged. :class:`LogTail` feeds it the complete lines added since the last
 poll.
 
+Memory: the peak resident set of every launch (the scheduler's line after it) and, on a GPU, CUDA's
+peak: fairseq logs ``gb_free`` = the GPU's total memory minus ``torch.cuda.max_memory_allocated()``
+since the last update (to 0.1 GB) and the total once at start, so the peak is total - min(gb_free).
+
 Divergence: a non-finite training or validation loss, fairseq's own floating-point failures
 (``FloatingPointError``, minimum loss scale reached), or, when ``patience`` is set, a training
 loss above the first logged loss for ``patience`` consecutive logged updates.
@@ -21,6 +25,8 @@ LOG_LINE = re.compile(r"^\S+ \S+ \| \w+ \| (\S+) \| (.*)$")
 SAVED = re.compile(r"Saved checkpoint (.*?checkpoint\d+\.pt) \(epoch (\d+) @ (\d+) updates")
 LOADED = re.compile(r"Loaded checkpoint .+ \(epoch (\d+) @ (\d+) updates\)")
 RAN = re.compile(r"^# fairseq-train ran ([0-9.]+) s")  # written by the scheduler after each launch
+PEAK_RSS = re.compile(r"peak resident set ([0-9.]+) MB")  # ... with fairseq-train's peak (reap.py)
+CUDA_TOTAL = re.compile(r"rank +0: capabilities = .* total memory = ([0-9.]+) GB")  # fairseq's CUDA environment
 FATAL_FP = re.compile(r"FloatingPointError|Minimum loss scale reached|gradients are Nan/Inf")
 
 
@@ -46,11 +52,20 @@ class LogState:
         self.nonfinite_at, self.fatal_fp = None, False
         self.patience, self.above, self.above_since = patience, 0, None
         self.train_seconds = 0.0  # wall time of the launches of fairseq-train that ended
+        self.peak_rss_mb = None   # largest peak resident set of those launches
+        self.cuda_total_gb, self.min_gb_free = None, None
 
     @property
     def final_valid_loss(self):
         """The last validation loss fairseq logged (also one after an epoch cut by --max-update)."""
         return number(self.valid[max(self.valid)].get("valid_loss")) if self.valid else None
+
+    @property
+    def cuda_peak_mb(self):
+        """CUDA's peak over the logged updates (MB), or None off a GPU."""
+        if self.cuda_total_gb is None or self.min_gb_free is None:
+            return None
+        return round((self.cuda_total_gb - self.min_gb_free) * 1024, 1)
 
     @property
     def diverged_at(self):
@@ -68,6 +83,9 @@ class LogState:
             ran = RAN.match(line)
             if ran:
                 self.train_seconds += float(ran.group(1))
+                peak = PEAK_RSS.search(line)
+                if peak:
+                    self.peak_rss_mb = max(self.peak_rss_mb or 0.0, float(peak.group(1)))
             self.fatal_fp |= bool(FATAL_FP.search(line))
             return None
         name, msg = m.groups()
@@ -93,11 +111,17 @@ class LogState:
         m = LOADED.search(msg)
         if m:
             self.updates = int(m.group(2))
+        m = CUDA_TOTAL.search(msg)
+        if m:
+            self.cuda_total_gb = float(m.group(1))
         return None
 
     def _train_inner(self, rec):
         self.updates = int(rec.get("num_updates", self.updates))
         self.loss = rec.get("loss", "")
+        free = number(rec.get("gb_free"))
+        if free is not None:
+            self.min_gb_free = free if self.min_gb_free is None else min(self.min_gb_free, free)
         if self.nonfinite_at is None and _nonfinite(self.loss):
             self.nonfinite_at = self.updates
         loss = number(self.loss)

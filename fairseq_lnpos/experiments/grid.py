@@ -294,15 +294,9 @@ def build_parser():
     r.add_argument("--max-epoch", type=positive_int(1), help="override the epochs of every run")
     add_run_options(r)
     w = sub.add_parser("sweep", help="a stability sweep: archs x learning rates x warm-ups x depths (sweep.py)")
-    w.add_argument("--archs", default="postln,preln,deepnorm,keel", help="variants (default: %(default)s)")
-    w.add_argument("--lr", default="1e-4,3e-4,1e-3,3e-3,1e-2", help="learning rates (default: %(default)s)")
-    w.add_argument("--warmup", default="1,100,1000", help="warm-up updates, 1 = none (default: %(default)s)")
-    w.add_argument("--layers", default="6", help="encoder = decoder depths (default: %(default)s)")
-    w.add_argument("--max-update", type=positive_int(1), default=200,
-                   help="the budget of every cell, in updates (default: %(default)s)")
-    w.add_argument("--real", action="store_true",
-                   help="the paper's IWSLT model on Multi30k (one GPU) instead of the tiny model on the generated corpus")
-    w.add_argument("--bleu", dest="no_bleu", action="store_false", help="also score test BLEU (the last epoch)")
+    from . import sweep
+
+    sweep.add_options(w)
     add_run_options(w)
     w.set_defaults(out="sweep-out", patience=50, no_bleu=True)
     from . import slurm
@@ -351,10 +345,7 @@ def command(argv=None):
     if opts.cmd == "sweep":
         from . import sweep
 
-        preset = sweep.PRESETS["real" if opts.real else "laptop"]
-        opts.arch_size = preset["arch_size"]
-        axes = sweep.parse_axes(opts.archs, opts.lr, opts.warmup, opts.layers)
-        runs = sweep.expand(*axes, max_update=opts.max_update, dataset=preset["dataset"])
+        runs = sweep.sweep_runs(opts)
         return run_grid(opts, override(opts, [R.coerce(r, "max_epoch", "1000000") for r in parse_sets(opts.set, runs)]))
     return run_grid(opts, select_runs(opts))
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from ..common import fmt_time
 from ..data.manifest import read_manifest
 from ..errors import LnposError, StateError
+from . import reap
 from .commands import total_updates
 from .evaluator import Evaluator, Stopped
 from .fairseq_log import LogState, LogTail, number
@@ -166,7 +167,7 @@ class Grid:
         t_launch, updates_before, paced = time.time(), state.updates, job.pace or (0.0, 0)
         try:
             while True:
-                ended = proc.poll() is not None
+                ended = reap.poll(proc) is not None
                 for ep in tail.poll():
                     job.epoch = ep
                     self._epoch_saved(job, ep)
@@ -174,11 +175,11 @@ class Grid:
                 job.pace = (paced[0] + time.time() - t_launch, paced[1] + state.updates - updates_before)
                 if state.diverged_at is not None and not ended:
                     os.killpg(proc.pid, signal.SIGTERM)
-                    proc.wait()
+                    reap.wait(proc)
                     ended = True
                 if ended:
                     with open(rd.log_path, "a", encoding="utf-8") as log:
-                        log.write(f"\n# fairseq-train ran {time.time() - t_launch:.1f} s\n")
+                        log.write(f"\n# fairseq-train ran {time.time() - t_launch:.1f} s{reap.peak_text(proc)}\n")
                     for ep in tail.poll():  # saved just before a diverged run was stopped
                         self._epoch_saved(job, ep)
                     break
@@ -186,9 +187,9 @@ class Grid:
                     raise Stopped()
                 time.sleep(0.5)
         finally:
-            if proc.poll() is None:
+            if reap.poll(proc) is None:
                 os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait()
+                reap.wait(proc)
             with self.lock:
                 self.procs.discard(proc)
         if self.stop.is_set():
@@ -327,7 +328,8 @@ class Grid:
             rd.write_done({"status": status, "diverged_at": diverged, "epochs": sorted(st.saved),
                            "initial_loss": st.first_loss, "updates": st.updates,
                            "train_seconds": round(st.train_seconds, 1),
-                           "final_valid_loss": st.final_valid_loss})
+                           "final_valid_loss": st.final_valid_loss,
+                           "peak_rss_mb": st.peak_rss_mb, "cuda_peak_mb": st.cuda_peak_mb})
             job.state, job.status = "done", status
             self.say(f"{job.label}: {status}")
         except (RunFailed, LnposError) as e:

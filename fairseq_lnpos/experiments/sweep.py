@@ -1,7 +1,8 @@
-"""Stability sweeps: a base run expanded over architectures x learning rates x warm-ups x depths.
+"""Sweeps: a base run expanded over architectures x learning rates x warm-ups x depths.
 
     scripts/grid.sh sweep --archs postln,preln,deepnorm,keel --lr 1e-4,3e-4,1e-3,3e-3,1e-2 \\
         --warmup 1,100,1000 --layers 6 --seeds 1 --max-update 300 --out sweep-out --jobs 2
+    scripts/grid.sh sweep --depth-map --jobs 2 --out depth-out     # the depth map's defaults (DEPTH_MAP)
     scripts/stability_map.sh sweep-out
 
 Every cell is a run of the grid (resume, runs side by side, scoring as everywhere), named
@@ -13,12 +14,15 @@ measures the learning rate it names. A run whose training loss stays above its f
 
 Presets: the default is the laptop map (the `_tiny` archs on the generated corpus, validation loss
 only); ``--real`` is the paper's IWSLT model on Multi30k (data-prep/prepare-multi30k.sh) for one GPU.
+``--depth-map`` changes the defaults of the axes, the budget and the width to the depth map's
+(:data:`DEPTH_MAP`, with ``--real`` :data:`DEPTH_MAP_REAL`) and logs per-layer gradient norms;
+options given on the command line win.
 """
 import math
 from dataclasses import replace
 
 from ..errors import LnposError
-from ..variants import VARIANTS
+from ..variants import TINY, VARIANTS
 from . import runs as R
 
 PRESETS = {
@@ -26,6 +30,18 @@ PRESETS = {
     "laptop": dict(dataset="synthetic", arch_size="tiny"),
     "real": dict(dataset="multi30k", arch_size="paper"),
 }
+# the defaults of the axes and the budget: the stability map (learning rate x warm-up at depth 6) ...
+STABILITY_MAP = dict(archs="postln,preln,deepnorm,keel", lr="1e-4,3e-4,1e-3,3e-3,1e-2", warmup="1,100,1000",
+                     layers="6", max_update=200, width=None)
+# ... and the depth map (no warm-up, depth 6 to 48 at a small width); docs/results.md shows the
+# timed runs these were chosen from
+DEPTH_MAP = dict(archs="postln,preln,deepnorm,keel,admin,tfixup", lr="3e-4,1e-3", warmup="1",
+                 layers="6,12,24,48", max_update=300, width=64)
+# one GPU: the paper's IWSLT model (d 512) on Multi30k (~115 updates an epoch), fp16
+DEPTH_MAP_REAL = dict(DEPTH_MAP, lr="5e-4,1e-3", layers="6,18,36,60,100", max_update=600, width=None)
+# what the depth map measures beside the loss: per-layer gradient norms (<save-dir>/grad_norms.jsonl)
+GRAD_NORMS = dict(task="translation_lnpos", extra=("--log-grad-norms",))
+HEADS = TINY["attention_heads"]  # the tiny and the IWSLT size both have 4 heads
 
 
 def _list(text, kind, name):
@@ -61,12 +77,24 @@ def cell_name(ln, layers, lr, warmup):
     return f"sweep-{ln}-L{layers}-lr{lr:g}-wu{warmup}"
 
 
-def expand(archs, lrs, warmups, layers, max_update, dataset="synthetic"):
-    """One Run per cell, in a fixed order (arch, depth, warm-up, learning rate); names are unique."""
+def width_args(width):
+    """fairseq flags for model width ``width``: embeddings d, FFN 4d (the tiny size's ratio)."""
+    if width is None:
+        return ()
+    if width < HEADS or width % HEADS:
+        raise LnposError(f"--width {width}: give a multiple of {HEADS} (the attention heads)")
+    return tuple(a for side in ("encoder", "decoder")
+                 for a in (f"--{side}-embed-dim", str(width), f"--{side}-ffn-embed-dim", str(4 * width)))
+
+
+def expand(archs, lrs, warmups, layers, max_update, dataset="synthetic", task="translation", extra=()):
+    """One Run per cell, in a fixed order (arch, depth, warm-up, learning rate); names are unique.
+    ``task`` and ``extra`` (fairseq-train flags) are the same for every cell."""
     if max_update < 1:
         raise LnposError(f"--max-update {max_update}: give the budget in updates, at least 1")
     base = R.Run(name="", dataset=dataset, ln="postln", optimizer="adam", lr=1.0, decay_anchor=10 ** 9,
-                 max_epoch=10 ** 6, max_update=max_update, figure="sweep", paper_note="stability sweep")
+                 max_epoch=10 ** 6, max_update=max_update, figure="sweep", paper_note="stability sweep",
+                 task=task, extra=tuple(extra))
     runs = [replace(base, name=cell_name(ln, n, lr, w), ln=ln, lr=lr, warmup=w if w > 1 else 0, layers=n)
             .with_defaults()
             for ln in archs for n in layers for w in warmups for lr in lrs]
@@ -77,3 +105,46 @@ def expand(archs, lrs, warmups, layers, max_update, dataset="synthetic"):
                              f"learning rates that differ in their first 6 significant digits")
         names[r.name] = r.lr
     return runs
+
+
+# ---------------------------------------------------------------- the command line (grid.sh sweep)
+
+def add_options(w):
+    """The options of ``grid.sh sweep`` besides the grid's own; the axes default to the preset's."""
+    w.add_argument("--archs", help="variants (default: %s)" % STABILITY_MAP["archs"])
+    w.add_argument("--lr", help="learning rates (default: %s)" % STABILITY_MAP["lr"])
+    w.add_argument("--warmup", help="warm-up updates, 1 = none (default: %s)" % STABILITY_MAP["warmup"])
+    w.add_argument("--layers", help="encoder = decoder depths (default: %s)" % STABILITY_MAP["layers"])
+    w.add_argument("--max-update", type=int, help="the budget of every cell, in updates (default: %s)"
+                   % STABILITY_MAP["max_update"])
+    w.add_argument("--width", type=int, help="model width d (embeddings d, FFN 4d; default: the size's own)")
+    w.add_argument("--real", action="store_true",
+                   help="the paper's IWSLT model on Multi30k (one GPU) instead of the tiny model on the generated corpus")
+    w.add_argument("--depth-map", action="store_true",
+                   help=f"the depth map: defaults {_describe(DEPTH_MAP)}; with --real {_describe(DEPTH_MAP_REAL)}, "
+                        f"--fp16; logs per-layer gradient norms (the stability map's defaults: {_describe(STABILITY_MAP)})")
+    w.add_argument("--checkpoint-activations", action="store_true",
+                   help="fairseq's --checkpoint-activations for every cell (less memory; activations are "
+                        "recomputed in the backward pass)")
+    w.add_argument("--bleu", dest="no_bleu", action="store_false", help="also score test BLEU (the last epoch)")
+
+
+def _describe(preset):
+    return ", ".join(f"{k.replace('_', '-')} {v}" for k, v in preset.items() if v is not None)
+
+
+def sweep_runs(opts):
+    """The cells ``opts`` (grid.sh sweep) asks for; sets the grid options the preset implies
+    (``arch_size``, and ``fp16`` for the depth map on a GPU)."""
+    preset = PRESETS["real" if opts.real else "laptop"]
+    defaults = (DEPTH_MAP_REAL if opts.real else DEPTH_MAP) if opts.depth_map else STABILITY_MAP
+    for key, value in defaults.items():
+        if getattr(opts, key) is None:
+            setattr(opts, key, value)
+    opts.arch_size = preset["arch_size"]
+    opts.fp16 = opts.fp16 or (opts.depth_map and opts.real)
+    extra = width_args(opts.width) + (("--checkpoint-activations",) if opts.checkpoint_activations else ())
+    logging = GRAD_NORMS if opts.depth_map else dict(task="translation", extra=())
+    axes = parse_axes(opts.archs, opts.lr, opts.warmup, opts.layers)
+    return expand(*axes, max_update=opts.max_update, dataset=preset["dataset"], task=logging["task"],
+                  extra=logging["extra"] + extra)

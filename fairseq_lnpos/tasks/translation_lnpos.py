@@ -32,6 +32,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
 from fairseq_lnpos.checkpoint import guard_checkpoint_loading, guard_state_loading
+from fairseq_lnpos.common import GRAD_NORMS_JSONL
 from fairseq_lnpos.data.bindir import check_data_dir
 from fairseq_lnpos.data.download import DataError
 from fairseq_lnpos.errors import LnposError, check
@@ -40,7 +41,7 @@ from fairseq_lnpos.models.variant import without_fused_inference
 
 logger = logging.getLogger(__name__)
 
-JSONL_NAME = "grad_norms.jsonl"
+JSONL_NAME = GRAD_NORMS_JSONL
 TAG_PREFIX = "gnorm/"
 # fairseq imports the plugin while it parses the command line, before fairseq-train creates --save-dir
 LOADED_AT = time.time()
