@@ -204,7 +204,8 @@ def test_fixture_end_to_end_manifest(orig, tmp_path):
     # every multi30k row of the grid on it, at the tiny size, one epoch, scored by the evaluator
     from fairseq_lnpos.experiments import grid, runs
 
-    rows = [r.name for r in runs.RUNS if r.dataset == "multi30k"]
+    rows = [r.name for r in runs.select(["multi30k-*"])]
+    assert rows and all(runs.BY_NAME[r].dataset == "multi30k" for r in rows)
     opts = grid.run_options(only="multi30k-*", data=[str(bin_dir)], out=str(tmp_path / "grid"), arch_size="tiny",
                             max_epoch=1, set=["max_tokens=512", "batch_tokens=512"], jobs=2)
     with contextlib.redirect_stdout(io.StringIO()):
