@@ -144,7 +144,8 @@ class VariantTransformerModel(TransformerModel):
                             "(the fairseq of Xiong et al. 2020 and Admin)")
         parser.add_argument("--lnpos-norm", choices=NORMS, default=DEFAULT_NORM,
                             help="what every LayerNorm of the model becomes: layernorm (unchanged, default), "
-                            "rmsnorm, dyt (weight * tanh(alpha x) + bias) or derf (weight * erf(alpha x + s) + bias)")
+                            "rmsnorm, dyt (weight * tanh(alpha x) + bias), derf (weight * erf(alpha x + s) + bias) "
+                            "or scalenorm (g x / ||x||)")
         parser.add_argument("--lnpos-norm-alpha", type=float, metavar="A",
                             help="initial alpha of dyt and derf (default 0.5)")
 
