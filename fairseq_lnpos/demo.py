@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from .common import GRAD_NORMS_JSONL
 from .errors import check, run_main
 from .experiments.runs import BY_NAME
 from .variants import FURTHER
@@ -92,7 +93,7 @@ def grad_norm_figure(out, runs, seed):
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for run in runs:
-        path = out / "grid" / run / f"seed{seed}" / "checkpoints" / "grad_norms.jsonl"
+        path = out / "grid" / run / f"seed{seed}" / "checkpoints" / GRAD_NORMS_JSONL
         if not path.exists():
             continue
         updates, series = read_jsonl(path)  # sorted; a resumed run's last record per update

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..common import USER_DIR
 from ..errors import LnposError
 from ..variants import arch_name as variant_arch
-from ..variants import arch_names
+from ..variants import DEFAULT_INIT, arch_names
 from . import runs as R
 from .evaluate import console_script, generate_cmd
 from .rundir import RunDir
@@ -88,9 +88,9 @@ def model_args(run, arch):
     init = []
     if arch in arch_names():
         init = ["--lnpos-init", run.init]
-    elif run.init != R.INITS[0]:
+    elif run.init != DEFAULT_INIT:
         raise LnposError(f"{run.name}: init {run.init} needs one of the plugin's archs (--arch {arch} is not): "
-                         f"drop --arch or --set init={R.INITS[0]}")
+                         f"drop --arch or --set init={DEFAULT_INIT}")
     return ["--dropout", str(run.dropout), "--attention-dropout", str(run.attention_dropout),
             "--activation-dropout", str(run.activation_dropout), *SHARE_FLAGS[run.share_embeddings], *init]
 

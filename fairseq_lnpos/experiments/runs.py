@@ -42,7 +42,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..errors import LnposError
-from ..variants import FURTHER, INITS, VARIANTS
+from ..variants import DEFAULT_INIT, FURTHER, INITS, VARIANTS
 
 # Dataset-level settings. `batch_tokens` is the effective batch of one update (tokens), the same
 # whatever the number of GPUs: grid.py picks --max-tokens/--update-freq to reach it.
@@ -119,7 +119,7 @@ class Run:
     end_lr: float = 0.0          # linear: the rate at the last update (--end-learning-rate)
     decoupled_weight_decay: bool = False  # radam: AdamW-style decay (fairseq's adam always decouples)
     share_embeddings: str = "none"  # none | decoder | all (needs a joined dictionary)
-    init: str = INITS[0]         # --lnpos-init
+    init: str = DEFAULT_INIT     # --lnpos-init
     beam: int = 5                # decoding (fairseq-generate)
     lenpen: float = 1.2
     average_last: int = 0        # also score the average of the last N epoch checkpoints; 0 = none
