@@ -84,7 +84,7 @@ def test_subln_block_by_hand(toy_data, mode):
         assert torch.allclose(enc(x, None), y, atol=2e-4)
 
 
-def test_subln_init_scales_value_output_and_ffn_by_gamma(toy_data):
+def test_subln_init_is_the_papers_xavier_normal_with_gain_gamma(toy_data):
     n, m = 3, 2
     model, _, _ = build_model(toy_data, "transformer_subln_tiny", "--encoder-layers", n, "--decoder-layers", m,
                               "--lnpos-init", "fairseq-0.8")
@@ -95,13 +95,20 @@ def test_subln_init_scales_value_output_and_ffn_by_gamma(toy_data):
     xavier = lambda fan_in, fan_out, gain=1.0: gain * math.sqrt(2 / (fan_in + fan_out))  # noqa: E731
     for side in ("encoder", "decoder"):
         g = gammas[side]
-        layer = getattr(model, side).layers[0]
-        assert float(layer.fc1.weight.std()) == pytest.approx(g * xavier(d, ffn), rel=0.05)
-        assert float(layer.self_attn.v_proj.weight.std()) == pytest.approx(g * xavier(d, d, 2 ** -0.5), rel=0.05)
-        assert float(layer.self_attn.out_proj.weight.std()) == pytest.approx(g * xavier(d, d), rel=0.05)
-        assert float(layer.self_attn.q_proj.weight.std()) == pytest.approx(xavier(d, d, 2 ** -0.5), rel=0.05)
-    cross = model.decoder.layers[0].encoder_attn
-    assert float(cross.v_proj.weight.std()) == pytest.approx(xavier(d, d, 2 ** -0.5), rel=0.05)  # not scaled
+        for layer in getattr(model, side).layers:
+            assert float(layer.fc1.weight.std()) == pytest.approx(g * xavier(d, ffn), rel=0.05)
+            assert float(layer.fc2.weight.std()) == pytest.approx(g * xavier(ffn, d), rel=0.05)
+            # every attention, the decoder's cross-attention included (torchscale skips it)
+            for attn in [layer.self_attn] + ([layer.encoder_attn] if side == "decoder" else []):
+                for w in (attn.v_proj.weight, attn.out_proj.weight):
+                    assert float(w.std()) == pytest.approx(g * xavier(d, d), rel=0.05)
+                for w in (attn.q_proj.weight, attn.k_proj.weight):  # gain 1, not fairseq's 2^-1/2
+                    assert float(w.std()) == pytest.approx(xavier(d, d), rel=0.05)
+                # normal, not uniform: a uniform's largest value is sqrt(3) std
+                assert float(attn.v_proj.weight.abs().max()) > 2.5 * g * xavier(d, d)
+            # biases are --lnpos-init's (fairseq-0.8: zero), not scaled
+            assert float(layer.fc1.bias.abs().max()) == 0.0
+            assert float(layer.self_attn.v_proj.bias.abs().max()) == 0.0
     assert not hasattr(model.decoder.layers[0], "encoder_attn_sub_layer_norm")
 
 

@@ -14,14 +14,22 @@ parameter names stay (the self-attention is switched to fairseq's own attention 
 self.self_attention``), the decoder's cross-attention has no ``LN_sub``; the paper names only
 self-attention and the FFN.
 
-Initialization (torchscale's ``subln`` branch, which follows the paper's DeepNet-derived rule):
-after the chosen ``--lnpos-init``, the value and output projections and fc1/fc2 (weights and
-biases, as torchscale scales every parameter with those names) are multiplied by gamma:
-encoder ``sqrt(log(3M) · log(2N) / 3)``, decoder ``sqrt(log(3M))`` for N encoder and M decoder
-layers; the decoder's cross-attention is not scaled (torchscale skips ``encoder_attn``).
-Deviation: torchscale starts from its own default initialization (Xavier-uniform q/k/v with gain
-2^-1/2, as fairseq), so with ``--lnpos-init fairseq-0.12`` the fc1/fc2 starting point is PyTorch's
-default ``nn.Linear`` (as torchscale's ``FeedForwardNetwork``, which builds plain ``nn.Linear``s).
+Initialization (the paper's Figure 2, ``subln_init``, which is DeepNet's rule with another gain):
+after the chosen ``--lnpos-init``, fc1/fc2 and the value and output projections are Xavier-normal
+with gain gamma, the query and key projections Xavier-normal with gain 1 (``deepnorm.deepnorm_init``),
+where gamma is, for N encoder and M decoder layers, ``sqrt(log(3M) · log(2N) / 3)`` in the encoder
+and ``sqrt(log(3M))`` in the decoder (the paper's table of gammas per architecture). Biases keep
+``--lnpos-init``'s (the paper names only weights). Where torchscale differs, this follows the paper:
+
+* torchscale (``encoder.py`` / ``decoder.py``, ``if args.subln``) multiplies its default
+  initialization by gamma: Xavier-uniform with gain 2^-1/2 for q/k/v (so v is 2^-1/2 of the paper's
+  and q/k are not the paper's gain 1), PyTorch's default ``nn.Linear`` for fc1/fc2 (fc2's std is
+  less than half the paper's), and scales the biases too.
+* torchscale skips the decoder's cross-attention (``if "encoder_attn" in name: continue``); the
+  paper's rule names ``v_proj`` and ``out_proj`` without exception, so the cross-attention's get
+  gamma here, as DeepNorm's do.
+
+The constants are the same in both.
 """
 import math
 
@@ -29,7 +37,9 @@ from fairseq.models import register_model
 from fairseq.modules import LayerNorm
 
 from ..errors import check
-from .variant import DecoderLayer, EncoderLayer, VariantTransformerModel
+from .deepnorm import deepnorm_init
+from .variant import DecoderLayer, EncoderLayer, VariantTransformerModel, layer_attentions
+
 
 def subln_gammas(encoder_layers, decoder_layers):
     """``{"encoder": gamma, "decoder": gamma}`` for N encoder and M decoder layers."""
@@ -48,10 +58,7 @@ class SubLNLayer:
         self.self_attn._set_skip_embed_dim_check()
         self.self_attn.out_proj.register_forward_pre_hook(self._sub_norm_attention)
         self.fc2.register_forward_pre_hook(self._sub_norm_ffn)
-        for module in (self.self_attn.v_proj, self.self_attn.out_proj, self.fc1, self.fc2):
-            module.weight.data.mul_(gamma)
-            if module.bias is not None:
-                module.bias.data.mul_(gamma)
+        deepnorm_init(layer_attentions(self), self.fc1, self.fc2, gamma)
 
     def _sub_norm_attention(self, module, args):
         return (self.self_attn_sub_layer_norm(args[0]),)
