@@ -202,14 +202,14 @@ def test_fixture_end_to_end_manifest(orig, tmp_path):
                               "--bpe-size", "200"]) == 0
     check_manifest(out, bin_dir, {"train": 300, "valid": 20, "test": 20})
     # every multi30k row of the grid on it, at the tiny size, one epoch, scored by the evaluator
-    from fairseq_lnpos.experiments import grid, runs
+    from fairseq_lnpos.experiments import grid, options, plan, runs
 
     rows = [r.name for r in runs.select(["multi30k-*"])]
     assert rows and all(runs.BY_NAME[r].dataset == "multi30k" for r in rows)
-    opts = grid.run_options(only="multi30k-*", data=[str(bin_dir)], out=str(tmp_path / "grid"), arch_size="tiny",
-                            max_epoch=1, set=["max_tokens=512", "batch_tokens=512"], jobs=2)
+    opts = options.run_options(only="multi30k-*", data=[str(bin_dir)], out=str(tmp_path / "grid"), arch_size="tiny",
+                               max_epoch=1, set=["max_tokens=512", "batch_tokens=512"], jobs=2)
     with contextlib.redirect_stdout(io.StringIO()):
-        assert grid.run_grid(opts, grid.select_runs(opts)) == 0
+        assert grid.run_grid(opts, plan.select_runs(opts)) == 0
     for name in rows:
         run_dir = tmp_path / "grid" / name / "seed1"
         done, cfg = (json.loads((run_dir / f).read_text()) for f in ("DONE.json", "config.json"))

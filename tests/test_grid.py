@@ -15,6 +15,8 @@ import pytest
 from fairseq_lnpos.common import fmt_time, read_lines
 from fairseq_lnpos.errors import run_main
 from fairseq_lnpos.experiments import grid as G
+from fairseq_lnpos.experiments import options, plan
+from fairseq_lnpos.experiments import runs as R
 from fairseq_lnpos.experiments.evaluate import tok_bleu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -230,16 +232,16 @@ def test_a_grid_that_reads_the_training_data_prints_nothing_of_fairseq_on_stderr
 
 
 def _opts(**kw):
-    return G.run_options(**kw)
+    return options.run_options(**kw)
 
 
 def test_runs_per_gpu_puts_k_runs_on_each_gpu_and_shares_the_cores(monkeypatch, tmp_path):
     opts = _opts(gpus="0,1", runs_per_gpu=3, out=str(tmp_path))
-    slots = G.plan_slots(opts, dry_run=True)
+    slots = plan.plan_slots(opts, dry_run=True)
     assert sorted(slots) == ["0", "0", "0", "1", "1", "1"]
     opts = _opts(gpus="0,1,2,3", gpus_per_run=2, runs_per_gpu=2, out=str(tmp_path))
-    assert sorted(G.plan_slots(opts, dry_run=True)) == ["0,1", "0,1", "2,3", "2,3"]
-    assert G.plan_slots(_opts(jobs=3), dry_run=True) == [None, None, None]
+    assert sorted(plan.plan_slots(opts, dry_run=True)) == ["0,1", "0,1", "2,3", "2,3"]
+    assert plan.plan_slots(_opts(jobs=3), dry_run=True) == [None, None, None]
     # 16 cores, 7 runs on GPU 0 and its evaluator: 2 threads each; CPU: 2 cores, 2 runs + evaluator: 1
     from fairseq_lnpos.experiments.scheduler import Grid
 
@@ -493,7 +495,7 @@ def test_reference_recipes_end_to_end_with_averaging(data, tmp_path):
                 assert torch.allclose(v, (two[k].double() + three[k].double()).div(2).to(v.dtype)), k
         assert any(not torch.equal(mean[k], three[k]) for k in mean)
         # ... decoded with the row's beam and length penalty (T-Fixup: beam 4, lenpen 0.3)
-        row = G.R.BY_NAME[name]
+        row = R.BY_NAME[name]
         cmd = generate_cmd(data, ckpt / "checkpoint_average.pt", read_manifest(data), row.beam, row.lenpen,
                            extra=["--max-len-a", "1.2", "--max-len-b", "10"])
         seen, again = parse_generate(run_generate(cmd[1:]))

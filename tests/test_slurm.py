@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from fairseq_lnpos.experiments import grid as G
+from fairseq_lnpos.experiments.options import run_parser
+from fairseq_lnpos.experiments.plan import make_jobs, select_runs
 from fairseq_lnpos.experiments import runs as R
 from fairseq_lnpos.experiments.commands import batch_plan
 from fairseq_lnpos.experiments.report import collect
@@ -328,9 +330,9 @@ def test_the_worker_on_another_node_starts_the_units_fairseq_train_as_its_rank(t
             "--gpus-per-run", "2", "--fairseq-args", "--distributed-port 23456 --max-tokens 256 --update-freq 1"]
     slurm.main(["worker", *argv])
     (cmd, env), = started
-    opts = G.build_parser().parse_args(["run", *argv])
+    opts = run_parser().parse_args(argv)
     opts.world = 2
-    job, = G.make_jobs(opts, G.select_runs(opts), dry_run=False)[0]
+    job, = make_jobs(opts, select_runs(opts), dry_run=False)[0]
     assert cmd == job.train_cmd(0)  # the command node 0's unit starts
     assert cmd[cmd.index("--distributed-port") + 1] == "23456"
     assert (env["SLURM_NODEID"], env["SLURM_STEP_NODELIST"], env["SLURM_NNODES"], env["SLURM_NTASKS_PER_NODE"]) == (

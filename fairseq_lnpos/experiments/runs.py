@@ -135,12 +135,22 @@ class Run:
 
     @property
     def warmup_label(self):
-        return f"{self.warmup}" if self.warmup > 1 else "none"
+        return warmup_label(self.warmup)
 
     def as_dict(self):
         d = asdict(self)
         d["extra"] = list(self.extra)
         return d
+
+
+def warmup_updates(warmup):
+    """The warm-up a run has, 0 for none: 0 and 1 (the paper's T_warmup = 1) both mean no warm-up."""
+    return warmup if warmup > 1 else 0
+
+
+def warmup_label(warmup):
+    """The warm-up as the tables and the stability map show it: its updates, or "none" (:func:`warmup_updates`)."""
+    return str(warmup) if warmup_updates(warmup) else "none"
 
 
 XIONG = "Xiong et al. ICML 2020"
