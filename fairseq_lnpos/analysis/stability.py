@@ -25,8 +25,8 @@ from pathlib import Path
 
 from ..common import write_text
 from ..errors import CommandParser, LnposError, StateError, run_main
-from ..experiments.rundir import RunDir, outcome, run_dirs
-from ..experiments.runs import warmup_label
+from ..experiments.rundir import Status, grid_run_dirs
+from ..experiments.runs import warmup_label, warmup_updates
 from ..variants import DEFAULT_INIT, VARIANTS, arch_names
 from . import depth
 from .map_common import group, num, pyplot, save
@@ -54,9 +54,9 @@ class Record:
     variant: str
     layers: int
     lr: float
-    warmup: int          # 0 = none
+    warmup: int          # 0 = none (runs.warmup_updates)
     seed: int
-    status: str          # finished | diverged | failed | unfinished
+    status: str          # finished | diverged | failed | unfinished (a Status's value; not started: unfinished)
     diverged_at: int = None
     initial_loss: float = None
     final_valid_loss: float = None
@@ -104,36 +104,23 @@ def settings(cfg):
     return tuple(sorted({**run, **rest, **arch}.items(), key=lambda kv: kv[0]))
 
 
-def _last(evals, key):
-    """``key`` of the latest epoch record where it is not null, or None."""
-    found = [e[key] for e in evals if e.get(key) is not None]
-    return found[-1] if found else None
-
-
-def load_record(run_dir):
-    rd = RunDir(run_dir)
-    cfg = rd.config()
-    if cfg is None:
-        raise StateError(f"{rd.config_path} is missing: {run_dir} is not a run folder of the grid; move it away")
-    run = cfg["run"]
+def load_record(rd):
+    """The map's :class:`Record` of a run folder (:class:`~fairseq_lnpos.experiments.rundir.RunDir`)."""
+    rec = rd.record()
+    run = rec.run
     key = dict(path=str(rd.path), variant=run["ln"], layers=run["layers"] or DEFAULT_LAYERS, lr=float(run["lr"]),
-               warmup=run["warmup"] or 0, seed=cfg["seed"], settings=settings(cfg))
+               warmup=warmup_updates(run["warmup"] or 0), seed=rec.seed, settings=settings(rec.config))
     if key["variant"] not in VARIANTS:
         raise StateError(f"{rd.config_path}: unknown architecture {key['variant']!r} (known: {', '.join(VARIANTS)})")
-    done = rd.done()
-    if done is None:
+    if rec.done is None:
         return Record(status="unfinished", **key)
-    key.update(grad_ratio=depth.grad_ratios(rd.save_dir, key["layers"]), peak_rss_mb=done.get("peak_rss_mb"),
-               cuda_peak_mb=done.get("cuda_peak_mb"), train_seconds=done.get("train_seconds"))
-    evals = rd.evals()
-    final = done.get("final_valid_loss")
-    if final is None:
-        final = _last(evals, "valid_loss")
-    status = outcome(done)
-    if status == "finished" and final is not None and not math.isfinite(final):
-        status = "diverged"  # a NaN/inf final loss: diverged, though training ran to its end
-    return Record(status=status, diverged_at=done.get("diverged_at"), initial_loss=done.get("initial_loss"),
-                  final_valid_loss=final, bleu=_last(evals, "bleu_tok"), **key)
+    key.update(grad_ratio=depth.grad_ratios(rd.save_dir, key["layers"]), peak_rss_mb=rec.done.get("peak_rss_mb"),
+               cuda_peak_mb=rec.done.get("cuda_peak_mb"), train_seconds=rec.done.get("train_seconds"))
+    final, status = rec.final_valid_loss, rec.status.value
+    if rec.status is Status.FINISHED and final is not None and not math.isfinite(final):
+        status = Status.DIVERGED.value  # a NaN/inf final loss: diverged, though training ran to its end
+    return Record(status=status, diverged_at=rec.done.get("diverged_at"), initial_loss=rec.done.get("initial_loss"),
+                  final_valid_loss=final, bleu=rec.last("bleu_tok"), **key)
 
 
 def check_one_experiment(out, records):
@@ -151,13 +138,7 @@ def check_one_experiment(out, records):
 
 
 def load_records(out):
-    out = Path(out)
-    if not out.is_dir():
-        raise LnposError(f"{out}: no such folder: give the output folder of a sweep (OUT/NAME/seedS/)")
-    runs = run_dirs(out)
-    if not runs:
-        raise LnposError(f"{out}: no run folders NAME/seedS/config.json in it: give the output folder of a sweep")
-    records = [load_record(rd.path) for rd in runs]
+    records = [load_record(rd) for rd in grid_run_dirs(out, "the output folder of a sweep (OUT/NAME/seedS/)")]
     check_one_experiment(out, records)
     return records
 

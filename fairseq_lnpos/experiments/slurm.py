@@ -32,7 +32,7 @@ from .commands import batch_plan, total_updates
 from .options import positive_int, run_parser
 from .plan import make_jobs, select_runs
 from .report import collect
-from .rundir import read_tasks, tasks_text
+from .rundir import grid_run_dirs, read_tasks, tasks_text
 
 TIME = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)")
 NAME = re.compile(r"[A-Za-z0-9_.-]+")  # a SLURM partition or account name
@@ -269,7 +269,8 @@ def worker(argv):
     if len(jobs) != 1:
         raise LnposError(f"worker: {len(jobs)} runs selected, expected one (--only NAME --seeds S)")
     job = jobs[0]
-    if job.dir.trained or job.dir.outcome() not in (None, "failed"):
+    done = job.dir.outcome()
+    if job.dir.trained or (done is not None and done.final):
         print(f"worker: {job.label} already trained", file=sys.stderr)
         return 0
     hosts = subprocess.check_output(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]]).decode().split()
@@ -288,26 +289,18 @@ def status_lines(out_dir):
     """(lines, counts, first unreadable or None) for the run folders of ``out_dir`` and the SLURM tasks
     listed there that have no folder yet."""
     out = Path(out_dir)
-    if not out.is_dir():
-        raise LnposError(f"{out} is not a folder: give the --out folder of scripts/grid.sh run or slurm")
-    rows = collect(out)
+    queued = [(name, str(seed), tasks.stem) for tasks in sorted(out.glob("slurm-*.tasks")) for name, seed, _ in read_tasks(tasks)]
+    rows = collect(grid_run_dirs(out, "the --out folder of scripts/grid.sh run or slurm", queued=queued))
     seen = {(r["run"], str(r["seed"])) for r in rows}
-    for tasks in sorted(out.glob("slurm-*.tasks")):
-        for name, seed, _ in read_tasks(tasks):
-            seed = str(seed)
-            if (name, seed) not in seen:
-                seen.add((name, seed))
-                rows.append({"run": name, "seed": seed, "status": f"queued ({tasks.stem})", "epochs": 0})
-    if not rows:
-        raise LnposError(f"no runs in {out} (expected {out}/NAME/seedS/config.json): start the grid first")
+    for name, seed, grid_id in queued:
+        if (name, seed) not in seen:
+            seen.add((name, seed))
+            rows.append({"run": name, "seed": seed, "status": f"queued ({grid_id})", "kind": "queued", "epochs": 0})
     lines, counts = [], {}
     width = max(len(f"{r['run']} seed{r['seed']}") for r in rows)
     for r in rows:
-        status = r["status"]
-        key = "unreadable" if r.get("unreadable") else ("not started" if status == "not started" else status.split(" ")[0].rstrip(":"))
-        counts[key] = counts.get(key, 0) + 1
-        if r.get("unreadable"):
-            status = "unreadable"
+        status = "unreadable" if r.get("unreadable") else r["status"]
+        counts[r["kind"]] = counts.get(r["kind"], 0) + 1
         epochs = f"{r['epochs']}/{r['max_epoch']}" if r.get("max_epoch") else str(r["epochs"])
         best = (f"best BLEU {r['best_bleu_tok']:.2f} (epoch {r['best_epoch']})"
                 if r.get("best_bleu_tok") is not None else "best BLEU -")
