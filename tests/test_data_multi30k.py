@@ -1,5 +1,6 @@
-"""Multi30k preparation: a small gzip fixture in the published format (no ../shared needed), the
-checksum refusal, the download addresses, and the real task 1 files where ../shared has them."""
+"""Multi30k preparation: a small gzip fixture in the published format (no real data needed), the
+checksum refusal, the download addresses, and the real task 1 files where the real data (LNPOS_REALDATA)
+has them."""
 import contextlib
 import json
 import gzip
@@ -16,10 +17,11 @@ import pytest
 from fairseq_lnpos.data import download, multi30k
 from fairseq_lnpos.data.bpe import decode_pieces
 from fairseq_lnpos.data.manifest import read_manifest
-from fixtures_data import REALDATA, sha256
+from conftest import REALDATA, needs_realdata
+from fixtures_data import sha256
 
 REAL = REALDATA / "multi30k-de-en" / "raw"
-needs_real = pytest.mark.skipif(not REAL.is_dir(), reason="../shared/realdata/multi30k-de-en is absent")
+needs_real = needs_realdata("multi30k-de-en/raw")
 SIZES = {"train": 300, "val": 20, "test_2016_flickr": 20}
 # a caption of each side with the tokenizer's edge cases (apostrophe, quotes, umlaut, hyphen)
 TRICKY = {"en": ("A small girl playing chess at her friend's house.",

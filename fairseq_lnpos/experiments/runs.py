@@ -23,7 +23,7 @@ Defaults (the paper is silent; our rule: add nothing fairseq does not do by defa
   inverse square root (``--inverse-sqrt-after-decay``).
 - SGD: fairseq's ``sgd`` without momentum ("vanilla" in the paper).
 - "No warm-up" is ``--warmup-updates 1`` (the paper's T_warmup = 1): the first update runs at lr_max.
-- Inverse-square-root decay: "the same decay for every run" (paper-facts) is read as one decay
+- Inverse-square-root decay: "the same decay for every run" (the paper) is read as one decay
   curve shared by all warm-up lengths: lr_max is held until update 4000 (the longest warm-up), then
   lr_max * sqrt(4000 / t) (``--decay-anchor 4000``). For T = 4000 this is fairseq's usual
   ``inverse_sqrt``; T = 500 and T = 1 differ from it only before update 4000. (The literal
