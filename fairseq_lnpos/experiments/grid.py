@@ -8,8 +8,9 @@
 
 A run is a row of runs.py x a seed, in OUT/NAME/seedS (rundir.py). Runs resume after an
 interruption (fairseq's checkpoint_last.pt); a finished run (DONE.json) is never redone; a folder
-made with another config is refused. commands.py builds the fairseq commands, scheduler.py runs
-them, evaluator.py scores every saved epoch on the test set while training goes on.
+made with another config is refused. options.py defines the run options, plan.py picks the runs,
+their jobs and slots, commands.py builds the fairseq commands, scheduler.py runs them, evaluator.py
+scores every saved epoch on the test set while training goes on.
 """
 import shlex
 import signal
