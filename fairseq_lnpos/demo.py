@@ -19,7 +19,6 @@ The settings are the same for every architecture; with them Post-LN with warm-up
 the task within the 300 updates while Post-LN without warm-up does not (docs/results.md).
 """
 import argparse
-import csv
 import json
 import shutil
 import statistics
@@ -51,39 +50,37 @@ def make_data(out, quick):
 
 
 def run_grid(out, data, runs, seeds, jobs, quick):
-    from .experiments import grid
+    from .experiments import grid, options, plan
 
-    opts = grid.run_options(only=",".join(runs), data=[str(data)], out=str(out / "grid"), arch_size="tiny",
+    opts = options.run_options(only=",".join(runs), data=[str(data)], out=str(out / "grid"), arch_size="tiny",
                             seeds=seeds, jobs=jobs, task="translation_lnpos",
                             fairseq_args="--log-grad-norms --grad-norm-interval 1",
                             max_epoch=1 if quick else None)
-    status = grid.run_grid(opts, grid.select_runs(opts))
+    status = grid.run_grid(opts, plan.select_runs(opts))
     check(status == 0, f"the grid stopped with status {status} (message above); `make demo` resumes it")
 
 
 def make_table(out):
+    """The results table of the demo's grid, copied to ``out``; returns its rows (report.py)."""
     from .experiments import report
 
-    report.make_table(out / "grid")
+    _, _, rows = report.make_table(out / "grid")
     for name in ("results.csv", "results.md"):
         shutil.copyfile(out / "grid" / name, out / name)
-    with open(out / "results.csv", newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+    return rows
 
 
-def time_split(grid_out):
+def time_split(rows):
     """(seconds fairseq-train ran, seconds the evaluator spent scoring) over the demo's runs."""
-    from .experiments.rundir import run_dirs
-
-    train = score = 0.0
-    for rd in run_dirs(grid_out):
-        train += (rd.done() or {}).get("train_seconds") or 0.0
-        score += sum(e.get("eval_seconds") or 0.0 for e in rd.evals())
+    records = [r["record"] for r in rows if "record" in r]
+    train = sum((rec.done or {}).get("train_seconds") or 0.0 for rec in records)
+    score = sum(e.get("eval_seconds") or 0.0 for rec in records for e in rec.evals)
     return train, score
 
 
-def grad_norm_figure(out, runs, seed):
-    """Total and top-decoder-layer FFN W2 gradient norms over the first updates, one line per run."""
+def grad_norm_figure(out, rows, runs, seed):
+    """Total and top-decoder-layer FFN W2 gradient norms over the first updates, one line per run of
+    ``runs`` (its row of the table, ``rows``) with seed ``seed``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -92,8 +89,10 @@ def grad_norm_figure(out, runs, seed):
     from .analysis.train_curves import read_jsonl
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for run in runs:
-        path = out / "grid" / run / f"seed{seed}" / "checkpoints" / GRAD_NORMS_JSONL
+    for row in rows:
+        if row["run"] not in runs or str(row["seed"]) != seed or "record" not in row:
+            continue
+        path, run = row["record"].dir.save_dir / GRAD_NORMS_JSONL, row["run"]
         if not path.exists():
             continue
         updates, series = read_jsonl(path)  # sorted; a resumed run's last record per update
@@ -122,10 +121,6 @@ def fig3(out, archs, quick):
     return out / "fig3"
 
 
-def _num(x):
-    return float(x) if x not in ("", None) else None
-
-
 def summarize(rows):
     """Mean and spread over seeds of best tokenized BLEU and best validation loss, per run."""
     by_run = {}
@@ -135,7 +130,7 @@ def summarize(rows):
     for run, rs in by_run.items():
         entry = {"seeds": len(rs), "status": sorted({r["status"] for r in rs})}
         for key in ("best_bleu_tok", "best_valid_loss"):
-            vals = [v for v in (_num(r[key]) for r in rs) if v is not None]
+            vals = [r[key] for r in rs if r.get(key) is not None]
             if vals:
                 entry[key] = (statistics.mean(vals), min(vals), max(vals))
         out[run] = entry
@@ -188,7 +183,7 @@ def main(argv=None):
     rows = make_table(out)
     say(4)
     first_seed = args.seeds.split(",")[0].strip()
-    grad_png = grad_norm_figure(out, runs, first_seed)
+    grad_png = grad_norm_figure(out, rows, runs, first_seed)
     say(5)
     fig3_dir = fig3(out, archs, args.quick)
 
@@ -209,7 +204,7 @@ def main(argv=None):
     log(f"table: {out / 'results.md'} and {out / 'results.csv'} (per seed)")
     log(f"figures: {out / 'grid' / 'fig_demo.png'} (BLEU and validation loss per epoch), {grad_png}, "
         f"{fig3_dir / 'fig3.png'}, {fig3_dir / 'lemma2.png'}")
-    train, score = time_split(out / "grid")
+    train, score = time_split(rows)
     if train:
         log(f"scoring took {score:.0f} s of evaluator time against {train:.0f} s of training "
             f"(ratio {score / train:.2f})")

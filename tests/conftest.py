@@ -1,5 +1,6 @@
 """Shared fixtures: a toy parallel corpus binarized by fairseq, and in-process model building
 through fairseq's own command-line parser (the path fairseq-train takes)."""
+import os
 import random
 import subprocess
 import sys
@@ -9,8 +10,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "fairseq_lnpos")
-SHARED = REPO.parent / "shared"
+# real corpora some data tests compare with (docs/data.md); those tests skip where it is absent
+REALDATA = REPO / os.environ.get("LNPOS_REALDATA", "../shared/realdata")
 BIN = Path(sys.executable).parent
+
+
+def needs_realdata(name):
+    """Skip a test unless the real-data folder (LNPOS_REALDATA) holds ``name``; ``REALDATA / name`` then."""
+    return pytest.mark.skipif(not (REALDATA / name).is_dir(), reason=f"{name} is absent from {REALDATA} (LNPOS_REALDATA)")
 
 
 def fairseq_cmd(tool, *args):

@@ -9,9 +9,6 @@ import hashlib
 import tarfile
 from pathlib import Path
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-REALDATA = SHARED / "realdata"
-
 # Tricky lines and their Moses tokenization (tokenizer.perl -l LANG, default escaping, not -a),
 # as produced by mosesdecoder's scripts/tokenizer/tokenizer.perl.
 TRICKY = {
@@ -45,8 +42,8 @@ TEST_SIZES = (3, 2, 4, 2, 3)  # segments per file in the fixture
 
 
 def sha256(text):
-    """The digest a test compares a line of ``../shared/realdata`` with: the corpus text itself is
-    not kept in the repository."""
+    """The digest a test compares a line of the real data (conftest.REALDATA) with: the corpus text
+    itself is not kept in the repository."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 def sentence(lang, i):

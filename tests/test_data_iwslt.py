@@ -7,7 +7,8 @@ import pytest
 from fairseq_lnpos.data import download, iwslt, moses
 from fairseq_lnpos.data.manifest import read_manifest
 from fairseq_lnpos.data.pipeline import read_lines, xml_segments
-from fixtures_data import REALDATA, TEST_SETS, TEST_SIZES, TRICKY, make_iwslt_orig, make_tgz, sentence, sha256
+from conftest import REALDATA, needs_realdata
+from fixtures_data import TEST_SETS, TEST_SIZES, TRICKY, make_iwslt_orig, make_tgz, sentence, sha256
 
 
 def lines(path):
@@ -197,7 +198,7 @@ def test_unequal_line_counts(tmp_path, capsys):
 DEVTEST = REALDATA / "iwslt14-de-en-devtest"
 
 
-@pytest.mark.skipif(not DEVTEST.is_dir(), reason="../shared/realdata/iwslt14-de-en-devtest is absent")
+@needs_realdata("iwslt14-de-en-devtest")
 def test_real_devtest_xml_gives_6750_test_lines():
     sizes = {}
     for lang in ("de", "en"):
@@ -237,7 +238,7 @@ def test_wrapper_exit_status_and_one_line_error(tmp_path):
 BPE_VALID = REALDATA / "iwslt14-bpe-valid"
 
 
-@pytest.mark.skipif(not BPE_VALID.is_dir(), reason="../shared/realdata/iwslt14-bpe-valid is absent")
+@needs_realdata("iwslt14-bpe-valid")
 def test_conventions_match_fairseqs_real_valid_split():
     # fairseq's own valid split (tokenizer.perl + lowercase + subword-nmt): our tokenizer's conventions
     text = [l.replace("@@ ", "") for l in read_lines(BPE_VALID / "valid.en")]

@@ -1,5 +1,6 @@
-"""Multi30k preparation: a small gzip fixture in the published format (no ../shared needed), the
-checksum refusal, the download addresses, and the real task 1 files where ../shared has them."""
+"""Multi30k preparation: a small gzip fixture in the published format (no real data needed), the
+checksum refusal, the download addresses, and the real task 1 files where the real data (LNPOS_REALDATA)
+has them."""
 import contextlib
 import json
 import gzip
@@ -16,10 +17,11 @@ import pytest
 from fairseq_lnpos.data import download, multi30k
 from fairseq_lnpos.data.bpe import decode_pieces
 from fairseq_lnpos.data.manifest import read_manifest
-from fixtures_data import REALDATA, sha256
+from conftest import REALDATA, needs_realdata
+from fixtures_data import sha256
 
 REAL = REALDATA / "multi30k-de-en" / "raw"
-needs_real = pytest.mark.skipif(not REAL.is_dir(), reason="../shared/realdata/multi30k-de-en is absent")
+needs_real = needs_realdata("multi30k-de-en/raw")
 SIZES = {"train": 300, "val": 20, "test_2016_flickr": 20}
 # a caption of each side with the tokenizer's edge cases (apostrophe, quotes, umlaut, hyphen)
 TRICKY = {"en": ("A small girl playing chess at her friend's house.",
@@ -202,14 +204,14 @@ def test_fixture_end_to_end_manifest(orig, tmp_path):
                               "--bpe-size", "200"]) == 0
     check_manifest(out, bin_dir, {"train": 300, "valid": 20, "test": 20})
     # every multi30k row of the grid on it, at the tiny size, one epoch, scored by the evaluator
-    from fairseq_lnpos.experiments import grid, runs
+    from fairseq_lnpos.experiments import grid, options, plan, runs
 
     rows = [r.name for r in runs.select(["multi30k-*"])]
     assert rows and all(runs.BY_NAME[r].dataset == "multi30k" for r in rows)
-    opts = grid.run_options(only="multi30k-*", data=[str(bin_dir)], out=str(tmp_path / "grid"), arch_size="tiny",
-                            max_epoch=1, set=["max_tokens=512", "batch_tokens=512"], jobs=2)
+    opts = options.run_options(only="multi30k-*", data=[str(bin_dir)], out=str(tmp_path / "grid"), arch_size="tiny",
+                               max_epoch=1, set=["max_tokens=512", "batch_tokens=512"], jobs=2)
     with contextlib.redirect_stdout(io.StringIO()):
-        assert grid.run_grid(opts, grid.select_runs(opts)) == 0
+        assert grid.run_grid(opts, plan.select_runs(opts)) == 0
     for name in rows:
         run_dir = tmp_path / "grid" / name / "seed1"
         done, cfg = (json.loads((run_dir / f).read_text()) for f in ("DONE.json", "config.json"))

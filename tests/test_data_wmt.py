@@ -8,7 +8,8 @@ import pytest
 from fairseq_lnpos.data import wmt
 from fairseq_lnpos.data.manifest import read_manifest
 from fairseq_lnpos.data.pipeline import raw_segments, read_lines
-from fixtures_data import REALDATA, make_wmt_orig
+from conftest import REALDATA, needs_realdata
+from fixtures_data import make_wmt_orig
 
 
 def lines(path):
@@ -88,7 +89,7 @@ def test_bad_inputs(tmp_path, capsys):
 NEWSTEST = REALDATA / "wmt14-newstest"
 
 
-@pytest.mark.skipif(not NEWSTEST.is_dir(), reason="../shared/realdata/wmt14-newstest is absent")
+@needs_realdata("wmt14-newstest")
 def test_real_newstest2014_sgml():
     ref = raw_segments(read_lines(NEWSTEST / "newstest2014-deen-ref.de.sgm"))
     assert len(ref) == 3003

@@ -7,6 +7,7 @@ import pytest
 
 from conftest import REPO
 from fairseq_lnpos.demo import verdict
+from fairseq_lnpos.experiments import report
 
 
 def summary(bad, warmup, preln):
@@ -47,8 +48,7 @@ def test_quick_demo_writes_table_and_figures_and_resumes(tmp_path):
     assert first.returncode == 0, (first.stdout + first.stderr)[-4000:]
     with open(out / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    required = "run,arch,optimizer,lr,warmup,seed,status,paper_bleu,best_bleu_tok,last_bleu_tok,sacrebleu,best_valid_loss"
-    assert set(required.split(",")) <= set(rows[0])
+    assert list(rows[0]) == report.CSV_COLUMNS
     assert [r["run"] for r in rows] == ["demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu", "demo-deepnorm-nowu"]
     assert {r["arch"] for r in rows} == {f"transformer_{v}_tiny" for v in ("postln", "preln", "deepnorm")}
     assert all(r["status"] == "finished" and r["best_bleu_tok"] != "" and float(r["best_valid_loss"]) > 0 for r in rows)

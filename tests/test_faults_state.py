@@ -21,6 +21,7 @@ from fairseq_lnpos.experiments import grid as G
 from fairseq_lnpos.experiments.commands import Job
 from fairseq_lnpos.experiments.evaluator import EvalFailed, Evaluator, Stopped
 from fairseq_lnpos.experiments.report import collect, make_table
+from fairseq_lnpos.experiments.rundir import run_dirs
 from fairseq_lnpos.experiments.runs import BY_NAME
 from fairseq_lnpos.experiments.scheduler import Grid
 from test_faults import GRID, GRID_RUN, ROW, TABLE, Case
@@ -267,7 +268,7 @@ def test_an_epoch_never_scored_fails_the_run_and_a_rerun_retries_it(stand_ins, c
     assert "\n" not in status and f"{ROW} seed 1: FAILED: the evaluator was killed" in out
     assert (d / "checkpoints" / "checkpoint1.pt").exists() and not (d / "eval" / "epoch1.json").exists()
     # the table and grid.sh status show it
-    assert [r["status"] for r in collect(d.parent.parent)] == [status]
+    assert [r["status"] for r in collect(run_dirs(d.parent.parent))] == [status]
     assert G.main(["status", str(d.parent.parent)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "failed: the evaluator was" in lines[0] and lines[-1] == "1 runs: 1 failed"

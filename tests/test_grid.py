@@ -15,6 +15,8 @@ import pytest
 from fairseq_lnpos.common import fmt_time, read_lines
 from fairseq_lnpos.errors import run_main
 from fairseq_lnpos.experiments import grid as G
+from fairseq_lnpos.experiments import options, plan, report
+from fairseq_lnpos.experiments import runs as R
 from fairseq_lnpos.experiments.evaluate import tok_bleu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -84,7 +86,7 @@ def test_grid_end_to_end(uninterrupted, data):
     assert done["initial_loss"] > done["final_valid_loss"] == epochs[1]["valid_loss"]
     assert 0 < done["train_seconds"] and done["updates"] == epochs[1]["num_updates"]
     r = rows(out)
-    assert set(G_CSV_REQUIRED) <= set(next(iter(r.values())))
+    assert list(next(iter(r.values()))) == report.CSV_COLUMNS
     assert list(r) == [BAD, GOOD]  # table order
     assert r[BAD]["status"] == bad["status"] and r[BAD]["lr"] == "1e+30" and r[BAD]["best_bleu_tok"] == ""
     g = r[GOOD]
@@ -99,9 +101,6 @@ def test_grid_end_to_end(uninterrupted, data):
     assert md.count("sacreBLEU signature: nrefs:1|case:lc") == 1 and "tok BLEU" in md
     png = out / "fig_main.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10000
-
-
-G_CSV_REQUIRED = "run,arch,optimizer,lr,warmup,seed,status,paper_bleu,best_bleu_tok,last_bleu_tok,sacrebleu,best_valid_loss".split(",")
 
 
 def _launch_and_kill(data, out, ready):
@@ -230,16 +229,16 @@ def test_a_grid_that_reads_the_training_data_prints_nothing_of_fairseq_on_stderr
 
 
 def _opts(**kw):
-    return G.run_options(**kw)
+    return options.run_options(**kw)
 
 
 def test_runs_per_gpu_puts_k_runs_on_each_gpu_and_shares_the_cores(monkeypatch, tmp_path):
     opts = _opts(gpus="0,1", runs_per_gpu=3, out=str(tmp_path))
-    slots = G.plan_slots(opts, dry_run=True)
+    slots = plan.plan_slots(opts, dry_run=True)
     assert sorted(slots) == ["0", "0", "0", "1", "1", "1"]
     opts = _opts(gpus="0,1,2,3", gpus_per_run=2, runs_per_gpu=2, out=str(tmp_path))
-    assert sorted(G.plan_slots(opts, dry_run=True)) == ["0,1", "0,1", "2,3", "2,3"]
-    assert G.plan_slots(_opts(jobs=3), dry_run=True) == [None, None, None]
+    assert sorted(plan.plan_slots(opts, dry_run=True)) == ["0,1", "0,1", "2,3", "2,3"]
+    assert plan.plan_slots(_opts(jobs=3), dry_run=True) == [None, None, None]
     # 16 cores, 7 runs on GPU 0 and its evaluator: 2 threads each; CPU: 2 cores, 2 runs + evaluator: 1
     from fairseq_lnpos.experiments.scheduler import Grid
 
@@ -259,30 +258,37 @@ def test_runs_per_gpu_puts_k_runs_on_each_gpu_and_shares_the_cores(monkeypatch, 
             e.close()
 
 
-# stands in for ``python -m fairseq_lnpos.experiments.evaluator``: answers each request line after
-# 1 s with its pid; a request for checkpoint "crash" ends the process
+# stands in for ``python -m fairseq_lnpos.experiments.evaluator``: answers each request line with its
+# pid, but only once a request is being scored by another process too (a file per process and request
+# in $SCORING): requests served one at a time would never be answered; a request for checkpoint
+# "crash" ends the process
 FAKE_EVALUATOR = """
 import json, os, sys, time
+scoring = os.environ["SCORING"]
 for line in sys.stdin:
     req = json.loads(line)
     if req["checkpoint"] == "crash":
         sys.exit(3)
-    time.sleep(1.0)
+    open(os.path.join(scoring, f"{os.getpid()}-{req['checkpoint']}"), "w").close()
+    while len({name.split("-")[0] for name in os.listdir(scoring)}) < 2:
+        time.sleep(0.05)
     print(json.dumps({"result": {"pid": os.getpid(), "checkpoint": req["checkpoint"]}}), flush=True)
 """
 
 
 def test_evaluator_processes_share_one_queue(tmp_path):
-    """--evaluators 2: two processes take the requests of one queue, each answered once, in half the
-    time of one process; a process that dies fails its request only and is started again."""
+    """--evaluators 2: two processes take the requests of one queue, each answered once, two scored at
+    the same time (the fake answers only then); a process that dies fails its request only and is
+    started again."""
     import threading
 
     from fairseq_lnpos.experiments.evaluator import EvalFailed, Evaluator
 
-    started = []
+    started, scoring = [], tmp_path / "scoring"
+    scoring.mkdir()
 
     def launch(cmd, env, **kw):
-        started.append(subprocess.Popen([sys.executable, "-c", FAKE_EVALUATOR], env=env, **kw))
+        started.append(subprocess.Popen([sys.executable, "-c", FAKE_EVALUATOR], env=dict(env, SCORING=str(scoring)), **kw))
         return started[-1]
 
     ev = Evaluator(dict(os.environ), tmp_path / "evaluator.log", launch, processes=2)
@@ -294,16 +300,14 @@ def test_evaluator_processes_share_one_queue(tmp_path):
             done.release()
         return cb
 
-    t0 = time.time()
     for name in ("c1", "c2", "c3", "c4"):
         ev.submit({"checkpoint": name}, callback(name))
     for _ in range(4):
-        assert done.acquire(timeout=60)
-    elapsed = time.time() - t0
+        assert done.acquire(timeout=60), "requests were not scored two at a time"
     assert sorted(answers) == ["c1", "c2", "c3", "c4"]
     assert all(err is None and res["checkpoint"] == name for name, (res, err) in answers.items())
     assert len({res["pid"] for res, _ in answers.values()}) == 2 and len(started) == 2
-    assert elapsed < 3.5 and ev.pending == 0  # two at a time: about 2 s; one process would take 4 s
+    assert ev.pending == 0 and len({p.name.split("-")[0] for p in scoring.iterdir()}) == 2
     ev.submit({"checkpoint": "crash"}, callback("crash"))
     assert done.acquire(timeout=60)
     assert answers["crash"][0] is None and isinstance(answers["crash"][1], EvalFailed)
@@ -493,7 +497,7 @@ def test_reference_recipes_end_to_end_with_averaging(data, tmp_path):
                 assert torch.allclose(v, (two[k].double() + three[k].double()).div(2).to(v.dtype)), k
         assert any(not torch.equal(mean[k], three[k]) for k in mean)
         # ... decoded with the row's beam and length penalty (T-Fixup: beam 4, lenpen 0.3)
-        row = G.R.BY_NAME[name]
+        row = R.BY_NAME[name]
         cmd = generate_cmd(data, ckpt / "checkpoint_average.pt", read_manifest(data), row.beam, row.lenpen,
                            extra=["--max-len-a", "1.2", "--max-len-b", "10"])
         seen, again = parse_generate(run_generate(cmd[1:]))

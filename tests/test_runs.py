@@ -1,4 +1,4 @@
-"""The run table (experiments/runs.py) against paper-facts.md, through the commands it generates."""
+"""The run table (experiments/runs.py) against the paper's stated settings (Xiong et al. ICML 2020), through the commands it generates."""
 import argparse
 import shlex
 

@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 
 from fairseq_lnpos.experiments import grid as G
+from fairseq_lnpos.experiments.options import run_parser
+from fairseq_lnpos.experiments.plan import make_jobs, select_runs
 from fairseq_lnpos.experiments import runs as R
 from fairseq_lnpos.experiments.commands import batch_plan
 from fairseq_lnpos.experiments.report import collect
+from fairseq_lnpos.experiments.rundir import run_dirs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from toydata import make_toy_data  # noqa: E402
@@ -206,7 +209,7 @@ def test_status_prints_one_line_per_run_and_the_counts(tmp_path, capsys):
     assert "interrupted after epoch 1" in lines[1] and "best BLEU 3.00 (epoch 1)" in lines[1]
     assert lines[2].split()[:4] == [A, "seed3", "not", "started"] and "0/3" in lines[2]
     assert lines[3].split()[:3] == [A, "seed2", "queued"] and "best BLEU -" in lines[3]
-    assert lines[4] == "4 runs: 1 finished, 1 interrupted, 1 not started, 1 queued"
+    assert lines[4] == "4 runs: 1 finished, 1 not started, 1 queued, 1 unfinished"
 
 
 def test_status_of_an_unreadable_folder_is_one_line_and_exit_2(tmp_path, capsys):
@@ -275,7 +278,7 @@ def test_a_grid_as_a_slurm_array_finishes_skips_and_resumes(cluster, data, tmp_p
     out = tmp_path / "out"
     job = submit(cluster, out, data, "--only", f"{A},{B}", "--max-epoch", "1", "--max-running", "2")
     wait_for(cluster, job)
-    rows = {r["run"]: r for r in collect(out)}
+    rows = {r["run"]: r for r in collect(run_dirs(out))}
     assert {n: r["status"] for n, r in rows.items()} == {A: "finished", B: "finished"}, list(out.rglob("*.out"))
     before = {n: (out / n / "seed1" / "DONE.json").stat().st_mtime_ns for n in (A, B)}
     # submitted again: both tasks find their runs finished and leave them alone
@@ -297,7 +300,7 @@ def test_a_grid_as_a_slurm_array_finishes_skips_and_resumes(cluster, data, tmp_p
     wait_for(cluster, job)
     launches = LAUNCH.split(log.read_text())
     assert len(launches) == 3 and "checkpoint_last.pt (epoch 2 @" in launches[2]  # resumed in epoch 2
-    assert [r["status"] for r in collect(out2)] == ["finished"]
+    assert [r["status"] for r in collect(run_dirs(out2))] == ["finished"]
 
     # the warning before the time limit (--signal=B:USR1): the task stops the run and requeues
     # itself, and the requeued task resumes it
@@ -328,9 +331,9 @@ def test_the_worker_on_another_node_starts_the_units_fairseq_train_as_its_rank(t
             "--gpus-per-run", "2", "--fairseq-args", "--distributed-port 23456 --max-tokens 256 --update-freq 1"]
     slurm.main(["worker", *argv])
     (cmd, env), = started
-    opts = G.build_parser().parse_args(["run", *argv])
+    opts = run_parser().parse_args(argv)
     opts.world = 2
-    job, = G.make_jobs(opts, G.select_runs(opts), dry_run=False)[0]
+    job, = make_jobs(opts, select_runs(opts), dry_run=False)[0]
     assert cmd == job.train_cmd(0)  # the command node 0's unit starts
     assert cmd[cmd.index("--distributed-port") + 1] == "23456"
     assert (env["SLURM_NODEID"], env["SLURM_STEP_NODELIST"], env["SLURM_NNODES"], env["SLURM_NTASKS_PER_NODE"]) == (

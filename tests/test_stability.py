@@ -9,13 +9,16 @@ from pathlib import Path
 import pytest
 
 from fairseq_lnpos.analysis import stability as S
+from fairseq_lnpos.experiments import report
+from fairseq_lnpos.experiments.rundir import RunDir, Status, run_dirs
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "stability_map.sh"
 
 
 def write_run(out, variant, lr, warmup, seed, final=None, initial=9.0, status="finished", layers=None,
               bleu=None, done=True):
-    """One run folder as the grid writes it: config.json, eval/epoch1.json and (unless not ``done``) DONE.json."""
+    """One run folder as the grid writes it: config.json, eval/epoch1.json and (unless not ``done``) DONE.json
+    (a "failed: WHY" ``status``: written as the grid's scheduler writes it)."""
     name = f"{variant}-L{layers or 6}-lr{lr:g}-w{warmup}"
     d = Path(out) / name / f"seed{seed}"
     (d / "eval").mkdir(parents=True)
@@ -26,7 +29,9 @@ def write_run(out, variant, lr, warmup, seed, final=None, initial=9.0, status="f
                                                "arch": f"transformer_{variant}_tiny"}))
     (d / "eval" / "epoch1.json").write_text(json.dumps({"epoch": 1, "num_updates": 100, "valid_loss": final,
                                                         "train_loss": final, "bleu_tok": bleu}))
-    if done:
+    if done and status.startswith("failed: "):
+        RunDir(d).write_failed(status[len("failed: "):])  # as the grid records a failed run: the reason only
+    elif done:
         diverged = status.startswith("diverged")
         (d / "DONE.json").write_text(json.dumps({
             "status": status, "diverged_at": 40 if diverged else None, "epochs": [1], "initial_loss": initial,
@@ -67,6 +72,31 @@ def test_records(sweep):
     assert status[("postln", 12, 1e-2, 0, 1)] == "diverged"
     (r,) = [r for r in records if (r.variant, r.lr, r.warmup, r.seed, r.layers) == ("postln", 1e-3, 0, 2, 6)]
     assert (r.initial_loss, r.final_valid_loss, r.bleu) == (9.2, 4.2, 22.0)
+
+
+def test_the_failed_run_is_the_grids_record_and_the_map_lists_it(sweep):
+    failed = sweep / "keel-L6-lr0.001-w0" / "seed1"
+    assert json.loads((failed / "DONE.json").read_text()) == {"status": "failed: fairseq-train exited 1"}
+    rec = RunDir(failed).record()
+    assert (rec.status, rec.state, rec.done, rec.evals[0]["epoch"]) == (
+        Status.FAILED, "failed: fairseq-train exited 1", {"status": "failed: fairseq-train exited 1"}, 1)
+    assert not rec.status.final  # a re-run retries it
+    (r,) = [r for r in S.load_records(sweep) if r.path == str(failed)]
+    assert (r.status, r.initial_loss, r.diverged_at) == ("failed", None, None)
+
+
+def test_one_warm_up_rule_in_the_table_and_the_map(tmp_path):
+    """Warm-up 1 is the paper's T_warmup = 1, no warm-up, as the sweeps name it (--warmup 1): the map puts
+    it in the cell of warm-up 0, and the map and the table both call it "none"."""
+    write_run(tmp_path, "postln", 1e-3, 1, 1, final=4.0)
+    write_run(tmp_path, "postln", 1e-3, 0, 2, final=4.2)
+    write_run(tmp_path, "postln", 1e-3, 100, 1, final=3.0)
+    cells = S.make_cells(S.load_records(tmp_path))
+    assert [(c.warmup, c.seeds) for c in cells] == [(0, 2), (100, 1)]
+    md = S.markdown(tmp_path, S.load_records(tmp_path), cells, S.DEFAULT_RATIO)
+    assert "| none | 4.100 |" in md and "| 100 | 3.000 |" in md
+    table = report.markdown(report.collect(run_dirs(tmp_path)))
+    assert [line.split(" | ")[4] for line in table.splitlines() if line.startswith("| postln-")] == ["none", "none", "100"]
 
 
 def test_cells_and_largest_stable_lr_by_hand(sweep):
@@ -204,9 +234,9 @@ def test_entry_point_exit_2_for_a_done_json_cut_short(sweep):
 
 def test_bad_folders_are_one_line_errors(tmp_path, capsys):
     assert S.main([str(tmp_path / "nowhere")]) == 2
-    assert "nowhere: no such folder" in capsys.readouterr().err
+    assert f"{tmp_path / 'nowhere'} is not a folder: give the output folder of a sweep" in capsys.readouterr().err
     assert S.main([str(tmp_path)]) == 2
-    assert "no run folders" in capsys.readouterr().err
+    assert f"no runs in {tmp_path} (no NAME/seedS/ with config.json): give the output folder" in capsys.readouterr().err
     d = write_run(tmp_path, "postln", 1e-3, 0, 1, final=4.0)
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**cfg, "run": {**cfg["run"], "ln": "midln"}}))

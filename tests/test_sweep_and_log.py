@@ -1,5 +1,4 @@
 """Reading fairseq's log (recorded lines) and expanding stability sweeps."""
-import math
 
 import pytest
 
@@ -102,7 +101,9 @@ def test_sweep_dry_run_names_and_budget(capsys, tmp_path):
     assert "transformer_keel_iwslt_de_en" in capsys.readouterr().out
     assert run_main("grid", G.main, ["sweep", "--dry-run", "--archs", "nope"]) == 2
     assert "give variants from" in capsys.readouterr().err
-    assert math.isfinite(S.expand(["postln"], [1e-3], [1], [6], 10)[0].lr)
+    (cell,) = S.expand(["preln"], [3e-3], [1], [12], 10)  # warm-up 1 is the paper's T_warmup = 1: none
+    assert (cell.name, cell.ln, cell.lr, cell.warmup, cell.layers, cell.max_update) == (
+        "sweep-preln-L12-lr0.003-wu1", "preln", 3e-3, 0, 12, 10)
 
 
 @pytest.mark.slow

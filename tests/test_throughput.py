@@ -5,6 +5,8 @@ import json
 import pytest
 
 from fairseq_lnpos.experiments import throughput as TP
+from fairseq_lnpos.experiments.rundir import RunDir
+from fairseq_lnpos.experiments.runs import BY_NAME
 
 # fairseq-train 0.12's end-of-epoch record with --log-format json (Multi30k, paper-size model)
 EPOCH = ('2026-12-01 00:31:32 | INFO | train | {"epoch": %d, "train_loss": "6.341", "train_wps": "2553.2", '
@@ -17,10 +19,10 @@ def write_run(out, name, epochs, eval_seconds=()):
     """A run folder (config.json) with a fairseq log: ``epochs`` = [(words per batch, updates at the epoch's end)],
     and an eval/epochN.json for each of ``eval_seconds``."""
     run = out / name / "seed1"
-    (run / "eval").mkdir(parents=True)
-    (run / "config.json").write_text("{}")
+    rd = RunDir(run)
+    rd.claim({"seed": 1, "arch": "transformer_postln_tiny", "run": BY_NAME["demo-postln-nowu"].as_dict()}, "0" * 16)
     for epoch, seconds in enumerate(eval_seconds, 1):
-        (run / "eval" / f"epoch{epoch}.json").write_text(json.dumps({"epoch": epoch, "eval_seconds": seconds}))
+        rd.write_eval(epoch, {"epoch": epoch, "eval_seconds": seconds})
     lines = ["# grid: fairseq-train ...", INNER]
     lines += [EPOCH % (e, wpb, n) for e, (wpb, n) in enumerate(epochs, 1)]
     (run / "train.log").write_text("\n".join(lines + ["# fairseq-train ran 12.0 s", ""]))
@@ -50,8 +52,8 @@ def test_ratio_against_one_run_alone(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["{t}/nowhere", "10"], "{t}/nowhere is not a folder; give the --out folder of a grid run"),
-    (["{t}/empty", "10"], "{t}/empty holds no run (no NAME/seedS/ with config.json and train.log)"),
+    (["{t}/nowhere", "10"], "{t}/nowhere is not a folder: give the --out folder of a grid run"),
+    (["{t}/empty", "10"], "no runs in {t}/empty (no NAME/seedS/ with config.json and train.log): give the --out folder of a grid run"),
     (["{t}/grid", "0"], "the wall time must be a number of seconds above 0, got '0'"),
     (["{t}/grid", "ten"], "the wall time must be a number of seconds above 0, got 'ten'"),
     (["{t}/grid", "10", "--alone", "{t}/grid", "5"], "{t}/grid holds 2 runs; --alone takes a grid of one run"),

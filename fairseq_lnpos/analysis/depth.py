@@ -26,7 +26,9 @@ from pathlib import Path
 
 from ..common import GRAD_NORMS_JSONL, write_text
 from ..errors import StateError
+from ..experiments.runs import warmup_label
 from ..variants import VARIANTS
+from .map_common import group, num, pyplot, save
 from .train_curves import read_jsonl
 
 GRAD_UPDATES = 10  # "the first updates": the ratio is summed over updates 1 .. GRAD_UPDATES
@@ -61,9 +63,7 @@ def along_depth(cells):
     """{(variant, warmup, lr): its cells by depth, shallowest first}; {} for a map of one depth."""
     if len({c.layers for c in cells}) < 2:
         return {}
-    from .stability import _group
-
-    return {k: sorted(g, key=lambda c: c.layers) for k, g in _group(cells, lambda c: (c.variant, c.warmup, c.lr)).items()}
+    return {k: sorted(g, key=lambda c: c.layers) for k, g in group(cells, lambda c: (c.variant, c.warmup, c.lr)).items()}
 
 
 def largest_depth(cells):
@@ -117,30 +117,26 @@ def _table(values, corner, fmt, col_fmt=str):
 
 
 def _cell_loss(c):
-    from .stability import _num
-
     if c.diverged == c.seeds:
         return "x"
-    text = _num(c.final_valid_loss, ".2f")
+    text = num(c.final_valid_loss, ".2f")
     return (text if c.stable else f"({text})") + (f", x {c.diverged}/{c.seeds}" if c.diverged else "")
 
 
 def markdown(cells):
     """The depth sections of the map's Markdown (none for what the runs did not record)."""
-    from .stability import _fmt_warmup
-
     lines = []
     line = along_depth(cells)
     if line:
         deepest = max(c.layers for c in cells)
-        label = {(v, w): f"{VARIANTS[v].label}, warm-up {_fmt_warmup(w)}" for v, w, _ in line}
+        label = {(v, w): f"{VARIANTS[v].label}, warm-up {warmup_label(w)}" for v, w, _ in line}
         lines += ["", "## Largest trainable depth", "",
                   "The deepest model of the grid whose cell is stable (the rule above); '(not N)': shallower depths "
                   "that were not stable; '-': none.", ""]
         lines += _table({(label[v, w], lr): t for (v, w, lr), t in largest_depth(cells).items()},
                         "architecture", lambda t: _fmt_depth(t, deepest), lambda lr: f"lr {lr:g}")
         for w, lr in dict.fromkeys((w, lr) for _, w, lr in line):
-            lines += ["", f"### Final validation loss along depth, warm-up {_fmt_warmup(w)}, lr {lr:g} (bits)", "",
+            lines += ["", f"### Final validation loss along depth, warm-up {warmup_label(w)}, lr {lr:g} (bits)", "",
                       "(loss): finished but not stable; x: diverged.", ""]
             lines += _table({(VARIANTS[c.variant].label, c.layers): c for c in cells if (c.warmup, c.lr) == (w, lr)},
                             "architecture \\ layers", _cell_loss)
@@ -185,9 +181,7 @@ def _fmt_memory(m):
 def plot(cells, path):
     """OUT/depth_loss.png; returns {(warmup, lr): {variant: [(layers, loss, "stable"|"unstable"|"diverged")]}}
     as drawn (a diverged cell at its initial loss)."""
-    from .stability import _fmt_warmup, _plt, _save
-
-    plt = _plt()
+    plt = pyplot()
     panels = {}
     for (v, w, lr), line in along_depth(cells).items():
         points = []
@@ -215,10 +209,10 @@ def plot(cells, path):
         ax.set_xticks(depths)
         ax.set_xticklabels([str(d) for d in depths])
         ax.set_xlabel("layers (encoder = decoder)")
-        ax.set_title(f"warm-up {_fmt_warmup(key[0])}, lr {key[1]:g}", fontsize=9)
+        ax.set_title(f"warm-up {warmup_label(key[0])}, lr {key[1]:g}", fontsize=9)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("final validation loss (bits)")
     axes[0][-1].legend(fontsize=7)
-    _save(fig, path, "Final validation loss against depth: filled = stable, hollow = not stable, x = diverged "
-                     "(at its initial loss)")
+    save(fig, path, "Final validation loss against depth: filled = stable, hollow = not stable, x = diverged "
+                    "(at its initial loss)")
     return panels

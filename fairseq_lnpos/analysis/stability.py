@@ -25,9 +25,11 @@ from pathlib import Path
 
 from ..common import write_text
 from ..errors import CommandParser, LnposError, StateError, run_main
-from ..experiments.rundir import RunDir, outcome, run_dirs
+from ..experiments.rundir import Status, grid_run_dirs
+from ..experiments.runs import warmup_label, warmup_updates
 from ..variants import DEFAULT_INIT, VARIANTS, arch_names
 from . import depth
+from .map_common import group, num, pyplot, save
 
 DEFAULT_LAYERS = 6  # "layers" absent or null: the arch's default depth (6 for every size)
 # Stable (one rule for learning rates and depths): no seed diverged and the cell's final validation
@@ -52,9 +54,9 @@ class Record:
     variant: str
     layers: int
     lr: float
-    warmup: int          # 0 = none
+    warmup: int          # 0 = none (runs.warmup_updates)
     seed: int
-    status: str          # finished | diverged | failed | unfinished
+    status: str          # finished | diverged | failed | unfinished (a Status's value; not started: unfinished)
     diverged_at: int = None
     initial_loss: float = None
     final_valid_loss: float = None
@@ -102,36 +104,23 @@ def settings(cfg):
     return tuple(sorted({**run, **rest, **arch}.items(), key=lambda kv: kv[0]))
 
 
-def _last(evals, key):
-    """``key`` of the latest epoch record where it is not null, or None."""
-    found = [e[key] for e in evals if e.get(key) is not None]
-    return found[-1] if found else None
-
-
-def load_record(run_dir):
-    rd = RunDir(run_dir)
-    cfg = rd.config()
-    if cfg is None:
-        raise StateError(f"{rd.config_path} is missing: {run_dir} is not a run folder of the grid; move it away")
-    run = cfg["run"]
+def load_record(rd):
+    """The map's :class:`Record` of a run folder (:class:`~fairseq_lnpos.experiments.rundir.RunDir`)."""
+    rec = rd.record()
+    run = rec.run
     key = dict(path=str(rd.path), variant=run["ln"], layers=run["layers"] or DEFAULT_LAYERS, lr=float(run["lr"]),
-               warmup=run["warmup"] or 0, seed=cfg["seed"], settings=settings(cfg))
+               warmup=warmup_updates(run["warmup"] or 0), seed=rec.seed, settings=settings(rec.config))
     if key["variant"] not in VARIANTS:
         raise StateError(f"{rd.config_path}: unknown architecture {key['variant']!r} (known: {', '.join(VARIANTS)})")
-    done = rd.done()
-    if done is None:
+    if rec.done is None:
         return Record(status="unfinished", **key)
-    key.update(grad_ratio=depth.grad_ratios(rd.save_dir, key["layers"]), peak_rss_mb=done.get("peak_rss_mb"),
-               cuda_peak_mb=done.get("cuda_peak_mb"), train_seconds=done.get("train_seconds"))
-    evals = rd.evals()
-    final = done.get("final_valid_loss")
-    if final is None:
-        final = _last(evals, "valid_loss")
-    status = outcome(done)
-    if status == "finished" and final is not None and not math.isfinite(final):
-        status = "diverged"  # a NaN/inf final loss: diverged, though training ran to its end
-    return Record(status=status, diverged_at=done.get("diverged_at"), initial_loss=done.get("initial_loss"),
-                  final_valid_loss=final, bleu=_last(evals, "bleu_tok"), **key)
+    key.update(grad_ratio=depth.grad_ratios(rd.save_dir, key["layers"]), peak_rss_mb=rec.done.get("peak_rss_mb"),
+               cuda_peak_mb=rec.done.get("cuda_peak_mb"), train_seconds=rec.done.get("train_seconds"))
+    final, status = rec.final_valid_loss, rec.status.value
+    if rec.status is Status.FINISHED and final is not None and not math.isfinite(final):
+        status = Status.DIVERGED.value  # a NaN/inf final loss: diverged, though training ran to its end
+    return Record(status=status, diverged_at=rec.done.get("diverged_at"), initial_loss=rec.done.get("initial_loss"),
+                  final_valid_loss=final, bleu=rec.last("bleu_tok"), **key)
 
 
 def check_one_experiment(out, records):
@@ -149,13 +138,7 @@ def check_one_experiment(out, records):
 
 
 def load_records(out):
-    out = Path(out)
-    if not out.is_dir():
-        raise LnposError(f"{out}: no such folder: give the output folder of a sweep (OUT/NAME/seedS/)")
-    runs = run_dirs(out)
-    if not runs:
-        raise LnposError(f"{out}: no run folders NAME/seedS/config.json in it: give the output folder of a sweep")
-    records = [load_record(rd.path) for rd in runs]
+    records = [load_record(rd) for rd in grid_run_dirs(out, "the output folder of a sweep (OUT/NAME/seedS/)")]
     check_one_experiment(out, records)
     return records
 
@@ -163,18 +146,6 @@ def load_records(out):
 def _mean(values):
     values = [v for v in values if v is not None and math.isfinite(v)]
     return sum(values) / len(values) if values else None
-
-
-def _rank(key):
-    """Sort key: architectures in the registry's order (Post-LN, Pre-LN, DeepNorm, Keel), then the rest."""
-    return (list(VARIANTS).index(key[0]),) + key[1:] if isinstance(key, tuple) else key
-
-
-def _group(items, key):
-    groups = {}
-    for item in items:
-        groups.setdefault(key(item), []).append(item)
-    return dict(sorted(groups.items(), key=lambda kv: _rank(kv[0])))
 
 
 def _max(values):
@@ -194,7 +165,7 @@ def make_cells(records, ratio=DEFAULT_RATIO):
     """Cells of the runs that finished or diverged, ``stable`` by :func:`is_stable`."""
     counted = [r for r in records if r.status in ("finished", "diverged")]
     cells = []
-    for (variant, layers, warmup, lr), runs in _group(counted, lambda r: (r.variant, r.layers, r.warmup, r.lr)).items():
+    for (variant, layers, warmup, lr), runs in group(counted, lambda r: (r.variant, r.layers, r.warmup, r.lr)).items():
         ok = [r for r in runs if r.status == "finished"]
         ratios = [r.grad_ratio for r in runs if r.grad_ratio]
         cells.append(Cell(variant, layers, warmup, lr, len(runs), len(runs) - len(ok),
@@ -214,12 +185,12 @@ def _best(cells):
 def max_stable_lr(cells):
     """{(variant, layers, warmup): the largest stable learning rate, or None}."""
     return {k: max((c.lr for c in g if c.stable), default=None)
-            for k, g in _group(cells, lambda c: (c.variant, c.layers, c.warmup)).items()}
+            for k, g in group(cells, lambda c: (c.variant, c.layers, c.warmup)).items()}
 
 
 def best_loss(cells):
     """{(variant, layers, warmup): the lowest final validation loss over the learning rates, or None}."""
-    return {k: _best(g) for k, g in _group(cells, lambda c: (c.variant, c.layers, c.warmup)).items()}
+    return {k: _best(g) for k, g in group(cells, lambda c: (c.variant, c.layers, c.warmup)).items()}
 
 
 def lr_sensitivity(records):
@@ -227,12 +198,12 @@ def lr_sensitivity(records):
     where a run of the group lacks its initial loss}; see SENSITIVITY."""
     counted = [r for r in records if r.status in ("finished", "diverged")]
     result = {}
-    for key, runs in _group(counted, lambda r: (r.variant, r.layers, r.warmup)).items():
+    for key, runs in group(counted, lambda r: (r.variant, r.layers, r.warmup)).items():
         if any(r.initial_loss is None or (r.status == "finished" and r.final_valid_loss is None) for r in runs):
             result[key] = None
             continue
         final = {id(r): r.initial_loss if r.status == "diverged" else r.final_valid_loss for r in runs}
-        by_lr = _group(runs, lambda r: r.lr).values()
+        by_lr = group(runs, lambda r: r.lr).values()
         clipped = [sum(min(final[id(r)], r.initial_loss) for r in g) / len(g) for g in by_lr]
         best = min(sum(final[id(r)] for r in g) / len(g) for g in by_lr)
         result[key] = sum(clipped) / len(clipped) - best
@@ -260,10 +231,6 @@ def read_csv(path):
 
 # ---------------------------------------------------------------- figures
 
-def _fmt_warmup(w):
-    return "none" if w == 0 else str(w)
-
-
 def heatmap(cells, variant, layers):
     """The matrices one heatmap draws: rows warm-up, columns learning rate (both ascending)."""
     sel = {(c.warmup, c.lr): c for c in cells if (c.variant, c.layers) == (variant, layers)}
@@ -277,30 +244,9 @@ def heatmap(cells, variant, layers):
             "diverged": get("diverged", 0), "seeds": get("seeds", 0)}
 
 
-def _plt():
-    import logging
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's import turns DEBUG on
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path, title=None):
-    """Title, lay out, write (dpi 90) and close a figure of the map."""
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    _plt().close(fig)
-
-
 def plot_heatmaps(cells, path):
     """One panel per (depth, architecture); returns {(variant, layers): heatmap(...)} as drawn."""
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.patches import Rectangle
 
     variants = [v for v in VARIANTS if any(c.variant == v for c in cells)]
@@ -331,19 +277,19 @@ def plot_heatmaps(cells, path):
             ax.set_xticks(range(len(m["lrs"])))
             ax.set_xticklabels([f"{lr:g}" for lr in m["lrs"]], fontsize=7)
             ax.set_yticks(range(len(m["warmups"])))
-            ax.set_yticklabels([_fmt_warmup(w) for w in m["warmups"]], fontsize=7)
+            ax.set_yticklabels([warmup_label(w) for w in m["warmups"]], fontsize=7)
             ax.set_xlabel("learning rate", fontsize=8)
             ax.set_ylabel("warm-up updates", fontsize=8)
             fig.colorbar(im, ax=ax, fraction=0.046)
-    _save(fig, path, "Final validation loss (bits, mean over seeds; second line: test tok BLEU where scored); "
-                     "x = diverged")
+    save(fig, path, "Final validation loss (bits, mean over seeds; second line: test tok BLEU where scored); "
+                    "x = diverged")
     return drawn
 
 
 def plot_sensitivity(sens, path):
     """LR sensitivity against depth, one line per architecture, one panel per warm-up; returns
     {warmup: {variant: [(layers, sensitivity), ...]}} as drawn."""
-    plt = _plt()
+    plt = pyplot()
     warmups = sorted({w for _, _, w in sens})
     fig, axes = plt.subplots(1, len(warmups), squeeze=False, figsize=(4 * len(warmups), 3.2))
     drawn = {}
@@ -354,7 +300,7 @@ def plot_sensitivity(sens, path):
         drawn[w] = {v: pts for v, pts in drawn[w].items() if pts}
         for v, pts in drawn[w].items():
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=VARIANTS[v].label)
-        ax.set_title(f"warm-up {_fmt_warmup(w)}", fontsize=9)
+        ax.set_title(f"warm-up {warmup_label(w)}", fontsize=9)
         ax.set_xticks(sorted({l for pts in drawn[w].values() for l, _ in pts}))
         ax.set_ylim(bottom=0)
         ax.set_xlabel("layers (encoder = decoder)")
@@ -362,22 +308,18 @@ def plot_sensitivity(sens, path):
         ax.grid(alpha=0.3)
         if drawn[w]:
             ax.legend(fontsize=7)
-    _save(fig, path)
+    save(fig, path)
     return drawn
 
 
 # ---------------------------------------------------------------- Markdown
 
-def _num(v, fmt=".3f"):
-    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
-
-
 def _table(values, fmt):
     """{(variant, layers, warmup): value} as a table: a row per architecture and depth, a column per warm-up."""
     warmups = sorted({w for _, _, w in values})
-    lines = ["| architecture | layers | " + " | ".join(f"warm-up {_fmt_warmup(w)}" for w in warmups) + " |",
+    lines = ["| architecture | layers | " + " | ".join(f"warm-up {warmup_label(w)}" for w in warmups) + " |",
              "|---|---|" + "---|" * len(warmups)]
-    for (v, layers), _ in _group(values, lambda k: k[:2]).items():
+    for (v, layers), _ in group(values, lambda k: k[:2]).items():
         row = [fmt(values[v, layers, w]) if (v, layers, w) in values else "" for w in warmups]
         lines.append(f"| {VARIANTS[v].label} | {layers} | " + " | ".join(row) + " |")
     return lines
@@ -402,7 +344,7 @@ def markdown(out, records, cells, ratio):
              f"{len(records)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + ". Unfinished and "
              "failed runs are not counted. Losses in bits (fairseq's base 2), label smoothing included. "
              f"Initialization: {_init_of(records)} (--lnpos-init).", ""]
-    for (variant, layers), _ in _group(cells, lambda c: (c.variant, c.layers)).items():
+    for (variant, layers), _ in group(cells, lambda c: (c.variant, c.layers)).items():
         m = heatmap(cells, variant, layers)
         lines += [f"## {VARIANTS[variant].label}, {layers} layers: final validation loss (mean over seeds)", "",
                   "| warm-up \\ lr | " + " | ".join(f"{lr:g}" for lr in m["lrs"]) + " |",
@@ -411,9 +353,9 @@ def markdown(out, records, cells, ratio):
             row = []
             for k in range(len(m["lrs"])):
                 n, d, loss, bleu = m["seeds"][r][k], m["diverged"][r][k], m["loss"][r][k], m["bleu"][r][k]
-                text = _num(loss) + (f" (BLEU {bleu:.1f})" if bleu is not None else "") if n else ""
+                text = num(loss) + (f" (BLEU {bleu:.1f})" if bleu is not None else "") if n else ""
                 row.append(("x" if d == n else f"{text}, x {d}/{n}") if d else text)
-            lines.append(f"| {_fmt_warmup(w)} | " + " | ".join(row) + " |")
+            lines.append(f"| {warmup_label(w)} | " + " | ".join(row) + " |")
         lines.append("")
     lines += ["x: diverged (x d/n: d of n seeds diverged; the loss shown is the mean of the others).", ""]
     stable, sens = max_stable_lr(cells), lr_sensitivity(records)
@@ -426,7 +368,7 @@ def markdown(out, records, cells, ratio):
               "The lowest final validation loss over the learning-rate grid. Read the LR sensitivity beside it: "
               "sensitivity is measured from each row's own best, so an architecture whose best loss is poor "
               "can score as insensitive.", ""]
-    lines += _table(best_loss(cells), _num)
+    lines += _table(best_loss(cells), num)
     lines += ["", "## LR sensitivity (bits)", "", SENSITIVITY, ""]
     if len(set(grids.values())) == 1:
         lines += [f"Learning-rate grid: {next(iter(grids.values()))}.", ""]

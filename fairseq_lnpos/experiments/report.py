@@ -16,7 +16,7 @@ from pathlib import Path
 from ..common import refuse_folder, write_text
 from ..errors import CommandParser, LnposError, StateError, run_main
 from . import runs as R
-from .rundir import run_dirs
+from .rundir import grid_run_dirs
 
 CSV_COLUMNS = ["run", "arch", "optimizer", "lr", "warmup", "schedule", "seed", "status", "paper_bleu",
                "paper_valid_loss", "paper_note", "best_bleu_tok", "best_epoch", "last_bleu_tok", "last_epoch",
@@ -31,54 +31,43 @@ NOTE = ("tok BLEU: fairseq's BLEU scorer on the data's Moses tokens (lowercased 
         "as published numbers of IWSLT14/WMT14 are computed.")
 
 
-def collect(out_dir):
-    """One dict per run dir (OUT/NAME/seedS), in the order of the run table.
+def collect(run_dirs):
+    """One dict per run folder of ``run_dirs`` (from :class:`~.rundir.RunRecord`), in the order of the run table.
 
     A run folder with a file that cannot be read gives a row with status ``unreadable: ...``
     (the path and what to do) and ``unreadable`` set; nothing is skipped silently."""
     order = {r.name: i for i, r in enumerate(R.RUNS)}
     rows = []
-    for rd in run_dirs(out_dir):
+    for rd in run_dirs:
         try:
-            row = _row(rd)
+            row = _row(rd.record())
         except StateError as e:
             row = {"run": rd.path.parent.name, "seed": rd.path.name[4:], "status": f"unreadable: {e}",
-                   "unreadable": str(e), "curve": [], "epochs": 0, "figure": "misc"}
+                   "kind": "unreadable", "unreadable": str(e), "curve": [], "epochs": 0, "figure": "misc"}
         rows.append(row)
     rows.sort(key=lambda r: (order.get(r["run"], len(order)), r["run"], str(r["seed"])))
     return rows
 
 
-def _row(rd):
-    cfg = rd.config()
-    run = cfg["run"]
-    epochs = rd.evals()
-    done = rd.done()
-    if done is not None:
-        status = done["status"]
-    elif rd.locked():
-        status = "running"
-    else:
-        status = f"interrupted after epoch {epochs[-1]['epoch']}" if epochs else "not started"
-    row = {"run": run["name"], "arch": cfg["arch"], "optimizer": run["optimizer"], "lr": run["lr"],
-           "warmup": run["warmup"], "schedule": run["schedule"], "seed": cfg["seed"], "status": status,
-           "paper_bleu": run.get("paper_bleu"), "paper_valid_loss": run.get("paper_valid_loss"),
+def _row(rec):
+    run = rec.run
+    row = {"run": run["name"], "arch": rec.config["arch"], "optimizer": run["optimizer"], "lr": run["lr"],
+           "warmup": run["warmup"], "schedule": run["schedule"], "seed": rec.seed, "status": rec.state,
+           "kind": rec.status.value, "paper_bleu": run.get("paper_bleu"), "paper_valid_loss": run.get("paper_valid_loss"),
            "paper_note": run.get("paper_note", ""), "figure": run.get("figure", "misc"),
-           "ln": run["ln"], "max_epoch": run["max_epoch"], "curve": epochs, "epochs": len(epochs),
-           "source": run.get("source", "")}
-    avg = rd.average()
+           "ln": run["ln"], "max_epoch": run["max_epoch"], "curve": rec.evals, "epochs": len(rec.evals),
+           "source": run.get("source", ""), "record": rec}
+    avg = rec.average
     if avg is not None:
         row.update(avg_bleu_tok=avg["bleu_tok"], avg_sacrebleu=avg.get("sacrebleu"),
                    avg_epochs=f"{avg['epochs'][0]}-{avg['epochs'][-1]}")
-    scored = [e for e in epochs if e.get("bleu_tok") is not None]
-    if scored:
-        best = max(scored, key=lambda e: (e["bleu_tok"], -e["epoch"]))
+    best, scored = rec.best, rec.scored
+    if best is not None:
         row.update(best_bleu_tok=best["bleu_tok"], best_epoch=best["epoch"],
                    last_bleu_tok=scored[-1]["bleu_tok"], last_epoch=scored[-1]["epoch"],
                    sacrebleu=best.get("sacrebleu"), last_sacrebleu=scored[-1].get("sacrebleu"),
                    signature=best.get("sacrebleu_signature"))
-    losses = [e["valid_loss"] for e in epochs if e.get("valid_loss") is not None]
-    row["best_valid_loss"] = min(losses) if losses else None
+    row["best_valid_loss"] = rec.best_valid_loss
     return row
 
 
@@ -110,7 +99,7 @@ def markdown(rows):
         paper = _fmt(r["paper_bleu"]) if r["paper_bleu"] is not None else r["paper_note"]
         best = f"{_fmt(r.get('best_bleu_tok'))} ({r['best_epoch']})" if r.get("best_bleu_tok") is not None else ""
         avg = f"{_fmt(r['avg_bleu_tok'])} ({r['avg_epochs']})" if r.get("avg_bleu_tok") is not None else ""
-        warm = str(r["warmup"]) if r["warmup"] > 1 else "none"
+        warm = R.warmup_label(r["warmup"])
         cells = [r["run"], r["arch"], r["optimizer"], f"{r['lr']:g}", warm, str(r["seed"]), r["status"], paper,
                  best, avg, _fmt(r.get("last_bleu_tok")), _fmt(r.get("sacrebleu")), _fmt(r.get("best_valid_loss"), 3)]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
@@ -152,7 +141,7 @@ def figures(rows, out_dir):
         for r in group:
             key = (r["ln"], r["lr"], r["schedule"])
             color = colors.setdefault(key, f"C{len(colors) % 10}")
-            warm = str(r["warmup"]) if r["warmup"] > 1 else "none"
+            warm = R.warmup_label(r["warmup"])
             col = opts.index(r["optimizer"])
             label = f"{r['ln']} lr {r['lr']:g} warm-up {warm}" + (
                 f" {r['schedule']}" if r["schedule"] != "inverse_sqrt" else "") + (
@@ -194,16 +183,12 @@ def _check_ours(path, first_line):
 
 
 def make_table(out_dir, with_figures=True, skip_unreadable=False):
-    """Write OUT/results.md, results.csv (and the figures); returns (markdown, [written paths]).
+    """Write OUT/results.md, results.csv (and the figures); returns (markdown, [written paths], rows).
 
     The table is written also when a run folder is unreadable (its row says why); then, unless
     ``skip_unreadable``, :class:`StateError` is raised afterwards naming the first one."""
     out = Path(out_dir)
-    if not out.is_dir():
-        raise LnposError(f"{out} is not a folder: give the --out folder of `scripts/grid.sh run`")
-    rows = collect(out)
-    if not rows:
-        raise LnposError(f"no runs in {out} (expected {out}/NAME/seedS/config.json): run scripts/grid.sh run first")
+    rows = collect(grid_run_dirs(out, "the --out folder of `scripts/grid.sh run`"))
     for path, first in ((out / "results.md", MD_MARKER), (out / "results.csv", ",".join(CSV_COLUMNS))):
         _check_ours(path, first)
     md = markdown(rows)
@@ -215,7 +200,7 @@ def make_table(out_dir, with_figures=True, skip_unreadable=False):
     if bad and not skip_unreadable:
         raise StateError(f"{len(bad)} run folder(s) unreadable, marked in {out / 'results.md'}; the first: "
                          f"{bad[0]['unreadable']} (or pass --skip-unreadable)")
-    return md, written
+    return md, written, rows
 
 
 def command(argv=None):
@@ -225,7 +210,7 @@ def command(argv=None):
     p.add_argument("--skip-unreadable", action="store_true",
                    help="exit 0 even when a run folder has an unreadable file (its row says why)")
     a = p.parse_args(argv)
-    md, written = make_table(a.out_dir, not a.no_figures, a.skip_unreadable)
+    md, written, _ = make_table(a.out_dir, not a.no_figures, a.skip_unreadable)
     print(md, end="")
     print("\n" + "\n".join(f"wrote {path}" for path in written))
     return 0

@@ -23,6 +23,7 @@ files (``slurm-ID.sbatch``, ``slurm-ID.tasks``) and :data:`GRID_MARKER`, which m
 grid writes into no other folder that holds something (a folder with a SLURM task list is a grid's too).
 """
 import dataclasses
+import enum
 import fcntl
 import os
 import re
@@ -40,6 +41,19 @@ GRID_MARKER = ".lnpos-grid"
 def run_dirs(out):
     """The run folders ``out/NAME/seedS`` (those with a config.json), sorted by path."""
     return [RunDir(p.parent) for p in sorted(Path(out).glob("*/seed*/config.json"))]
+
+
+def grid_run_dirs(out, what, keep=None, queued=()):
+    """The run folders of ``out`` (those that ``keep`` keeps); an error when ``out`` is no folder or
+    holds none (and no ``queued`` run either). ``what``: the folder to give instead, for the message."""
+    out = Path(out)
+    if not out.is_dir():
+        raise LnposError(f"{out} is not a folder: give {what}")
+    found = [rd for rd in run_dirs(out) if keep is None or keep(rd)]
+    if not found and not queued:
+        raise LnposError(f"no runs in {out} (no NAME/seedS/ with config.json"
+                         + (" and train.log" if keep else "") + f"): give {what}")
+    return found
 
 
 # ---------------------------------------------------------------- the output folder
@@ -169,9 +183,74 @@ def _short(value):
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+class Status(enum.Enum):
+    """Where a run stands: the outcome its DONE.json records, or, without one, whether it started."""
+    FINISHED = "finished"
+    DIVERGED = "diverged"
+    FAILED = "failed"            # a re-run retries it
+    UNFINISHED = "unfinished"    # running, or stopped before its outcome (a re-run resumes it)
+    NOT_STARTED = "not started"
+
+    @property
+    def final(self):
+        """A finished or diverged run is never redone."""
+        return self in (Status.FINISHED, Status.DIVERGED)
+
+
 def outcome(done):
-    """"finished", "diverged" or "failed": the kind of a (checked) DONE.json record."""
-    return next(g for g in OUTCOME.match(done["status"]).groups() if g)
+    """:class:`Status` finished, diverged or failed: the outcome of a (checked) DONE.json record."""
+    return Status(next(g for g in OUTCOME.match(done["status"]).groups() if g))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+    """One run as its folder records it (:meth:`RunDir.record`), every file checked."""
+    dir: "RunDir"
+    config: dict          # config.json; the fields its run lacks are Run's defaults
+    status: Status
+    state: str            # the status in words: DONE.json's ("diverged at update 40", "failed: WHY"),
+    #                       "running", "interrupted after epoch N" or "not started"
+    done: dict = None     # DONE.json
+    evals: list = ()      # eval/epochN.json, in epoch order
+    average: dict = None  # eval/average.json
+
+    @property
+    def run(self):
+        return self.config["run"]
+
+    @property
+    def name(self):
+        return self.run["name"]
+
+    @property
+    def seed(self):
+        return self.config["seed"]
+
+    def last(self, key):
+        """``key`` of the latest epoch record where it is not null, or None."""
+        found = [e[key] for e in self.evals if e.get(key) is not None]
+        return found[-1] if found else None
+
+    @property
+    def final_valid_loss(self):
+        """DONE.json's final validation loss, else the last epoch's (None: none recorded)."""
+        final = (self.done or {}).get("final_valid_loss")
+        return self.last("valid_loss") if final is None else final
+
+    @property
+    def scored(self):
+        """The epoch records with a test BLEU, in epoch order."""
+        return [e for e in self.evals if e.get("bleu_tok") is not None]
+
+    @property
+    def best(self):
+        """The epoch record of the best test BLEU (the earliest of equals), None when none was scored."""
+        return max(self.scored, key=lambda e: (e["bleu_tok"], -e["epoch"]), default=None)
+
+    @property
+    def best_valid_loss(self):
+        losses = [e["valid_loss"] for e in self.evals if e.get("valid_loss") is not None]
+        return min(losses) if losses else None
 
 
 def read_tasks(path):
@@ -254,6 +333,23 @@ class RunDir:
         self.evals()
         return cfg
 
+    def record(self):
+        """The run as recorded (:class:`RunRecord`); :class:`StateError` when a file cannot be read
+        or the folder holds no config.json."""
+        cfg = self.config()
+        if cfg is None:
+            raise StateError(f"{self.config_path} is missing: {self.path} is not a run folder of the grid; move it away")
+        evals, done = self.evals(), self.done()
+        if done is not None:
+            status, state = outcome(done), done["status"]
+        elif self.locked():
+            status, state = Status.UNFINISHED, "running"
+        elif evals:
+            status, state = Status.UNFINISHED, f"interrupted after epoch {evals[-1]['epoch']}"
+        else:
+            status, state = Status.NOT_STARTED, "not started"
+        return RunRecord(self, cfg, status, state, done, evals, self.average())
+
     # markers ------------------------------------------------------------------
     def done(self):
         """The outcome record (checked, :data:`SHAPES` and :data:`OUTCOME`), None when there is none."""
@@ -265,7 +361,7 @@ class RunDir:
         return done
 
     def outcome(self):
-        """"finished", "diverged", "failed" (:func:`outcome`), or None when the run has no outcome yet."""
+        """:class:`Status` finished, diverged or failed (:func:`outcome`), or None when the run has no outcome yet."""
         done = self.done()
         return None if done is None else outcome(done)
 

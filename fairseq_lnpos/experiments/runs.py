@@ -23,7 +23,7 @@ Defaults (the paper is silent; our rule: add nothing fairseq does not do by defa
   inverse square root (``--inverse-sqrt-after-decay``).
 - SGD: fairseq's ``sgd`` without momentum ("vanilla" in the paper).
 - "No warm-up" is ``--warmup-updates 1`` (the paper's T_warmup = 1): the first update runs at lr_max.
-- Inverse-square-root decay: "the same decay for every run" (paper-facts) is read as one decay
+- Inverse-square-root decay: "the same decay for every run" (the paper) is read as one decay
   curve shared by all warm-up lengths: lr_max is held until update 4000 (the longest warm-up), then
   lr_max * sqrt(4000 / t) (``--decay-anchor 4000``). For T = 4000 this is fairseq's usual
   ``inverse_sqrt``; T = 500 and T = 1 differ from it only before update 4000. (The literal
@@ -135,12 +135,22 @@ class Run:
 
     @property
     def warmup_label(self):
-        return f"{self.warmup}" if self.warmup > 1 else "none"
+        return warmup_label(self.warmup)
 
     def as_dict(self):
         d = asdict(self)
         d["extra"] = list(self.extra)
         return d
+
+
+def warmup_updates(warmup):
+    """The warm-up a run has, 0 for none: 0 and 1 (the paper's T_warmup = 1) both mean no warm-up."""
+    return warmup if warmup > 1 else 0
+
+
+def warmup_label(warmup):
+    """The warm-up as the tables and the stability map show it: its updates, or "none" (:func:`warmup_updates`)."""
+    return str(warmup) if warmup_updates(warmup) else "none"
 
 
 XIONG = "Xiong et al. ICML 2020"

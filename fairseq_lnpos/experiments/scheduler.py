@@ -122,7 +122,7 @@ class Grid:
     def execute(self, job, slot):
         rd = job.dir
         done = rd.done()
-        if done is not None and outcome(done) != "failed":
+        if done is not None and outcome(done).final:
             job.state = "skipped"
             self.say(f"{job.label}: already {done['status']}, not redone")
             return

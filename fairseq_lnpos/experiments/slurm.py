@@ -28,15 +28,16 @@ from pathlib import Path
 
 from ..common import one_line, write_text
 from ..errors import LnposError, StateError, run_main
-from . import grid as G
-from .commands import batch_plan
+from .commands import batch_plan, total_updates
+from .options import positive_int, run_parser
+from .plan import make_jobs, select_runs
 from .report import collect
-from .rundir import read_tasks, tasks_text
+from .rundir import grid_run_dirs, read_tasks, tasks_text
 
 TIME = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)")
 NAME = re.compile(r"[A-Za-z0-9_.-]+")  # a SLURM partition or account name
 # options of `grid.sh run` a task does not take from the command line: set per task or by the allocation
-PER_TASK = {"dry_run", "out", "seeds", "fairseq_args", "gpus", "runs_per_gpu", "jobs", "gpus_per_run"}
+PER_TASK = {"only", "dry_run", "out", "seeds", "fairseq_args", "gpus", "runs_per_gpu", "jobs", "gpus_per_run"}
 PORT_BASE, PORT_SPAN = 20000, 20000
 
 
@@ -74,14 +75,14 @@ def add_options(p):
                    help="SLURM partition (or several, comma-separated)")
     p.add_argument("--time", required=True, type=parse_time, metavar="HH:MM:SS",
                    help="time limit of one task; a task stopped at the limit requeues itself and resumes")
-    p.add_argument("--gpus-per-run", type=G.positive_int(0), default=1, metavar="G",
+    p.add_argument("--gpus-per-run", type=positive_int(0), default=1, metavar="G",
                    help="GPUs per node of one run, --gres=gpu:G (0: a CPU run; default 1)")
-    p.add_argument("--nodes-per-run", type=G.positive_int(1), default=1, metavar="N",
+    p.add_argument("--nodes-per-run", type=positive_int(1), default=1, metavar="N",
                    help="nodes of one run (N > 1: fairseq's multi-node training, GPUs only)")
-    p.add_argument("--cpus-per-run", type=G.positive_int(1), metavar="C",
+    p.add_argument("--cpus-per-run", type=positive_int(1), metavar="C",
                    help="--cpus-per-task (default: 2 on the CPU, 4 per GPU)")
     p.add_argument("--account", type=slurm_names("account", several=False), help="SLURM account")
-    p.add_argument("--max-running", type=G.positive_int(1), metavar="K", help="at most K tasks at once (%%K)")
+    p.add_argument("--max-running", type=positive_int(1), metavar="K", help="at most K tasks at once (%%K)")
     p.add_argument("--dry-run", action="store_true",
                    help="write the script and its task list into OUT and print the script; submit nothing")
 
@@ -100,13 +101,10 @@ def check_options(opts):
 
 def passthrough(opts):
     """The argv of the run options that every task takes unchanged (those not at their default)."""
-    p = argparse.ArgumentParser(add_help=False)
-    G.add_run_options(p)
-    p.add_argument("--max-epoch")
     argv = []
-    for a in p._actions:
+    for a in run_parser()._actions:
         value = getattr(opts, a.dest, None)
-        if a.dest in PER_TASK or not a.option_strings or value == a.default:
+        if a.dest in PER_TASK or not a.option_strings or a.default == argparse.SUPPRESS or value == a.default:
             continue
         flag = a.option_strings[0]
         if isinstance(a, argparse._StoreTrueAction):
@@ -201,11 +199,11 @@ def sbatch_lines(opts, ntasks, name, logs):
 def plan(opts):
     """(tasks, script path, tasks path, script text); checks what can be checked before queueing."""
     check_options(opts)
-    runs = G.select_runs(opts)
+    runs = select_runs(opts)
     opts.world = opts.gpus_per_run or 1
     out = Path(opts.out).resolve()
     opts.out = str(out)
-    jobs, _ = G.make_jobs(opts, runs, dry_run=opts.dry_run)
+    jobs, _ = make_jobs(opts, runs, dry_run=opts.dry_run)
     tasks = []
     for j in jobs:
         batch_plan(j.run, opts.world)
@@ -264,16 +262,15 @@ def worker(argv):
     per-run unit builds on node 0, with fairseq's SLURM init seeing the job's nodes."""
     import socket
 
-    from .commands import total_updates
-
-    opts = G.build_parser().parse_args(["run"] + list(argv))
+    opts = run_parser().parse_args(list(argv))
     opts.world = opts.gpus_per_run
-    runs = G.select_runs(opts)
-    jobs, _ = G.make_jobs(opts, runs, dry_run=False)
+    runs = select_runs(opts)
+    jobs, _ = make_jobs(opts, runs, dry_run=False)
     if len(jobs) != 1:
         raise LnposError(f"worker: {len(jobs)} runs selected, expected one (--only NAME --seeds S)")
     job = jobs[0]
-    if job.dir.trained or job.dir.outcome() not in (None, "failed"):
+    done = job.dir.outcome()
+    if job.dir.trained or (done is not None and done.final):
         print(f"worker: {job.label} already trained", file=sys.stderr)
         return 0
     hosts = subprocess.check_output(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]]).decode().split()
@@ -292,26 +289,18 @@ def status_lines(out_dir):
     """(lines, counts, first unreadable or None) for the run folders of ``out_dir`` and the SLURM tasks
     listed there that have no folder yet."""
     out = Path(out_dir)
-    if not out.is_dir():
-        raise LnposError(f"{out} is not a folder: give the --out folder of scripts/grid.sh run or slurm")
-    rows = collect(out)
+    queued = [(name, str(seed), tasks.stem) for tasks in sorted(out.glob("slurm-*.tasks")) for name, seed, _ in read_tasks(tasks)]
+    rows = collect(grid_run_dirs(out, "the --out folder of scripts/grid.sh run or slurm", queued=queued))
     seen = {(r["run"], str(r["seed"])) for r in rows}
-    for tasks in sorted(out.glob("slurm-*.tasks")):
-        for name, seed, _ in read_tasks(tasks):
-            seed = str(seed)
-            if (name, seed) not in seen:
-                seen.add((name, seed))
-                rows.append({"run": name, "seed": seed, "status": f"queued ({tasks.stem})", "epochs": 0})
-    if not rows:
-        raise LnposError(f"no runs in {out} (expected {out}/NAME/seedS/config.json): start the grid first")
+    for name, seed, grid_id in queued:
+        if (name, seed) not in seen:
+            seen.add((name, seed))
+            rows.append({"run": name, "seed": seed, "status": f"queued ({grid_id})", "kind": "queued", "epochs": 0})
     lines, counts = [], {}
     width = max(len(f"{r['run']} seed{r['seed']}") for r in rows)
     for r in rows:
-        status = r["status"]
-        key = "unreadable" if r.get("unreadable") else ("not started" if status == "not started" else status.split(" ")[0].rstrip(":"))
-        counts[key] = counts.get(key, 0) + 1
-        if r.get("unreadable"):
-            status = "unreadable"
+        status = "unreadable" if r.get("unreadable") else r["status"]
+        counts[r["kind"]] = counts.get(r["kind"], 0) + 1
         epochs = f"{r['epochs']}/{r['max_epoch']}" if r.get("max_epoch") else str(r["epochs"])
         best = (f"best BLEU {r['best_bleu_tok']:.2f} (epoch {r['best_epoch']})"
                 if r.get("best_bleu_tok") is not None else "best BLEU -")

@@ -95,7 +95,7 @@ def expand(archs, lrs, warmups, layers, max_update, dataset="synthetic", task="t
     base = R.Run(name="", dataset=dataset, ln="postln", optimizer="adam", lr=1.0, decay_anchor=10 ** 9,
                  max_epoch=10 ** 6, max_update=max_update, figure="sweep", paper_note="stability sweep",
                  task=task, extra=tuple(extra))
-    runs = [replace(base, name=cell_name(ln, n, lr, w), ln=ln, lr=lr, warmup=w if w > 1 else 0, layers=n)
+    runs = [replace(base, name=cell_name(ln, n, lr, w), ln=ln, lr=lr, warmup=R.warmup_updates(w), layers=n)
             .with_defaults()
             for ln in archs for n in layers for w in warmups for lr in lrs]
     names = {}

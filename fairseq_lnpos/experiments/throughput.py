@@ -12,8 +12,6 @@ by side train than one after another would. Also the evaluator's time (``eval_se
 the grid waits for.
 """
 import sys
-from pathlib import Path
-
 from ..errors import CommandParser, LnposError, check, run_main
 from .fairseq_log import LogState, number
 from . import rundir
@@ -40,11 +38,7 @@ def words_trained(log_path):
 def trained_runs(out):
     """The run folders (:class:`rundir.RunDir`) under a grid's output folder that have a fairseq log;
     an error when there is none."""
-    out = Path(out)
-    check(out.is_dir(), f"{out} is not a folder; give the --out folder of a grid run")
-    runs = [rd for rd in rundir.run_dirs(out) if rd.log_path.exists()]
-    check(runs, f"{out} holds no run (no NAME/seedS/ with config.json and train.log); give the --out folder of a grid run")
-    return runs
+    return rundir.grid_run_dirs(out, "the --out folder of a grid run", keep=lambda rd: rd.log_path.exists())
 
 
 def grid_words(out):
@@ -55,7 +49,7 @@ def grid_words(out):
 def scoring_seconds(out):
     """(checkpoints scored, seconds the evaluator spent on them) over every run under ``out``; an
     epoch left unscored by ``--eval-every`` has a record without ``eval_seconds``."""
-    records = [rec for rd in trained_runs(out) for rec in rd.evals() if number(rec.get("eval_seconds")) is not None]
+    records = [e for rd in trained_runs(out) for e in rd.record().evals if number(e.get("eval_seconds")) is not None]
     return len(records), sum(number(rec["eval_seconds"]) for rec in records)
 
 

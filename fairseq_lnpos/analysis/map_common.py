@@ -1,0 +1,42 @@
+"""What the stability map (stability.py) and its depth sections (depth.py) share: the order of
+architectures, number formatting and the figures' setup."""
+import math
+
+from ..variants import VARIANTS
+
+
+def rank(key):
+    """Sort key: architectures in the registry's order (Post-LN, Pre-LN, DeepNorm, Keel), then the rest."""
+    return (list(VARIANTS).index(key[0]),) + key[1:] if isinstance(key, tuple) else key
+
+
+def group(items, key):
+    groups = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return dict(sorted(groups.items(), key=lambda kv: rank(kv[0])))
+
+
+def num(v, fmt=".3f"):
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+
+def pyplot():
+    import logging
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's import turns DEBUG on
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig, path, title=None):
+    """Title, lay out, write (dpi 90) and close a figure of the map."""
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    pyplot().close(fig)

@@ -1,0 +1,138 @@
+"""What a grid runs: the runs the options select, one :class:`~.commands.Job` per run x seed with its
+data checked, and the slots (devices) the runs take. grid.py (the command line) and slurm.py plan
+with it.
+"""
+from pathlib import Path
+
+from ..data.manifest import read_manifest
+from ..errors import LnposError
+from . import runs as R
+from .commands import Job, arch_name, check_joined_dictionary
+from .rundir import check_out_dir
+
+
+def parse_seeds(text):
+    try:
+        seeds = [int(s) for s in str(text).split(",") if s.strip()]
+    except ValueError:
+        raise LnposError(f"--seeds {text}: give whole numbers separated by commas, e.g. --seeds 1,2,3") from None
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise LnposError(f"--seeds {text}: give distinct non-negative whole numbers, e.g. --seeds 1,2,3")
+    return seeds
+
+
+def parse_data(values):
+    """--data DIR (all datasets) or --data DATASET=DIR (repeatable)."""
+    out = {}
+    for v in values or []:
+        key, sep, path = v.partition("=")
+        if sep and key in R.DATASETS:
+            out[key] = Path(path)
+        else:
+            out["*"] = Path(v)
+    return out
+
+
+def parse_sets(values, runs):
+    """--set [RUN:]key=value: change a field of every selected run (or of one run)."""
+    runs = {r.name: r for r in runs}
+    for v in values or []:
+        target, _, assign = v.rpartition(":") if ":" in v.split("=", 1)[0] else ("", "", v)
+        key, sep, value = assign.partition("=")
+        if not sep:
+            raise LnposError(f"--set {v}: expected key=value or RUN:key=value")
+        if target and target not in runs:
+            raise LnposError(f"--set {v}: run {target!r} is not selected (see --only)")
+        for name in [target] if target else list(runs):
+            runs[name] = R.coerce(runs[name], key, value)
+    return list(runs.values())
+
+
+def select_runs(opts):
+    """The runs of the table that ``--only``, ``--set`` and ``--max-epoch`` ask for."""
+    selected = R.select(opts.only.split(",") if opts.only else None)
+    return override(opts, [r.with_defaults() for r in parse_sets(opts.set, selected)])
+
+
+OVERRIDES = ("max_epoch", "beam", "lenpen", "average_last")  # options that set a field of every run
+
+
+def override(opts, runs):
+    """``runs`` with the fields that ``--max-epoch``, ``--beam``, ``--lenpen`` and ``--average-last`` give."""
+    for key in OVERRIDES:
+        value = getattr(opts, key, None)
+        if value is not None:
+            runs = [R.coerce(r, key, str(value)) for r in runs]
+    return runs
+
+
+def make_jobs(opts, runs, dry_run):
+    """One Job per run x seed, with its data dir checked (a dry run tolerates missing data)."""
+    data, seeds = parse_data(opts.data), parse_seeds(opts.seeds)
+    out = Path(opts.out)
+    check_out_dir(out)
+    jobs, manifests = [], {}
+    for r in runs:
+        d = data.get(r.dataset, data.get("*", Path(R.DATASETS[r.dataset]["default_data"]))).resolve()
+        if d not in manifests:
+            manifests[d] = None
+            if d.is_dir() or not dry_run:
+                if not d.is_dir():
+                    raise LnposError(f"data dir {d} not found: prepare it with data-prep/*.sh or pass --data DIR")
+                try:
+                    manifests[d] = read_manifest(d)
+                except LnposError:
+                    if not dry_run:
+                        raise
+        m = manifests[d]
+        ds = R.DATASETS[r.dataset]
+        langs = (m["source_lang"], m["target_lang"]) if m else (ds["source_lang"], ds["target_lang"])
+        if m and not dry_run and not (d / f"dict.{langs[0]}.txt").exists():
+            raise LnposError(f"{d} has no dict.{langs[0]}.txt: not a fairseq-preprocess output")
+        if m and not dry_run:
+            check_joined_dictionary(r, d, langs)
+        arch = opts.arch or arch_name(r, opts.arch_size)
+        for s in seeds:
+            jobs.append(Job(r, s, d, out.resolve() / r.name / f"seed{s}", arch, langs, opts))
+    for i, j in enumerate(jobs, 1):
+        j.index = i
+    return jobs, manifests
+
+
+def plan_slots(opts, dry_run):
+    """Where runs go: a list of CUDA_VISIBLE_DEVICES values (None = the CPU), one per run at once."""
+    opts.world = opts.gpus_per_run
+    if not opts.gpus:
+        if opts.world > 1 and not dry_run:
+            need_cuda(opts.world, f"--gpus-per-run {opts.world}")
+        if opts.runs_per_gpu != 1:
+            raise LnposError("--runs-per-gpu needs --gpus; on the CPU, --jobs sets the runs side by side")
+        return [None] * opts.jobs
+    if opts.jobs != 1:
+        raise LnposError("--jobs is for CPU runs; with --gpus, use --runs-per-gpu K for K runs on each GPU")
+    ids = [g.strip() for g in opts.gpus.split(",") if g.strip()]
+    if not ids:
+        raise LnposError("--gpus lists no GPU: give ids like --gpus 0,1, or drop --gpus to use the default device")
+    if len(set(ids)) != len(ids):
+        raise LnposError(f"--gpus {opts.gpus}: a GPU is listed twice")
+    if len(ids) % opts.world:
+        raise LnposError(f"--gpus {opts.gpus}: {len(ids)} GPUs do not split into runs of --gpus-per-run {opts.world}")
+    if not dry_run:
+        n = need_cuda(len(ids), f"--gpus {opts.gpus}")
+        bad = [g for g in ids if not g.isdigit() or int(g) >= n]
+        if bad:
+            raise LnposError(f"--gpus: no GPU {', '.join(bad)} on this machine (it has {n}: 0..{n - 1})")
+    groups = [",".join(ids[i:i + opts.world]) for i in range(0, len(ids), opts.world)]
+    return [g for _ in range(opts.runs_per_gpu) for g in groups]
+
+
+def need_cuda(k, what):
+    import torch
+
+    n = torch.cuda.device_count()
+    if n == 0:
+        raise LnposError(f"{what}: no CUDA GPU is visible here, and fairseq's multi-GPU training would train "
+                         f"nothing on the CPU while exiting 0; drop the option to train on the CPU")
+    if k > n:
+        raise LnposError(f"{what}: needs {k} GPUs but this machine has {n}")
+    return n
