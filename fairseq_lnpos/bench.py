@@ -29,8 +29,9 @@ import time
 from itertools import islice
 from pathlib import Path
 
-from .common import USER_DIR, write_json
+from .common import write_json
 from .errors import check, run_main
+from .launch import NO_WARMUP, adam, train_args
 from .variants import FURTHER, SIZES, TINY, VARIANTS, arch_name
 
 # plugin throughput / fairseq throughput at least this (no target for the other variants)
@@ -66,16 +67,9 @@ def make_trainer(data, arch, extra=(), max_tokens=2048, device="cpu", save_dir=N
 
     from .fairseq_build import build
 
-    argv = [str(data), "--user-dir", str(USER_DIR), "--arch", arch, "--optimizer", "adam",
-            "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4", "--lr-scheduler", "warmup_inverse_sqrt",
-            "--warmup-updates", "1", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-            "--max-tokens", str(max_tokens), "--seed", "1", "--no-progress-bar", *extra]
-    if save_dir is not None:
-        argv += ["--save-dir", str(save_dir)]
-    if "--task" not in extra:
-        argv += ["--task", "translation"]
-    if device == "cpu":
-        argv += ["--cpu"]
+    argv = train_args(data, arch, max_tokens=max_tokens, task=None if "--task" in extra else "translation",
+                      optim=[*adam(5e-4), *NO_WARMUP], seed=1, save_dir=save_dir,
+                      extra=["--no-progress-bar", *extra, *(["--cpu"] if device == "cpu" else [])])
     _, cfg, task, model = build(argv, seed=1)
     task.load_dataset("train")
     trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))

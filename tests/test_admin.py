@@ -260,8 +260,26 @@ def fairseq_generate(data, save_dir):
                           save_dir / "checkpoint_last.pt", "--beam", "2", "--max-len-a", "1", "--max-len-b", "3",
                           "--batch-size", "64"))
     assert gen.returncode == 0, gen.stderr[-3000:]
-    assert "BLEU4 =" in gen.stdout
+    generated_bleu(gen.stdout)
     return gen.stdout + gen.stderr
+
+
+def generated_bleu(out):
+    """fairseq-generate's BLEU as the project's log parser reads it from ``out`` (its stdout), checked
+    against the project's scorer (evaluate.tok_bleu) on the hypotheses and references fairseq printed:
+    every sentence read has its reference, and the two scores agree to fairseq's two decimals."""
+    from fairseq_lnpos.experiments.evaluate import parse_generate, tok_bleu
+    from fairseq_lnpos.experiments.fairseq_log import bleu4
+
+    bleu = bleu4(out)
+    assert bleu is not None and 0 <= bleu <= 100, out[-2000:]
+    seen, hyps = parse_generate(out)
+    refs = dict(line[2:].split("\t", 1) for line in out.splitlines() if line.startswith("T-"))
+    refs = {int(i): ref for i, ref in refs.items()}
+    assert seen and set(refs) == seen  # a sentence without a hypothesis scores as an empty output
+    ids = sorted(seen)
+    assert round(tok_bleu([hyps.get(i, "") for i in ids], [refs[i] for i in ids]), 2) == bleu
+    return bleu
 
 
 @pytest.mark.slow

@@ -104,3 +104,39 @@ def test_bad_size_is_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err == "make-synthetic.sh: error: --train 0: give at least 1 sentence pair"
     assert not (tmp_path / "o").exists() and not (tmp_path / "b").exists()
+
+
+# fairseq-train 0.12's per-epoch records with --log-format json (the check reads them)
+VALID = ('2026-11-30 22:09:02 | INFO | valid | {"epoch": %d, "valid_loss": "%s", "valid_nll_loss": "4.863", '
+         '"valid_num_updates": "%d"}')
+TRAIN = ('2026-11-30 22:09:03 | INFO | train | {"epoch": %d, "train_loss": "5.576", "train_num_updates": "%d", '
+         '"train_train_wall": "%d", "train_wall": "99"}')
+
+
+def test_check_reports_from_fairseq_logs():
+    from fairseq_lnpos.data.synthetic_check import report
+    from fairseq_lnpos.experiments.fairseq_log import LogState
+
+    log = "\n".join([VALID % (1, "5.1", 100), TRAIN % (1, 100, 20), "other line", VALID % (2, "4.2", 150),
+                     TRAIN % (2, 150, 10)])
+    line = report(LogState.of(log), 31.16, 40.4, 5.2, "transformer_preln_tiny", 0.001, 100, 150, 1)
+    # seconds per update: the epochs' own training time (train_train_wall), not the time since start
+    assert line == ("transformer_preln_tiny lr 0.001 warmup 100 updates 150 epochs 2: valid loss 4.2 (per epoch: "
+                    "5.1, 4.2), test BLEU 31.16, 0.20 s/update (train_wall), train 40 s, generate 5 s, threads 1")
+    assert "valid loss ? (per epoch: ), test BLEU ?, nan s/update" in report(LogState(), None, 1, 1, "a", 1, 1, 1, 1)
+
+
+@pytest.mark.slow
+def test_check_trains_translates_every_test_sentence_and_reports(made, tmp_path, capsys):
+    from fairseq_lnpos.data import synthetic_check
+    from fairseq_lnpos.experiments.fairseq_log import bleu4
+
+    _, bin_dir, _ = made
+    work = tmp_path / "work"
+    assert synthetic_check.main(["--bin", str(bin_dir), "--work", str(work), "--updates", "3", "--warmup", "1"]) == 0
+    line = capsys.readouterr().out.strip()
+    generated = (work / "generate.log").read_text()
+    assert sum(x.startswith("H-") for x in generated.splitlines()) == 60  # the whole test set
+    bleu = bleu4(generated)
+    assert 0 <= bleu <= 100 and f"test BLEU {bleu:.2f}," in line
+    assert "updates 3 epochs 1: valid loss " in line and "nan s/update" not in line, line

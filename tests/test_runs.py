@@ -279,3 +279,15 @@ def test_default_data_folders_are_where_data_prep_writes_them():
     for dataset, module in (("iwslt14", iwslt), ("multi30k", multi30k), ("wmt14", wmt)):
         bin_default = inspect.signature(module.prepare).parameters["bin_dir"].default
         assert R.DATASETS[dataset]["default_data"] == bin_default, dataset
+
+
+@pytest.mark.parametrize("dataset, prep", [("iwslt14", "iwslt"), ("multi30k", "multi30k"), ("wmt14", "wmt")])
+def test_the_grid_reads_the_folder_its_data_prep_writes(dataset, prep):
+    """A row's default data folder is the one data-prep/prepare-*.sh writes by default (and its
+    Python entry point ``prepare``), so that the README's two commands meet."""
+    import importlib
+    import inspect
+
+    module = importlib.import_module(f"fairseq_lnpos.data.{prep}")
+    assert module.parser().parse_args([]).bin == R.DATASETS[dataset]["default_data"]
+    assert inspect.signature(module.prepare).parameters["bin_dir"].default == R.DATASETS[dataset]["default_data"]

@@ -1,5 +1,4 @@
 """BLEU both ways on fixed files: tokenized BLEU = fairseq-score, sacreBLEU = the sacrebleu command line."""
-import re
 import shutil
 import subprocess
 import sys
@@ -8,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from fairseq_lnpos.experiments import evaluate as E
+from fairseq_lnpos.experiments.fairseq_log import bleu4
 
 BIN = Path(sys.executable).parent
 REFS = [
@@ -48,7 +48,7 @@ def files(tmp_path):
 def fairseq_score(sys_path, ref_path, *extra):
     out = subprocess.run([str(BIN / "fairseq-score"), "--sys", str(sys_path), "--ref", str(ref_path), *extra],
                          capture_output=True, text=True, check=True).stdout
-    return float(re.search(r"BLEU4 = ([\d.]+),", out).group(1))
+    return bleu4(out)
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ import pytest
 from fairseq_lnpos.errors import LnposError, run_main
 from fairseq_lnpos.experiments import grid as G
 from fairseq_lnpos.experiments import sweep as S
-from fairseq_lnpos.experiments.fairseq_log import LogState, LogTail
+from fairseq_lnpos.experiments.fairseq_log import LogState, LogTail, bleu4
 
 # lines as fairseq-train 0.12 writes them with --log-format json (tiny model, synthetic corpus)
 T = ('2026-11-30 22:08:59 | INFO | train_inner | {"epoch": 1, "update": 0.125, "loss": "%s", "nll_loss": "6.409", '
@@ -24,6 +24,19 @@ LOADED = ("2026-11-30 22:10:00 | INFO | fairseq.trainer | Loaded checkpoint /o/c
 def feed(state, lines):
     return [state.feed(line) for line in lines]
 
+
+def test_a_whole_log_at_once():
+    st = LogState.of("\n".join([T % ("6.431", 1), VALID % (1, "5.056", 8), TRAIN, "other"]))
+    assert (st.updates, st.first_loss, st.final_valid_loss, list(st.train)) == (1, 6.431, 5.056, [1])
+
+
+def test_bleu_of_fairseq_generate_and_fairseq_score():
+    gen = ("2026-11-30 22:10:00 | INFO | fairseq_cli.generate | Generate test with beam=5: BLEU4 = 31.16, "
+           "64.1/38.0/24.7/16.4 (BP=1.000, ratio=1.013, syslen=1500, reflen=1480)")
+    assert bleu4(gen) == 31.16
+    score = "Namespace(...)\nBLEU4 = 0.00, 1.0/0.0/0.0/0.0 (BP=1.000)\nBLEU4 = 7.50, 20.0/10.0/5.0/2.5 (BP=0.9)"
+    assert bleu4(score) == 7.5  # the last score printed
+    assert bleu4("no score here") is None
 
 def test_epochs_valid_train_and_saves_from_recorded_lines():
     st = LogState()

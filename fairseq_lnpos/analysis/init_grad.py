@@ -24,7 +24,6 @@ are written (fairseq_lnpos.analysis.plots).
 """
 import argparse
 import dataclasses
-import hashlib
 import json
 import os
 import shlex
@@ -35,6 +34,7 @@ from typing import List, Optional
 
 from fairseq_lnpos.common import fmt_time, write_json
 from fairseq_lnpos.errors import CommandParser, LnposError, at_least, check, run_main
+from fairseq_lnpos.launch import config_hash, train_args
 from fairseq_lnpos.variants import INITS, SIZES, VARIANTS, arch_name
 
 PROG = "init_grad_analysis"
@@ -170,18 +170,15 @@ def resolve_arch(name, size):
 
 
 def fairseq_argv(arch, layers, opts, data="-"):
-    """fairseq-train's arguments for one model of the analysis."""
-    argv = [data, "--task", "translation", "--arch", arch, "--criterion", "label_smoothed_cross_entropy",
-            "--label-smoothing", str(opts.label_smoothing), "--dropout", str(opts.dropout),
-            "--max-tokens", str(opts.tokens)]
-    argv += shlex.split(opts.model_args)
+    """fairseq-train's arguments for one model of the analysis (the project's recipe, fairseq's task)."""
+    model = ["--dropout", str(opts.dropout), *shlex.split(opts.model_args)]
     if opts.init:
-        argv += ["--lnpos-init", opts.init]
+        model += ["--lnpos-init", opts.init]
     if layers is not None:
-        argv += ["--encoder-layers", str(layers), "--decoder-layers", str(layers)]
-    if opts.source_lang:
-        argv += ["-s", opts.source_lang, "-t", opts.target_lang]
-    return argv
+        model += ["--encoder-layers", str(layers), "--decoder-layers", str(layers)]
+    langs = (opts.source_lang, opts.target_lang) if opts.source_lang else None
+    return train_args(data, arch, max_tokens=opts.tokens, task="translation", langs=langs, model=model,
+                      label_smoothing=opts.label_smoothing)
 
 
 def load_data(opts):
@@ -360,10 +357,6 @@ def settings_of(opts, data_desc):
     return s
 
 
-def settings_key(settings):
-    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-
-
 def job_cost(depth, full, lemma):
     # forward + backward through the model; the depth-sweep models backpropagate mostly through
     # the decoder only; a Lemma 2 pass is one forward
@@ -419,7 +412,7 @@ def run(opts, t_start=None):
         raise LnposError(f"--out {out}: cannot create the folder ({e.strerror}): choose a writable folder") from None
     task, dataset, data_desc = load_data(opts)
     settings = settings_of(opts, data_desc)
-    key = settings_key(settings)
+    key = config_hash(settings)
     seeds = list(range(opts.first_seed, opts.first_seed + opts.seeds))
     deepest = max(opts.depths)
 

@@ -10,7 +10,6 @@ each output folder (``.NAME.lock`` beside it, since a stage folder is replaced b
 second command on the same folder is refused.
 """
 import contextlib
-import hashlib
 import html
 import json
 import multiprocessing
@@ -26,6 +25,7 @@ from fairseq_lnpos.common import read_lines  # noqa: F401  (the data modules imp
 from fairseq_lnpos.data.download import DataError
 from fairseq_lnpos.data.manifest import write_manifest
 from fairseq_lnpos.errors import at_least, interrupt_handler
+from fairseq_lnpos.launch import config_hash
 
 STAMP = ".stage.json"
 BIN_STAMP = "lnpos-stage.json"
@@ -33,10 +33,6 @@ BIN_STAMP = "lnpos-stage.json"
 
 def log(msg):
     print(msg, flush=True)
-
-
-def fingerprint(params):
-    return hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def read_stamp(folder, name=STAMP):
@@ -53,7 +49,7 @@ def run_stage(final, params, build, stamp_name=STAMP, label=None):
     """
     final = Path(final)
     label = label or final.name
-    fp = fingerprint(params)
+    fp = config_hash(params)
     stamp = read_stamp(final, stamp_name)
     if stamp is not None and stamp.get("fingerprint") == fp:
         log(f"[{label}] complete in {final} (same parameters): skipped")

@@ -4,19 +4,18 @@
         [--updates 400] [--threads 1] [--seed 1] [--warmup 100] [--lr 1e-3]
 
 Runs fairseq-train (Adam (0.9, 0.98), lr 1e-3, inverse_sqrt warm-up, label smoothing 0.1, dropout
-0.1, max-tokens 2048) and fairseq-generate (--beam 5 --post-process sentencepiece) as
-subprocesses, and prints one line: valid loss (base 2, fairseq's), test BLEU, seconds per update,
-generation seconds. The numbers in the README's synthetic-corpus table come from this command.
+0.1, max-tokens 2048) and fairseq-generate (beam 5, every test sentence) as subprocesses, and prints
+one line: valid loss (base 2, fairseq's), test BLEU, seconds per update, generation seconds. The numbers in the README's synthetic-corpus table come from this command.
 """
-import os
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from fairseq_lnpos.common import USER_DIR
+from fairseq_lnpos.data.manifest import read_manifest
 from fairseq_lnpos.errors import CommandParser, LnposError, at_least, check, run_main
+from fairseq_lnpos.experiments.fairseq_log import LogState, bleu4, number
+from fairseq_lnpos.launch import adam, child_env, generate_cmd, train_cmd
 
 
 def run(cmd, env, log_path):
@@ -52,34 +51,35 @@ def measure(bin_dir, work, arch="transformer_preln_tiny", updates=400, lr=1e-3, 
     at_least(0, "--seed", seed)
     at_least(1, "--max-tokens", max_tokens)
     check(Path(bin_dir).is_dir(), f"--bin {bin_dir} is not a folder: give make-synthetic.sh's --bin")
-    bindir = Path(sys.executable).parent
     work = Path(work)
     try:
         work.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise LnposError(f"--work {work}: cannot create the folder ({e.strerror}): choose a writable folder") from None
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    train = [str(bindir / "fairseq-train"), str(bin_dir), "--user-dir", str(USER_DIR), "--arch", arch,
-             "--task", "translation_lnpos", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", str(lr),
-             "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(warmup), "--warmup-init-lr", "1e-7",
-             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--dropout", "0.1",
-             "--max-tokens", str(max_tokens), "--max-update", str(updates), "--seed", str(seed),
-             "--save-dir", str(work / "ckpt"), "--no-epoch-checkpoints", "--no-last-checkpoints",
-             "--log-format", "simple", "--log-interval", "50", "--num-workers", "0", "--cpu"]
+    manifest = read_manifest(bin_dir)
+    env = child_env(threads)
+    train = train_cmd(
+        bin_dir, arch, max_tokens=max_tokens, task="translation_lnpos", model=["--dropout", "0.1"],
+        optim=[*adam(lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(warmup),
+               "--warmup-init-lr", "1e-7"],
+        budget=["--max-update", str(updates)], seed=seed, save_dir=work / "ckpt", log_format="json", log_interval=50,
+        extra=["--no-epoch-checkpoints", "--no-last-checkpoints", "--num-workers", "0", "--cpu"])
     t_train, out = run(train, env, work / "train.log")
-    losses = re.findall(r"valid on 'valid' subset \| loss ([0-9.]+)", out)
-    epochs = re.findall(r"end of epoch (\d+) \(average epoch stats below\)", out)
-    ups = re.findall(r"\| num_updates (\d+)", out)
-    wall = re.findall(r"\| train \| epoch \d+ \|.*\| train_wall (\d+)", out)  # per epoch
-    gen = [str(bindir / "fairseq-generate"), str(bin_dir), "--user-dir", str(USER_DIR), "--task", "translation_lnpos",
-           "--path", str(work / "ckpt" / "checkpoint_best.pt"), "--gen-subset", "test", "--beam", "5",
-           "--post-process", "sentencepiece", "--max-tokens", "4096", "--cpu", "--num-workers", "0"]
+    gen = generate_cmd(bin_dir, work / "ckpt" / "checkpoint_best.pt", manifest, beam=5, lenpen=1, extra=["--cpu"])
     t_gen, gout = run(gen, env, work / "generate.log")
-    bleu = re.findall(r"BLEU4 = ([0-9.]+)", gout)
-    per_update = sum(map(float, wall)) / int(ups[-1]) if wall and ups else float("nan")
-    return (f"{arch} lr {lr} warmup {warmup} updates {updates} epochs {len(epochs)}: "
+    return report(LogState.of(out), bleu4(gout), t_train, t_gen, arch, lr, warmup, updates, threads)
+
+
+def report(state, bleu, t_train, t_gen, arch, lr, warmup, updates, threads):
+    """The one line of :func:`measure`: fairseq-train's log (a :class:`LogState`), the test BLEU and
+    the wall times of training and generation."""
+    losses = [state.valid[e]["valid_loss"] for e in sorted(state.valid)]
+    walls = [number(rec.get("train_train_wall")) for rec in state.train.values()]  # per epoch
+    done = number(state.train[max(state.train)].get("train_num_updates")) if state.train else None
+    per_update = sum(walls) / done if done and None not in walls else float("nan")
+    return (f"{arch} lr {lr} warmup {warmup} updates {updates} epochs {len(state.train)}: "
             f"valid loss {losses[-1] if losses else '?'} (per epoch: {', '.join(losses)}), test BLEU "
-            f"{bleu[-1] if bleu else '?'}, {per_update:.2f} s/update (train_wall), train {t_train:.0f} s, "
+            f"{'?' if bleu is None else f'{bleu:.2f}'}, {per_update:.2f} s/update (train_wall), train {t_train:.0f} s, "
             f"generate {t_gen:.0f} s, threads {threads}")
 
 

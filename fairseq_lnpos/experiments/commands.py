@@ -3,19 +3,16 @@
 :class:`Job` is one run x seed: its fairseq-train argv (``train_cmd``), its fairseq-generate argv
 (``generate_argv``), its config and config hash. Nothing here starts a process.
 """
-import hashlib
-import json
 import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..common import USER_DIR
 from ..errors import LnposError
+from ..launch import config_hash, generate_cmd, script, train_args
 from ..variants import arch_name as variant_arch
 from ..variants import DEFAULT_INIT, arch_names
 from . import runs as R
-from .evaluate import console_script, generate_cmd
 from .rundir import RunDir
 
 # output length when scoring: at most 1.2 x source + 10 tokens, as fairseq's IWSLT recipe
@@ -166,23 +163,20 @@ class Job:
                 "gen_args": self.gen_extra()}
 
     def config_hash(self):
-        return hashlib.sha256(json.dumps(self.config(), sort_keys=True).encode()).hexdigest()[:16]
+        return config_hash(self.config())
 
     def train_cmd(self, total_updates="<updates per epoch x {e}>", display=False):
         r, o = self.run, self.opts
         max_tokens, update_freq = batch_plan(r, o.world)
         if isinstance(total_updates, str):
             total_updates = total_updates.format(e=r.max_epoch)
-        exe = "fairseq-train" if display else console_script("fairseq-train")
-        cmd = [exe, str(self.data), "--user-dir", str(USER_DIR), "--task", o.task or r.task,
-               "--source-lang", self.langs[0], "--target-lang", self.langs[1],
-               "--arch", self.arch, *depth_args(r), *model_args(r, self.arch),
-               *optimizer_args(r), "--clip-norm", str(r.clip_norm), *schedule_args(r, total_updates),
-               "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", str(r.label_smoothing),
-               "--max-tokens", str(max_tokens), "--update-freq", str(update_freq),
-               *budget_args(r), "--seed", str(self.seed),
-               "--save-dir", str(self.save_dir),
-               "--log-format", "json", "--log-interval", str(o.log_interval)]
+        exe = "fairseq-train" if display else script("fairseq-train")
+        cmd = [exe, *train_args(
+            self.data, self.arch, max_tokens=max_tokens, task=o.task or r.task, langs=self.langs,
+            model=[*depth_args(r), *model_args(r, self.arch)],
+            optim=[*optimizer_args(r), "--clip-norm", str(r.clip_norm), *schedule_args(r, total_updates)],
+            label_smoothing=r.label_smoothing, budget=["--update-freq", str(update_freq), *budget_args(r)],
+            seed=self.seed, save_dir=self.save_dir, log_format="json", log_interval=o.log_interval)]
         if o.world > 1:
             cmd += ["--distributed-world-size", str(o.world)]
         if o.fp16:

@@ -22,16 +22,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..common import USER_DIR, read_lines, write_text
+from ..common import read_lines, write_text
 from ..errors import CommandParser, LnposError, finite_float, run_main
+from ..launch import generate_cmd
 
 COMPOUND = re.compile(r"(\S)-(\S)")  # fairseq examples/translation/compound_split_bleu.sh
-
-
-def console_script(name):
-    """A fairseq console script of the running interpreter's environment."""
-    cand = Path(sys.executable).parent / name
-    return str(cand) if cand.exists() else name
 
 
 def compound_split(line):
@@ -74,26 +69,6 @@ def sacre_bleu(detok_hyps, raw_refs, lowercase=False):
         raise LnposError(f"{len(detok_hyps)} hypotheses but {len(raw_refs)} references")
     metric = BLEU(lowercase=lowercase)
     return metric.corpus_score(detok_hyps, [raw_refs]).score, str(metric.get_signature())
-
-
-def generate_cmd(data_dir, checkpoint, manifest, beam=5, lenpen=1.2, subset="test", extra=()):
-    return [
-        console_script("fairseq-generate"), str(data_dir), "--user-dir", str(USER_DIR),
-        # fairseq's translation task, and under upstream fairseq 0.12.2 + torch >= 2.0 a Post-LN
-        # checkpoint decodes instead of failing (see tasks/translation_lnpos.py)
-        "--task", "translation_lnpos",
-        "--path", str(checkpoint), "--gen-subset", subset,
-        "--source-lang", manifest["source_lang"], "--target-lang", manifest["target_lang"],
-        "--beam", str(beam), "--lenpen", str(lenpen),
-        "--post-process", manifest["post_process"], "--max-tokens", "8192",
-        # fairseq (0.12.3 / fairseq-fixed) drops the last batch when its size is not a multiple of
-        # --required-batch-size-multiple (default 8): with 1 every test sentence is translated
-        "--required-batch-size-multiple", "1",
-        # the test set is read in the generating process: a DataLoader worker per call costs a
-        # process start and, when it is shut down, seconds of waiting (docs/grid.md); same batches
-        "--num-workers", "0",
-        *extra,
-    ]
 
 
 def parse_generate(text):

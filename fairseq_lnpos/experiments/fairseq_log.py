@@ -1,4 +1,5 @@
-"""Reading fairseq-train's log (``--log-format json``) while it is being written.
+"""Reading fairseq's logs: fairseq-train's (``--log-format json``) while it is being written, and
+the BLEU line of fairseq-generate (:func:`bleu4`).
 
 :class:`LogState` keeps what the log says so far: per-epoch validation and training statistics,
 the epochs whose checkpoint was saved, the update count, the first training loss, and whether
@@ -28,6 +29,7 @@ RAN = re.compile(r"^# fairseq-train ran ([0-9.]+) s")  # written by the schedule
 PEAK_RSS = re.compile(r"peak resident set ([0-9.]+) MB")  # ... with fairseq-train's peak (reap.py)
 CUDA_TOTAL = re.compile(r"rank +0: capabilities = .* total memory = ([0-9.]+) GB")  # fairseq's CUDA environment
 FATAL_FP = re.compile(r"FloatingPointError|Minimum loss scale reached|gradients are Nan/Inf")
+BLEU4 = re.compile(r"BLEU4 = ([0-9.]+)")  # fairseq's BLEU scorer: fairseq-generate's last line, fairseq-score
 
 
 def number(value):
@@ -43,6 +45,12 @@ def _nonfinite(value):
     return x is not None and not math.isfinite(x)
 
 
+def bleu4(text):
+    """The last BLEU score (0-100) fairseq's scorer printed in ``text``, or None."""
+    found = BLEU4.findall(text)
+    return float(found[-1]) if found else None
+
+
 class LogState:
     """What fairseq's log says so far."""
 
@@ -54,6 +62,14 @@ class LogState:
         self.train_seconds = 0.0  # wall time of the launches of fairseq-train that ended
         self.peak_rss_mb = None   # largest peak resident set of those launches
         self.cuda_total_gb, self.min_gb_free = None, None
+
+    @classmethod
+    def of(cls, text, patience=0):
+        """The state after every line of ``text`` (a whole log)."""
+        state = cls(patience)
+        for line in text.splitlines():
+            state.feed(line)
+        return state
 
     @property
     def final_valid_loss(self):

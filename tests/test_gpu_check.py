@@ -1,0 +1,121 @@
+"""The GPU check (scripts/gpu_check.sh, fairseq_lnpos/gpu_check.py) without a GPU: the commands each
+step would run, its refusal where torch sees no GPU, and the timing of a grid it runs."""
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fairseq_lnpos import gpu_check as G
+from fairseq_lnpos.experiments import runs as R
+from fairseq_lnpos.variants import VARIANTS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def steps(todo):
+    """{step number: its items} of a plan (the titles start with the number)."""
+    return {int(title.split(".")[0]): items for title, items in todo if title and title[0].isdigit() and "." in title}
+
+
+def commands(items):
+    return [i for i in items if isinstance(i, G.Command)]
+
+
+def flag(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+def test_step_five_runs_the_table_rows_the_paper_compares():
+    rows = [R.BY_NAME[n] for n in G.m30k_rows()]
+    assert {(r.ln, r.optimizer, r.warmup, r.schedule) for r in rows} == {
+        ("postln", "adam", 0, "inverse_sqrt"), ("postln", "adam", 500, "inverse_sqrt"),
+        ("preln", "adam", 0, "inverse_sqrt"), ("postln", "radam", 0, "linear"),
+        ("deepnorm", "adam", 0, "inverse_sqrt"), ("keel", "adam", 0, "inverse_sqrt"),
+        ("admin", "adam", 0, "inverse_sqrt")}
+    assert all(r.dataset == "multi30k" and r.lr == 5e-4 for r in rows) and len(rows) == 7
+    assert R.BY_NAME[G.alone_row()].ln == "preln" and G.alone_row() in G.m30k_rows()
+    assert all(name in R.BY_NAME for name in G.GRID_ROWS)
+
+
+def test_plan_of_every_step(tmp_path):
+    out = tmp_path / "out"
+    todo = G.plan(out, range(1, 8), m30k_orig="/orig", runs_per_gpu="3", evaluators="2")
+    by_step = steps(todo)
+    assert sorted(by_step) == [1, 2, 3, 4, 5, 6, 7]
+    # every command is a fairseq console script or a module of this package that exists
+    for _, items in todo:
+        for c in commands(items):
+            if c.argv[0] == sys.executable:
+                assert c.argv[1] == "-m" and importlib.util.find_spec(c.argv[2]) is not None, c.argv
+            else:
+                assert Path(c.argv[0]).name == "fairseq-train", c.argv
+    one = commands(by_step[1])
+    assert [c.argv.count("--fp16") + 2 * c.argv.count("--bf16") for c in one] == [0, 1, 2] * 2
+    assert all(not c.check and c.log.parent == out and flag(c.argv, "--save-dir").startswith(str(out)) for c in one)
+    assert [i.args[1] for i in by_step[1] if isinstance(i, G.Call)] == ["transformer_postln_tiny", "transformer_keel_tiny"]
+    two = commands(by_step[2])
+    assert [flag(c.argv, "--arch") for c in two] == [f"transformer_{v}_tiny" for v in VARIANTS]
+    assert all(flag(c.argv, "--optimizer") == "radam" and "--fp16" in c.argv and flag(c.argv, "--max-update") == "300"
+               and flag(c.argv, "--log-format") == "json" for c in two)
+    grid5 = commands(by_step[5])[0]
+    assert flag(grid5.argv, "--only").split(",") == G.m30k_rows() and grid5.timed == out / "m30k-grid"
+    assert (flag(grid5.argv, "--runs-per-gpu"), flag(grid5.argv, "--evaluators")) == ("3", "2")
+    assert flag(commands(by_step[6])[0].argv, "--only") == G.alone_row()
+    assert commands(by_step[7])[0].argv[3:6] == ["sweep", "--depth-map", "--real"]
+    # the Multi30k data is prepared once, from MULTI30K_ORIG, before steps 5 to 7
+    prep = [c for _, items in todo for c in commands(items) if "fairseq_lnpos.data.multi30k" in c.argv]
+    assert len(prep) == 1 and flag(prep[0].argv, "--orig") == "/orig"
+
+
+def test_training_commands_parse_with_fairseq(tmp_path):
+    from fairseq_lnpos import fairseq_build
+
+    by_step = steps(G.plan(tmp_path, [1, 2]))
+    for c in (commands(by_step[1])[2], commands(by_step[2])[0]):  # bf16 Post-LN; RAdam without warm-up
+        args = fairseq_build.parse(c.argv[1:])
+        assert args.max_tokens == 4096 and args.user_dir is not None
+    assert args.optimizer == "radam" and args.lr_scheduler == "warmup_inverse_sqrt" and args.fp16
+
+
+def test_without_multi30k_steps_five_to_seven_are_skipped(tmp_path):
+    todo = G.plan(tmp_path, [5, 6])
+    assert [title for title, _ in todo] == ["5, 6, 7: skipped: set MULTI30K_ORIG=DIR to run the Multi30k grid"]
+    assert G.plan(tmp_path, [1])[0][0] == "synthetic corpus" and len(steps(G.plan(tmp_path, [1]))) == 1
+
+
+def test_no_gpu_is_one_line(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    assert G.main([str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpu_check.sh: error: torch ") and "sees no GPU here" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_step_through_the_script(tmp_path):
+    res = subprocess.run([str(REPO / "scripts" / "gpu_check.sh"), str(tmp_path / "out"), "1", "9"],
+                         capture_output=True, text=True, env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr == "gpu_check.sh: error: unknown step '9'; the steps are 1 to 7\n"
+
+
+def test_a_new_grid_is_timed_a_resumed_one_is_not(tmp_path, capsys):
+    grid = tmp_path / "grid"
+    cmd = G.Command([sys.executable, "-c", f"import os; os.makedirs({str(grid)!r}); print('a\\nb\\nc')"],
+                    show=("tail", 2), timed=grid)
+    G.execute(cmd)
+    assert capsys.readouterr().out == "b\nc\n" and G.seconds_of(grid) >= 0
+    G.execute(G.Command([sys.executable, "-c", "pass"], timed=grid))
+    assert capsys.readouterr().out == f"{grid} exists: resuming it, not timing it\n" and G.seconds_of(grid) is None
+    with pytest.raises(G.LnposError, match=r"failed \(exit 3\)"):
+        G.execute(G.Command([sys.executable, "-c", "import sys; sys.exit(3)"]))
+    G.execute(G.Command([sys.executable, "-c", "import sys; sys.exit(3)"], check=False))  # step 1's commands
+
+
+def test_shown_lines():
+    text = "a\n## Largest trainable depth\nx\ny\n"
+    assert G.shown(text, ("head", 1)) == "a\n" and G.shown(text, ("tail", 1)) == "y\n"
+    assert G.shown(text, ("from", "## Largest")) == "## Largest trainable depth\nx\ny\n"
