@@ -15,7 +15,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from fairseq_lnpos.data import bpe, moses
+from fairseq_lnpos.data import BIN_DIRS, bpe, moses, text_dir
 from fairseq_lnpos.data.download import DataError, download, extract_once
 from fairseq_lnpos.data.pipeline import (
     add_folder_options,
@@ -134,11 +134,11 @@ def parser():
     src = p.add_mutually_exclusive_group()
     src.add_argument("--archive", help=f"a local copy of {ARCHIVE} (no download)")
     src.add_argument("--orig", help=f"the extracted de-en folder of {ARCHIVE} (no download)")
-    add_folder_options(p, "iwslt14.de-en", bpe_size=10000)
+    add_folder_options(p, "iwslt14", bpe_size=10000)
     return p
 
 
-def prepare(out="data-bin/iwslt14.de-en.text", bin_dir="data-bin/iwslt14.de-en", archive=None, orig=None,
+def prepare(out=text_dir("iwslt14"), bin_dir=BIN_DIRS["iwslt14"], archive=None, orig=None,
             workers=1, bpe_size=10000):
     """Text stages in ``out``, fairseq's binarized data and the manifest in ``bin_dir``; returns the
     pair counts per split. ``archive`` (a local de-en.tgz) or ``orig`` (its extracted folder), else

@@ -32,7 +32,7 @@ import zlib
 from functools import partial
 from pathlib import Path
 
-from fairseq_lnpos.data import bpe
+from fairseq_lnpos.data import BIN_DIRS, bpe, text_dir
 from fairseq_lnpos.data.download import DataError, download, sha256_of, verify
 from fairseq_lnpos.data.iwslt import tok_lc
 from fairseq_lnpos.errors import CommandParser, at_least, run_main
@@ -106,7 +106,7 @@ def stages(out, orig=None, workers=1, bpe_size=8000):
     return p_raw, p_bpe, counts_of(out / "tok", TGT)
 
 
-def prepare(out="data-bin/multi30k.de-en.text", bin_dir="data-bin/multi30k.de-en", orig=None, workers=1,
+def prepare(out=text_dir("multi30k"), bin_dir=BIN_DIRS["multi30k"], orig=None, workers=1,
             bpe_size=8000):
     """Text stages in ``out``, fairseq's binarized data and the manifest in ``bin_dir``; returns the
     pair counts per split. ``orig``: a folder with the six files, else they are downloaded. Raises
@@ -120,7 +120,7 @@ def prepare(out="data-bin/multi30k.de-en.text", bin_dir="data-bin/multi30k.de-en
 def parser():
     p = CommandParser(prog="prepare-multi30k.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("--orig", help=f"a folder holding {', '.join(FILES)} (no download)")
-    add_folder_options(p, "multi30k.de-en", bpe_size=8000)
+    add_folder_options(p, "multi30k", bpe_size=8000)
     return p
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from fairseq_lnpos.common import hold_lock, release_lock, write_json
 from fairseq_lnpos.common import read_lines  # noqa: F401  (the data modules import it from here)
+from fairseq_lnpos.data import BIN_DIRS, text_dir
 from fairseq_lnpos.data.download import DataError
 from fairseq_lnpos.data.manifest import write_manifest
 from fairseq_lnpos.errors import at_least, interrupt_handler
@@ -188,8 +189,8 @@ def interrupt_main_process_only():
 
 def add_folder_options(parser, dataset, bpe_size, workers=None):
     """--out, --bin, --workers and --bpe-size of a data-prep command, with the dataset's defaults."""
-    parser.add_argument("--out", default=f"data-bin/{dataset}.text", help="text folder (default: %(default)s)")
-    parser.add_argument("--bin", default=f"data-bin/{dataset}", help="binarized folder (default: %(default)s)")
+    parser.add_argument("--out", default=text_dir(dataset), help="text folder (default: %(default)s)")
+    parser.add_argument("--bin", default=BIN_DIRS[dataset], help="binarized folder (default: %(default)s)")
     parser.add_argument("--workers", type=int, default=workers or default_workers(),
                         help="processes (default: %(default)s)")
     parser.add_argument("--bpe-size", type=int, default=bpe_size, help="joint BPE vocabulary (default: %(default)s)")

@@ -21,7 +21,7 @@ import random
 import sys
 import time
 
-from fairseq_lnpos.data import bpe
+from fairseq_lnpos.data import BIN_DIRS, bpe, text_dir
 from fairseq_lnpos.data.download import DataError
 from fairseq_lnpos.data.pipeline import log, run_dataset, run_stage, write_lines
 from fairseq_lnpos.errors import CommandParser, at_least, run_main
@@ -147,8 +147,8 @@ def generate(n_train, n_valid, n_test, seed):
 
 def parser():
     p = CommandParser(prog="make-synthetic.sh", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="data-bin/synthetic.text", help="text folder (default: %(default)s)")
-    p.add_argument("--bin", default="data-bin/synthetic", help="binarized folder (default: %(default)s)")
+    p.add_argument("--out", default=text_dir("synthetic"), help="text folder (default: %(default)s)")
+    p.add_argument("--bin", default=BIN_DIRS["synthetic"], help="binarized folder (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1, help="chooses the sentences (default: %(default)s)")
     p.add_argument("--train", type=int, default=24000,
                    help=f"training pairs (default: %(default)s; at most {MAX_PAIRS} per split)")
@@ -160,7 +160,7 @@ def parser():
     return p
 
 
-def prepare(out="data-bin/synthetic.text", bin_dir="data-bin/synthetic", seed=1, train=24000, valid=1000,
+def prepare(out=text_dir("synthetic"), bin_dir=BIN_DIRS["synthetic"], seed=1, train=24000, valid=1000,
             test=1000, bpe_size=2000, workers=1):
     """Generate the corpus: text stages in ``out``, binarized data and manifest in ``bin_dir``;
     returns the pair counts per split. Raises :class:`DataError` for bad values."""

@@ -16,7 +16,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from fairseq_lnpos.data import bpe, moses
+from fairseq_lnpos.data import BIN_DIRS, bpe, moses, text_dir
 from fairseq_lnpos.data.download import DataError, download, extract_once
 from fairseq_lnpos.data.pipeline import (
     add_folder_options,
@@ -142,13 +142,13 @@ def parser():
     p.add_argument("--archive", action="append", metavar="FILE",
                    help=f"a local copy of one of {', '.join(ARCHIVES)} (repeat; the others are downloaded)")
     p.add_argument("--orig", help="a folder with all archives extracted (no download)")
-    add_folder_options(p, "wmt14.en-de", bpe_size=37000)
+    add_folder_options(p, "wmt14", bpe_size=37000)
     p.add_argument("--bpe-sample", type=int, default=2000000,
                    help="lines sampled to learn the BPE, 0 = all (default: %(default)s)")
     return p
 
 
-def prepare(out="data-bin/wmt14.en-de.text", bin_dir="data-bin/wmt14.en-de", archives=(), orig=None, workers=1,
+def prepare(out=text_dir("wmt14"), bin_dir=BIN_DIRS["wmt14"], archives=(), orig=None, workers=1,
             bpe_size=37000, bpe_sample=2000000):
     """Text stages in ``out``, fairseq's binarized data and the manifest in ``bin_dir``; returns the
     pair counts per split. ``archives``: local copies of some of :data:`ARCHIVES` (the others are

@@ -41,6 +41,7 @@ official code, with their published numbers: docs/published.md lists them and th
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from ..data import BIN_DIRS
 from ..errors import LnposError
 from ..variants import DEFAULT_INIT, FURTHER, INITS, VARIANTS
 
@@ -48,13 +49,13 @@ from ..variants import DEFAULT_INIT, FURTHER, INITS, VARIANTS
 # whatever the number of GPUs: grid.py picks --max-tokens/--update-freq to reach it.
 DATASETS = {
     "iwslt14": dict(
-        arch_size="iwslt_de_en", default_data="data-bin/iwslt14.de-en", source_lang="de",
+        arch_size="iwslt_de_en", default_data=BIN_DIRS["iwslt14"], source_lang="de",
         target_lang="en", max_tokens=4096, batch_tokens=4096, max_epoch=15, dropout=0.1,
     ),
     # Multi30k task 1 (data-prep/prepare-multi30k.sh): real De-En text, 29k pairs, ~115 updates of
     # 4096 tokens an epoch; the paper's IWSLT model and settings, 12 epochs
     "multi30k": dict(
-        arch_size="iwslt_de_en", default_data="data-bin/multi30k.de-en", source_lang="de",
+        arch_size="iwslt_de_en", default_data=BIN_DIRS["multi30k"], source_lang="de",
         target_lang="en", max_tokens=4096, batch_tokens=4096, max_epoch=12, dropout=0.1,
     ),
     # `make demo`: the generated corpus (data-prep/make-synthetic.sh) on the `_tiny` archs, on a CPU.
@@ -65,7 +66,7 @@ DATASETS = {
         max_tokens=512, batch_tokens=512, max_epoch=3, dropout=0.1,
     ),
     "wmt14": dict(
-        arch_size="wmt_en_de", default_data="data-bin/wmt14.en-de", source_lang="en",
+        arch_size="wmt_en_de", default_data=BIN_DIRS["wmt14"], source_lang="en",
         target_lang="de", max_tokens=8192, batch_tokens=8192 * 16, max_epoch=20, dropout=0.1,
     ),
 }

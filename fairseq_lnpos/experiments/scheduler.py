@@ -21,6 +21,7 @@ from pathlib import Path
 from ..common import fmt_time
 from ..data.manifest import read_manifest
 from ..errors import LnposError, StateError
+from ..launch import child_env
 from . import reap
 from .commands import total_updates
 from .evaluator import Evaluator, Stopped
@@ -54,10 +55,7 @@ class Grid:
 
     # processes ----------------------------------------------------------------
     def env(self, device):
-        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
-        if device is not None:
-            env["CUDA_VISIBLE_DEVICES"] = device
-        return env
+        return child_env(self.threads, device)
 
     def popen(self, cmd, env, **kw):
         if self.stop.is_set():
