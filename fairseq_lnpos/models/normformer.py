@@ -21,8 +21,9 @@ Sources:
   its 1.3B and 2.7B NormFormer commands do not). The paper's abstract names the three operations;
   followed here: ``--scale-resids`` is off unless asked for.
 * The paper scales each head before the output projection (``Concat(g_1 h_1, ..., g_n h_n) W_O``);
-  fairseq scales after it, which the paper's section 2 and its first author (fairseq issue 3973)
-  give as a faster equivalent in perplexity, not in value. fairseq's is followed, in both stacks.
+  fairseq scales after it, which the paper's first author (fairseq issue 3973, pointing to the end
+  of the paper's section 2) gives as a little faster with the same perplexity, though not the same
+  function. fairseq's is followed, in both stacks.
 
 Choices for an encoder-decoder:
 
