@@ -12,6 +12,7 @@ class Variant:
     model: str              # the fairseq model the arch belongs to
     normalize_before: bool  # fairseq's --{encoder,decoder}-normalize-before
     norm: str = None        # --lnpos-norm the arch fixes (models/norms.py); None: the option decides
+    options: tuple = ()     # further fairseq options the arch turns on (attribute names of args)
 
 
 VARIANTS = {
@@ -35,9 +36,11 @@ VARIANTS = {
     "lnscaling": Variant("LN-Scaling", "transformer_lnscaling", True),
     "rezero": Variant("ReZero", "transformer_rezero", False),
     "rezero_postln": Variant("ReZero+Post-LN", "transformer_rezero_postln", False),
+    "normformer": Variant("NormFormer", "transformer_normformer", True,
+                          options=("scale_attn", "scale_fc", "scale_heads")),
 }
 # the further placements and normalizations: each has a demo row (--with-<name>) and a Multi30k row
-PLACEMENTS = ("periln", "b2t", "mixln", "lnscaling", "rezero", "rezero_postln")
+PLACEMENTS = ("periln", "b2t", "mixln", "lnscaling", "rezero", "rezero_postln", "normformer")
 NORMALIZATIONS = ("preln_rmsnorm", "dyt", "derf", "scalenorm", "subln")
 FURTHER = NORMALIZATIONS + PLACEMENTS
 

@@ -13,7 +13,7 @@ from fairseq.models.transformer import base_architecture, transformer_iwslt_de_e
 from ..errors import check
 from ..variants import SIZES, TINY, VARIANTS, arch_name
 from . import admin, deepnorm, keel, scalenorm, subln, tfixup, variant  # noqa: F401  (register the models named in variants.VARIANTS)
-from . import b2t, lnscaling, mixln, periln, rezero  # noqa: F401
+from . import b2t, lnscaling, mixln, normformer, periln, rezero  # noqa: F401
 
 
 def tiny_architecture(args):
@@ -36,16 +36,18 @@ assert set(FILL_DEFAULTS) == set(SIZES)
 ARCHS = {}  # arch name -> variant
 
 
-def register_variant(variant, model, normalize_before, norm):
+def register_variant(variant, model, normalize_before, norm, options):
     for size, fill_defaults in FILL_DEFAULTS.items():
         name = arch_name(variant, size)
 
         def arch(args, fill_defaults=fill_defaults, name=name):
             # The variant is what the name says: it overrides --{encoder,decoder}-normalize-before
-            # (and --lnpos-norm where it names a normalization).
+            # (and --lnpos-norm where it names a normalization, and the fairseq options it turns on).
             args.encoder_normalize_before = args.decoder_normalize_before = normalize_before
             if norm is not None:
                 args.lnpos_norm = norm
+            for option in options:
+                setattr(args, option, True)
             fill_defaults(args)
             for side in ("encoder", "decoder"):
                 layers = getattr(args, f"{side}_layers")
@@ -56,4 +58,4 @@ def register_variant(variant, model, normalize_before, norm):
 
 
 for _name, _v in VARIANTS.items():
-    register_variant(_name, _v.model, _v.normalize_before, _v.norm)
+    register_variant(_name, _v.model, _v.normalize_before, _v.norm, _v.options)
