@@ -52,10 +52,10 @@ def make_data(out, quick):
 def run_grid(out, data, runs, seeds, jobs, quick):
     from .experiments import grid, options, plan
 
-    opts = options.run_options(only=",".join(runs), data=[str(data)], out=str(out / "grid"), arch_size="tiny",
-                            seeds=seeds, jobs=jobs, task="translation_lnpos",
-                            fairseq_args="--log-grad-norms --grad-norm-interval 1",
-                            max_epoch=1 if quick else None)
+    opts = options.RunOptions(only=",".join(runs), data=[str(data)], out=str(out / "grid"), arch_size="tiny",
+                           seeds=seeds, jobs=jobs, task="translation_lnpos",
+                           fairseq_args="--log-grad-norms --grad-norm-interval 1",
+                           max_epoch=1 if quick else None)
     status = grid.run_grid(opts, plan.select_runs(opts))
     check(status == 0, f"the grid stopped with status {status} (message above); `make demo` resumes it")
 

@@ -208,8 +208,8 @@ def test_fixture_end_to_end_manifest(orig, tmp_path):
 
     rows = [r.name for r in runs.select(["multi30k-*"])]
     assert rows and all(runs.BY_NAME[r].dataset == "multi30k" for r in rows)
-    opts = options.run_options(only="multi30k-*", data=[str(bin_dir)], out=str(tmp_path / "grid"), arch_size="tiny",
-                               max_epoch=1, set=["max_tokens=512", "batch_tokens=512"], jobs=2)
+    opts = options.RunOptions(only="multi30k-*", data=[str(bin_dir)], out=str(tmp_path / "grid"), arch_size="tiny",
+                              max_epoch=1, set=["max_tokens=512", "batch_tokens=512"], jobs=2)
     with contextlib.redirect_stdout(io.StringIO()):
         assert grid.run_grid(opts, plan.select_runs(opts)) == 0
     for name in rows:

@@ -19,7 +19,7 @@ from fairseq_lnpos.experiments import reap
 from fairseq_lnpos.experiments import sweep as W
 from fairseq_lnpos.experiments.commands import Job
 from fairseq_lnpos.experiments.fairseq_log import LogState
-from fairseq_lnpos.experiments.options import run_options
+from fairseq_lnpos.experiments.options import RunOptions
 from fairseq_lnpos.experiments.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def depth_map(tmp_path):
     """The depth preset's runs as the grid records them (config, DONE.json, eval record), with
     gradient norms and peak memory; Post-LN's first/last ratio falls with depth, Pre-LN's does not."""
     out = tmp_path / "depth"
-    opts = run_options(out=str(out), no_bleu=True)
+    opts = RunOptions(out=str(out), no_bleu=True)
     runs = W.expand(["postln", "preln"], [3e-4, 1e-3], [1], list(DEPTHS), max_update=200, **W.GRAD_NORMS)
     for run in runs:
         final = FINALS[run.ln, run.lr][DEPTHS.index(run.layers)]

@@ -506,10 +506,11 @@ def test_extraction_refuses_the_same_members_with_and_without_tarfiles_filter(tm
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["[tok] building", "[binarize] building"])
+@pytest.mark.parametrize("stage", ["tok", "binarize"])
 def test_ctrl_c_on_the_script_is_one_line_130_and_a_rerun_resumes(tmp_path, stage):
-    """A real SIGINT to the whole process group (as a terminal's Ctrl-C), fairseq-preprocess's
-    worker processes included: one line from the command, none from the workers."""
+    """A real SIGINT to the whole process group (as a terminal's Ctrl-C) while a stage is building,
+    held there by tests/hold (tok: its files written, not yet complete; binarize: in a worker of
+    fairseq-preprocess): one line from the command, none from the workers, nothing half-built left."""
     import signal
     import time
 
@@ -517,22 +518,31 @@ def test_ctrl_c_on_the_script_is_one_line_130_and_a_rerun_resumes(tmp_path, stag
     argv = [str(script), "--out", str(tmp_path / "out"), "--bin", str(tmp_path / "bin"), "--train", "3000",
             "--valid", "50", "--test", "50", "--workers", "2"]
     env = dict(os.environ, PYTHON=sys.executable, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    seen = ""
-    deadline = time.time() + 120
-    for line in proc.stdout:  # wait until the stage runs
-        seen += line
-        if stage in line or time.time() > deadline:
-            break
-    time.sleep(0.3)
+    marker = tmp_path / "held"
+    held = dict(env, LNPOS_TEST_HOLD_STAGE=stage, LNPOS_TEST_HOLD_MARKER=str(marker),
+                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "tests" / "hold"), env.get("PYTHONPATH")])))
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with out.open("w") as o, err.open("w") as e:
+        proc = subprocess.Popen(argv, stdout=o, stderr=e, text=True, env=held, start_new_session=True)
+    deadline = time.monotonic() + 600  # a bound on a hung command, not on its speed
+    while not marker.exists() and proc.poll() is None:
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"stage {stage} not reached: {out.read_text()[-2000:]}")
+        time.sleep(0.1)
+    assert proc.poll() is None, f"exit {proc.returncode} before stage {stage} held: {err.read_text()[-3000:]}"
+    before = err.read_text()  # fairseq-preprocess's log so far
     os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    assert stage in seen, seen
-    if proc.returncode == 0:  # the stage was faster than the signal: nothing to check
-        pytest.skip(f"the run finished before Ctrl-C reached it ({stage})")
-    lines = [l for l in err.strip().splitlines() if l.strip()]
-    assert proc.returncode == 130 and lines == [f"make-synthetic.sh: {INTERRUPTED}"], err[-3000:]
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert f"[{stage}] building" in out.read_text() and f"[{stage}] done" not in out.read_text()
+    after = err.read_text()
+    lines = [line for line in after[len(before):].splitlines() if line.strip()]
+    assert proc.returncode == 130 and after.startswith(before), after[-3000:]
+    assert lines == [f"make-synthetic.sh: {INTERRUPTED}"], after[-3000:]
     assert not list(tmp_path.glob("out/.*.tmp")) and not list(tmp_path.glob(".*.tmp"))
     res = subprocess.run(argv, capture_output=True, text=True, env=env)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -229,7 +229,7 @@ def test_a_grid_that_reads_the_training_data_prints_nothing_of_fairseq_on_stderr
 
 
 def _opts(**kw):
-    return options.run_options(**kw)
+    return options.RunOptions(**kw)
 
 
 def test_runs_per_gpu_puts_k_runs_on_each_gpu_and_shares_the_cores(monkeypatch, tmp_path):

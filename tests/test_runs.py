@@ -1,5 +1,4 @@
 """The run table (experiments/runs.py) against the paper's stated settings (Xiong et al. ICML 2020), through the commands it generates."""
-import argparse
 import shlex
 
 import pytest
@@ -9,13 +8,11 @@ from pathlib import Path
 from fairseq_lnpos.errors import LnposError
 from fairseq_lnpos.experiments import commands as C
 from fairseq_lnpos.experiments import runs as R
+from fairseq_lnpos.experiments.options import RunOptions
 
 
-def opts(**kw):
-    base = dict(task=None, fairseq_args="", gen_args="", beam=5, lenpen=1.2, world=1, fp16=False, log_interval=1,
-                uncapped_len=False, eval_every=1, no_bleu=False, patience=0)
-    base.update(kw)
-    return argparse.Namespace(**base)
+def opts(world=1):
+    return RunOptions(gpus_per_run=world)
 
 
 def command(run, size="paper", world=1, total=1234):

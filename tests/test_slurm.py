@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fairseq_lnpos.experiments import grid as G
-from fairseq_lnpos.experiments.options import run_parser
+from fairseq_lnpos.experiments.options import RunOptions, run_parser
 from fairseq_lnpos.experiments.plan import make_jobs, select_runs
 from fairseq_lnpos.experiments import runs as R
 from fairseq_lnpos.experiments.commands import batch_plan
@@ -94,6 +94,25 @@ def test_array_has_one_task_per_run_and_seed_each_running_the_unit(tmp_path, cap
     r = subprocess.run(["bash", str(script)], env=dict(os.environ, SLURM_ARRAY_TASK_ID="6"),
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "no task 6" in r.stderr
+
+
+def test_every_run_option_a_task_does_not_set_passes_through_the_task_line():
+    """The task line is written from the fields of RunOptions: each option at another value than its
+    default reaches the per-run unit as given (a new field without a value here fails the test)."""
+    from dataclasses import fields
+
+    from fairseq_lnpos.experiments.options import SlurmOptions
+    from fairseq_lnpos.experiments.slurm import PER_TASK, passthrough
+
+    given = dict(max_epoch=4, data=["d", "wmt14=w x"], arch_size="tiny", arch="a", set=["lr=1", "a:warmup=2"],
+                 task="translation_lnpos", gen_args="--nbest 2", beam=3, lenpen=0.5, average_last=2,
+                 uncapped_len=True, eval_every=2, evaluators=3, no_bleu=True, patience=7, fp16=True,
+                 log_interval=9, keep_checkpoints=True)
+    assert set(given) == {f.name for f in fields(RunOptions)} - PER_TASK
+    opts = SlurmOptions(partition="p", time=600, gpus_per_run=2, seeds="1,2", fairseq_args="--x", **given)
+    unit = RunOptions.from_namespace(run_parser().parse_args(passthrough(opts)))
+    assert {k: getattr(unit, k) for k in given} == given
+    assert passthrough(SlurmOptions(partition="p", time=600)) == []
 
 
 def test_gpu_runs_take_the_allocated_gpus(tmp_path, capsys):
@@ -331,8 +350,7 @@ def test_the_worker_on_another_node_starts_the_units_fairseq_train_as_its_rank(t
             "--gpus-per-run", "2", "--fairseq-args", "--distributed-port 23456 --max-tokens 256 --update-freq 1"]
     slurm.main(["worker", *argv])
     (cmd, env), = started
-    opts = run_parser().parse_args(argv)
-    opts.world = 2
+    opts = RunOptions.from_namespace(run_parser().parse_args(argv))
     job, = make_jobs(opts, select_runs(opts), dry_run=False)[0]
     assert cmd == job.train_cmd(0)  # the command node 0's unit starts
     assert cmd[cmd.index("--distributed-port") + 1] == "23456"

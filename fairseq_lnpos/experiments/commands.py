@@ -14,6 +14,7 @@ from ..variants import arch_name as variant_arch
 from ..variants import DEFAULT_INIT, arch_names
 from . import runs as R
 from .rundir import RunDir
+from .options import RunOptions
 
 # output length when scoring: at most 1.2 x source + 10 tokens, as fairseq's IWSLT recipe
 # (examples/translation/README.md) passes in --eval-bleu-args; --uncapped-len gives fairseq's
@@ -124,7 +125,7 @@ class Job:
     run_dir: Path
     arch: str
     langs: tuple
-    opts: object  # the grid's options (argparse namespace)
+    opts: RunOptions  # the grid's options (or SweepOptions, SlurmOptions)
     index: int = 0
     # progress, written by the run's worker and read by the progress line
     state: str = "pending"

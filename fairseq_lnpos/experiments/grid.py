@@ -16,6 +16,7 @@ import shlex
 import signal
 import sys
 import threading
+from dataclasses import fields
 from pathlib import Path
 
 from ..common import CONTROL, one_line
@@ -23,7 +24,7 @@ from ..errors import INTERRUPT_EXIT, CommandParser, LnposError, run_main
 from . import runs as R
 from . import slurm, sweep
 from .commands import arch_name, batch_plan, total_updates
-from .options import add_run_options, add_selection_options
+from .options import ListOptions, RunOptions, SlurmOptions, StatusOptions, SweepOptions
 from .plan import make_jobs, need_cuda, override, parse_sets, plan_slots, select_runs
 from .rundir import make_out_dir
 from .scheduler import Grid
@@ -97,7 +98,7 @@ def run_grid(opts, runs):
     if grid.stop.is_set():
         print("grid: interrupted; run the same command again to resume", file=sys.stderr)
         return INTERRUPT_EXIT
-    summary = "stability map: scripts/stability_map.sh" if getattr(opts, "cmd", None) == "sweep" \
+    summary = "stability map: scripts/stability_map.sh" if isinstance(opts, SweepOptions) \
         else "table: scripts/make_table.sh"
     grid.say(f"all runs processed; {summary} {opts.out}")
     return 1 if grid.failed else 0
@@ -106,29 +107,20 @@ def run_grid(opts, runs):
 def build_parser():
     p = CommandParser(prog="grid.sh", description="The paper's experiment grid on fairseq.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=CommandParser)
-    ls = sub.add_parser("list", help="show the table of runs")
-    ls.add_argument("--arch-size", choices=("paper", "tiny"), default="paper")
-    r = sub.add_parser("run", help="train and score runs (or print their commands with --dry-run)")
-    add_selection_options(r)
-    add_run_options(r)
-    w = sub.add_parser("sweep", help="a stability sweep: archs x learning rates x warm-ups x depths (sweep.py)")
-    sweep.add_options(w)
-    add_run_options(w)
-    w.set_defaults(out="sweep-out", patience=50, no_bleu=True)
-    s = sub.add_parser("slurm", conflict_handler="resolve",
-                       help="submit runs as one SLURM job array of `run` units (slurm.py; --dry-run prints it)")
-    add_selection_options(s)
-    add_run_options(s)
-    slurm.add_options(s)
-    st = sub.add_parser("status", help="one line per run of an --out folder: status, epochs, best BLEU")
-    st.add_argument("out_dir", help="the --out folder of run or slurm")
+    ListOptions.add_command(sub, "list", help="show the table of runs")
+    RunOptions.add_command(sub, "run", help="train and score runs (or print their commands with --dry-run)")
+    SweepOptions.add_command(sub, "sweep", help="a stability sweep: archs x learning rates x warm-ups x depths (sweep.py)")
+    SlurmOptions.add_command(sub, "slurm", conflict_handler="resolve",
+                             help="submit runs as one SLURM job array of `run` units (slurm.py; --dry-run prints it)")
+    StatusOptions.add_command(sub, "status", help="one line per run of an --out folder: status, epochs, best BLEU")
     return p
 
 
 def check_one_line(opts):
     """No control character (newline, tab ...) in any text option: a value may reach a generated
     script (grid.sh slurm), a log line or a table, where it would start a new line."""
-    for dest, value in vars(opts).items():
+    for f in fields(opts):
+        dest, value = f.name, getattr(opts, f.name)
         for v in value if isinstance(value, list) else [value]:
             if isinstance(v, str) and CONTROL.search(v):
                 raise LnposError(f"--{dest.replace('_', '-')} {one_line(v)}: holds a control character (a newline, "
@@ -136,14 +128,17 @@ def check_one_line(opts):
 
 
 def command(argv=None):
-    opts = build_parser().parse_args(argv)
+    ns = build_parser().parse_args(argv)
+    opts = ns.options.from_namespace(ns)
     check_one_line(opts)
-    if opts.cmd == "list":
+    if ns.cmd == "list":
         return cmd_list(opts)
-    if opts.cmd in ("slurm", "status"):
+    if ns.cmd == "status":
+        return slurm.cmd_status(opts)
+    if ns.cmd == "slurm":
         opts.argv = list(sys.argv[1:] if argv is None else argv)[1:]
-        return slurm.cmd_slurm(opts) if opts.cmd == "slurm" else slurm.cmd_status(opts)
-    if opts.cmd == "sweep":
+        return slurm.cmd_slurm(opts)
+    if ns.cmd == "sweep":
         runs = sweep.sweep_runs(opts)
         return run_grid(opts, override(opts, [R.coerce(r, "max_epoch", "1000000") for r in parse_sets(opts.set, runs)]))
     return run_grid(opts, select_runs(opts))

@@ -1,11 +1,22 @@
-"""The options of ``grid.sh run`` (``sweep`` and ``slurm`` take them too): their definitions, the
-parser of the per-run unit and the options with their defaults for Python callers.
+"""The options of the grid's commands, one dataclass each: :class:`RunOptions` (``grid.sh run``),
+:class:`SweepOptions`, :class:`SlurmOptions`, :class:`StatusOptions` and :class:`ListOptions`.
 
-grid.py builds the whole command line from these; slurm.py passes them on to every task.
+A field made with :func:`option` is also a command-line option: its parser is generated from the
+fields (:meth:`Options.add_to`, the pattern of fairseq's ``gen_parser_from_dataclass``, with the
+argparse types, metavars and appending options the grid needs), :meth:`Options.from_namespace`
+reads the parsed command line back as the dataclass and :func:`to_argv` writes options back as a
+command line (the per-run unit of a SLURM task). Python callers build the dataclass directly,
+e.g. ``RunOptions(only="iwslt-*", out="grid-out")``. Values derived from the options (``world``,
+a sweep's preset) are computed here.
 """
 import argparse
+import re
+from dataclasses import MISSING, dataclass, field, fields
+from typing import List, Optional
 
+from ..common import one_line
 from ..errors import CommandParser, finite_float
+from .sweep import DEPTH_MAP, DEPTH_MAP_REAL, PRESETS, STABILITY_MAP
 
 
 def positive_int(minimum):
@@ -20,69 +31,258 @@ def positive_int(minimum):
     return parse
 
 
-def add_selection_options(p):
-    """The options that pick the runs of the table: ``--only`` and ``--max-epoch`` (``run`` and ``slurm``)."""
-    p.add_argument("--only", help="comma-separated run names or globs (default: every run)")
-    p.add_argument("--max-epoch", type=positive_int(1), help="override the epochs of every run")
+TIME = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)")
+NAME = re.compile(r"[A-Za-z0-9_.-]+")  # a SLURM partition or account name
 
 
-def add_run_options(r):
-    """The options of ``run`` (``sweep`` shares them)."""
-    r.add_argument("--dry-run", action="store_true", help="print the fairseq commands and exit")
-    r.add_argument("--data", action="append", metavar="[DATASET=]DIR",
-                   help="binarized data dir for every run, or per dataset (iwslt14=DIR, multi30k=DIR, wmt14=DIR)")
-    r.add_argument("--out", default="grid-out", help="output folder (default grid-out)")
-    r.add_argument("--seeds", default="1", help="comma-separated seeds (default 1, fairseq's default)")
-    r.add_argument("--arch-size", choices=("paper", "tiny"), default="paper",
-                   help="tiny: the transformer_*_tiny archs (CPU)")
-    r.add_argument("--arch", help="use this fairseq arch for every run (overrides --arch-size)")
-    r.add_argument("--set", action="append", metavar="[RUN:]KEY=VALUE",
-                   help="change a field of the run table (runs.py) for every selected run or one run")
-    r.add_argument("--task", help="fairseq task for every run (e.g. translation_lnpos)")
-    r.add_argument("--fairseq-args", default="", help="extra fairseq-train flags, one string")
-    r.add_argument("--gen-args", default="", help="extra fairseq-generate flags, one string")
-    r.add_argument("--beam", type=positive_int(1), help="beam size for every run (default: the run's, 5 for the paper)")
-    r.add_argument("--lenpen", type=finite_float, help="length penalty for every run (default: the run's, 1.2 for the paper)")
-    r.add_argument("--average-last", type=positive_int(0), metavar="N",
-                   help="also score the parameter average of each run's last N epoch checkpoints "
-                        "(default: the run's, 10 for the ref-* rows, else 0 = none)")
-    r.add_argument("--uncapped-len", action="store_true",
-                   help="score with fairseq's default output length (200 tokens) instead of 1.2 x source + 10")
-    r.add_argument("--eval-every", type=positive_int(1), default=1, metavar="N",
-                   help="score the test set every N epochs (and always the last; default 1)")
-    r.add_argument("--evaluators", type=positive_int(1), default=1, metavar="N",
-                   help="scoring processes per device, taking checkpoints from one queue (default 1)")
-    r.add_argument("--no-bleu", action="store_true", help="no test BLEU: validation loss only")
-    r.add_argument("--patience", type=positive_int(0), default=0, metavar="N",
-                   help="stop a run as diverged when its training loss stays above its first loss for N "
-                        "logged updates (0: only a non-finite loss counts; default 0)")
-    r.add_argument("--gpus", help="GPU ids, e.g. 0,1: runs side by side on them")
-    r.add_argument("--runs-per-gpu", type=positive_int(1), default=1, metavar="K",
-                   help="with --gpus: K runs at once on each GPU (group); default 1")
-    r.add_argument("--jobs", type=positive_int(1), default=1,
-                   help="CPU only: runs side by side, sharing the cores")
-    r.add_argument("--gpus-per-run", type=positive_int(1), default=1,
-                   help="GPUs per run (fairseq distributed); --update-freq keeps the paper's batch")
-    r.add_argument("--fp16", action="store_true", help="mixed precision (GPU only)")
-    r.add_argument("--log-interval", type=positive_int(1), default=1,
-                   help="fairseq --log-interval (1: divergence is located to the update)")
-    r.add_argument("--keep-checkpoints", action="store_true",
-                   help="keep checkpointN.pt after scoring (default: keep only _best and _last)")
+def parse_time(text):
+    """SLURM's [D-]HH:MM:SS as seconds."""
+    m = TIME.fullmatch(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time: give HH:MM:SS or D-HH:MM:SS, e.g. 24:00:00")
+    d, h, mi, s = (int(x or 0) for x in m.groups())
+    secs = ((d * 24 + h) * 60 + mi) * 60 + s
+    if secs < 60:
+        raise argparse.ArgumentTypeError(f"--time {text}: give at least 00:01:00")
+    return secs
+
+
+def slurm_names(option, several):
+    """argparse type of a SLURM name (``several``: a comma-separated list of them, as sbatch takes
+    partitions): letters, digits, ``_``, ``.`` and ``-``."""
+    def parse(text):
+        if not all(NAME.fullmatch(n) for n in (text.split(",") if several else [text])):
+            raise argparse.ArgumentTypeError(
+                f"{one_line(text)} is not a SLURM {option} name: letters, digits, '_', '.' and '-'"
+                + (", several separated by commas" if several else ""))
+        return text
+    return parse
+
+
+# ---------------------------------------------------------------- fields as options
+
+def option(default=None, help=None, *, flag=None, positional=False, **argparse_kw):
+    """A dataclass field that is a command-line option: ``--NAME`` (``flag`` to name it otherwise,
+    ``positional`` for an argument), ``help``, and any other keyword of ``add_argument`` (type,
+    choices, metavar, required, action; a bool field is a switch: store_true, or store_false when
+    its default is true)."""
+    return field(default=default, metadata=dict(argparse_kw, help=help, flag=flag, positional=positional))
+
+
+def _flag(f):
+    return f.name if f.metadata["positional"] else f.metadata["flag"] or "--" + f.name.replace("_", "-")
+
+
+def _action(f):
+    if "action" in f.metadata:
+        return f.metadata["action"]
+    return ("store_false" if f.default else "store_true") if f.type is bool else "store"
+
+
+class Options:
+    """A command's options; its fields made with :func:`option` are its command line."""
+
+    @classmethod
+    def add_to(cls, parser):
+        """Add the options to ``parser`` class by class from the base, each class's fields in the order
+        it declares them. A field declared again with :func:`option` is added again (a parser with
+        conflict_handler="resolve" keeps the latest), one declared again as a plain default only
+        changes its default."""
+        final = {f.name: f for f in fields(cls)}
+        for klass in reversed(cls.__mro__):
+            own = vars(klass).get("__dataclass_fields__", {})
+            for name in vars(klass).get("__annotations__", {}):
+                f = own[name]
+                if not f.metadata:
+                    continue
+                kw = {k: v for k, v in f.metadata.items() if k not in ("flag", "positional")}
+                kw["action"] = _action(f)
+                if final[name].default is not MISSING:
+                    kw["default"] = final[name].default
+                if not f.metadata["positional"]:
+                    kw["dest"] = name
+                parser.add_argument(_flag(f), **kw)
+        return parser
+
+    @classmethod
+    def add_command(cls, subparsers, name, **kw):
+        """The subcommand ``name`` with these options; parsed, it is read back by :meth:`from_namespace`."""
+        p = cls.add_to(subparsers.add_parser(name, **kw))
+        p.set_defaults(options=cls)
+        return p
+
+    @classmethod
+    def from_namespace(cls, ns):
+        """The options an argparse namespace of :meth:`add_to`'s parser holds."""
+        return cls(**{f.name: getattr(ns, f.name) for f in fields(cls) if f.init and hasattr(ns, f.name)})
+
+
+def to_argv(opts, cls, skip=()):
+    """The command line that gives ``cls``'s parser the values of ``opts``: every option of ``cls``
+    that ``opts`` holds at another value than ``cls``'s default, except those named in ``skip``."""
+    argv = []
+    for f in fields(cls):
+        value = getattr(opts, f.name)
+        if not f.metadata or f.metadata["positional"] or f.name in skip or value == f.default:
+            continue
+        action = _action(f)
+        if action in ("store_true", "store_false"):
+            argv.append(_flag(f))
+        elif action == "append":
+            argv += [x for v in value for x in (_flag(f), str(v))]
+        else:
+            argv += [_flag(f), str(value)]
+    return argv
+
+
+# ---------------------------------------------------------------- the commands' options
+
+@dataclass
+class Selection(Options):
+    """The options that pick the runs of the table (``run`` and ``slurm``)."""
+    only: Optional[str] = option(help="comma-separated run names or globs (default: every run)")
+    max_epoch: Optional[int] = option(type=positive_int(1), help="override the epochs of every run")
+
+
+@dataclass
+class RunFields(Options):
+    """The options of ``run`` besides the selection (``sweep`` and ``slurm`` share them)."""
+    dry_run: bool = option(False, "print the fairseq commands and exit")
+    data: Optional[List[str]] = option(
+        action="append", metavar="[DATASET=]DIR",
+        help="binarized data dir for every run, or per dataset (iwslt14=DIR, multi30k=DIR, wmt14=DIR)")
+    out: str = option("grid-out", "output folder (default grid-out)")
+    seeds: str = option("1", "comma-separated seeds (default 1, fairseq's default)")
+    arch_size: str = option("paper", "tiny: the transformer_*_tiny archs (CPU)", choices=("paper", "tiny"))
+    arch: Optional[str] = option(help="use this fairseq arch for every run (overrides --arch-size)")
+    set: Optional[List[str]] = option(
+        action="append", metavar="[RUN:]KEY=VALUE",
+        help="change a field of the run table (runs.py) for every selected run or one run")
+    task: Optional[str] = option(help="fairseq task for every run (e.g. translation_lnpos)")
+    fairseq_args: str = option("", "extra fairseq-train flags, one string")
+    gen_args: str = option("", "extra fairseq-generate flags, one string")
+    beam: Optional[int] = option(
+        type=positive_int(1), help="beam size for every run (default: the run's, 5 for the paper)")
+    lenpen: Optional[float] = option(
+        type=finite_float, help="length penalty for every run (default: the run's, 1.2 for the paper)")
+    average_last: Optional[int] = option(
+        type=positive_int(0), metavar="N",
+        help="also score the parameter average of each run's last N epoch checkpoints "
+             "(default: the run's, 10 for the ref-* rows, else 0 = none)")
+    uncapped_len: bool = option(
+        False, "score with fairseq's default output length (200 tokens) instead of 1.2 x source + 10")
+    eval_every: int = option(1, "score the test set every N epochs (and always the last; default 1)",
+                             type=positive_int(1), metavar="N")
+    evaluators: int = option(1, "scoring processes per device, taking checkpoints from one queue (default 1)",
+                             type=positive_int(1), metavar="N")
+    no_bleu: bool = option(False, "no test BLEU: validation loss only")
+    patience: int = option(
+        0, "stop a run as diverged when its training loss stays above its first loss for N "
+           "logged updates (0: only a non-finite loss counts; default 0)", type=positive_int(0), metavar="N")
+    gpus: Optional[str] = option(help="GPU ids, e.g. 0,1: runs side by side on them")
+    runs_per_gpu: int = option(1, "with --gpus: K runs at once on each GPU (group); default 1",
+                               type=positive_int(1), metavar="K")
+    jobs: int = option(1, "CPU only: runs side by side, sharing the cores", type=positive_int(1))
+    gpus_per_run: int = option(1, "GPUs per run (fairseq distributed); --update-freq keeps the paper's batch",
+                               type=positive_int(1))
+    fp16: bool = option(False, "mixed precision (GPU only)")
+    log_interval: int = option(1, "fairseq --log-interval (1: divergence is located to the update)",
+                               type=positive_int(1))
+    keep_checkpoints: bool = option(False, "keep checkpointN.pt after scoring (default: keep only _best and _last)")
+
+    @property
+    def world(self):
+        """GPUs of one run (1 on the CPU): fairseq's --distributed-world-size on a node, and the
+        GPUs one update's batch is split over."""
+        return max(self.gpus_per_run, 1)
+
+
+@dataclass
+class RunOptions(RunFields, Selection):
+    """``grid.sh run``: train and score the selected runs."""
 
 
 def run_parser(prog="grid.sh run"):
     """The parser of ``grid.sh run`` alone (the per-run unit of a SLURM task parses with it)."""
     p = CommandParser(prog=prog, description="train and score runs (or print their commands with --dry-run)")
-    add_selection_options(p)
-    add_run_options(p)
-    return p
+    return RunOptions.add_to(p)
 
 
-def run_options(**values):
-    """The options of ``grid.sh run`` with their defaults, changed by ``values`` (Python callers)."""
-    opts = run_parser().parse_args([])
-    unknown = set(values) - set(vars(opts))
-    if unknown:
-        raise TypeError(f"unknown grid options: {', '.join(sorted(unknown))}")
-    vars(opts).update(values)
-    return opts
+def _describe(preset):
+    return ", ".join(f"{k.replace('_', '-')} {v}" for k, v in preset.items() if v is not None)
+
+
+@dataclass
+class SweepAxes(Options):
+    """The options of ``grid.sh sweep`` besides the grid's own; the axes default to the preset's."""
+    archs: Optional[str] = option(help="variants (default: %s)" % STABILITY_MAP["archs"])
+    lr: Optional[str] = option(help="learning rates (default: %s)" % STABILITY_MAP["lr"])
+    warmup: Optional[str] = option(help="warm-up updates, 1 = none (default: %s)" % STABILITY_MAP["warmup"])
+    layers: Optional[str] = option(help="encoder = decoder depths (default: %s)" % STABILITY_MAP["layers"])
+    max_update: Optional[int] = option(
+        type=int, help="the budget of every cell, in updates (default: %s)" % STABILITY_MAP["max_update"])
+    width: Optional[int] = option(type=int, help="model width d (embeddings d, FFN 4d; default: the size's own)")
+    real: bool = option(
+        False, "the paper's IWSLT model on Multi30k (one GPU) instead of the tiny model on the generated corpus")
+    depth_map: bool = option(
+        False, f"the depth map: defaults {_describe(DEPTH_MAP)}; with --real {_describe(DEPTH_MAP_REAL)}, "
+               f"--fp16; logs per-layer gradient norms (the stability map's defaults: {_describe(STABILITY_MAP)})")
+    checkpoint_activations: bool = option(
+        False, "fairseq's --checkpoint-activations for every cell (less memory; activations are "
+               "recomputed in the backward pass)")
+    no_bleu: bool = option(True, "also score test BLEU (the last epoch)", flag="--bleu")
+
+
+@dataclass
+class SweepOptions(RunFields, SweepAxes):
+    """``grid.sh sweep`` (sweep.py). The preset (``--real``, ``--depth-map``) fills the axes not
+    given, and sets ``arch_size`` and, for the depth map on a GPU, ``fp16``."""
+    out: str = "sweep-out"
+    patience: int = 50
+    no_bleu: bool = True
+
+    def __post_init__(self):
+        defaults = (DEPTH_MAP_REAL if self.real else DEPTH_MAP) if self.depth_map else STABILITY_MAP
+        for key, value in defaults.items():
+            if getattr(self, key) is None:
+                setattr(self, key, value)
+        self.arch_size = PRESETS["real" if self.real else "laptop"]["arch_size"]
+        self.fp16 = self.fp16 or (self.depth_map and self.real)
+
+
+@dataclass
+class SlurmFields(Options):
+    """The options of ``grid.sh slurm`` beyond those of ``grid.sh run`` (they replace its --gpus-per-run
+    and --dry-run)."""
+    partition: Optional[str] = option(help="SLURM partition (or several, comma-separated)", required=True,
+                                      type=slurm_names("partition", several=True))
+    time: Optional[int] = option(
+        required=True, type=parse_time, metavar="HH:MM:SS",
+        help="time limit of one task; a task stopped at the limit requeues itself and resumes")
+    gpus_per_run: int = option(1, "GPUs per node of one run, --gres=gpu:G (0: a CPU run; default 1)",
+                               type=positive_int(0), metavar="G")
+    nodes_per_run: int = option(1, "nodes of one run (N > 1: fairseq's multi-node training, GPUs only)",
+                                type=positive_int(1), metavar="N")
+    cpus_per_run: Optional[int] = option(help="--cpus-per-task (default: 2 on the CPU, 4 per GPU)",
+                                         type=positive_int(1), metavar="C")
+    account: Optional[str] = option(help="SLURM account", type=slurm_names("account", several=False))
+    max_running: Optional[int] = option(help="at most K tasks at once (%%K)", type=positive_int(1), metavar="K")
+    dry_run: bool = option(False, "write the script and its task list into OUT and print the script; submit nothing")
+    argv: List[str] = field(default_factory=list)  # the command line as given, named in the script
+
+
+@dataclass
+class SlurmOptions(SlurmFields, RunFields, Selection):
+    """``grid.sh slurm`` (slurm.py): the runs as one SLURM job array of ``grid.sh run`` units."""
+
+
+@dataclass
+class StatusOptions(Options):
+    """``grid.sh status``."""
+    out_dir: str = option(MISSING, "the --out folder of run or slurm", positional=True)
+
+
+@dataclass
+class ListOptions(Options):
+    """``grid.sh list``."""
+    arch_size: str = option("paper", choices=("paper", "tiny"))

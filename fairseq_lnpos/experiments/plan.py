@@ -101,7 +101,6 @@ def make_jobs(opts, runs, dry_run):
 
 def plan_slots(opts, dry_run):
     """Where runs go: a list of CUDA_VISIBLE_DEVICES values (None = the CPU), one per run at once."""
-    opts.world = opts.gpus_per_run
     if not opts.gpus:
         if opts.world > 1 and not dry_run:
             need_cuda(opts.world, f"--gpus-per-run {opts.world}")

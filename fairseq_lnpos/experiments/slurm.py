@@ -17,74 +17,29 @@ node 0 runs the per-run unit (training, scoring, the run folder); ``srun`` start
 fairseq-train (:func:`worker`) on the other nodes. The paper's batch is kept through --update-freq
 computed for N x G GPUs (commands.batch_plan).
 """
-import argparse
 import hashlib
 import os
-import re
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from ..common import one_line, write_text
 from ..errors import LnposError, StateError, run_main
 from .commands import batch_plan, total_updates
-from .options import positive_int, run_parser
+from .options import RunOptions, run_parser, to_argv
 from .plan import make_jobs, select_runs
 from .report import collect
 from .rundir import grid_run_dirs, read_tasks, tasks_text
 
-TIME = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)")
-NAME = re.compile(r"[A-Za-z0-9_.-]+")  # a SLURM partition or account name
 # options of `grid.sh run` a task does not take from the command line: set per task or by the allocation
 PER_TASK = {"only", "dry_run", "out", "seeds", "fairseq_args", "gpus", "runs_per_gpu", "jobs", "gpus_per_run"}
 PORT_BASE, PORT_SPAN = 20000, 20000
 
 
-def parse_time(text):
-    """SLURM's [D-]HH:MM:SS as seconds."""
-    m = TIME.fullmatch(text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a time: give HH:MM:SS or D-HH:MM:SS, e.g. 24:00:00")
-    d, h, mi, s = (int(x or 0) for x in m.groups())
-    secs = ((d * 24 + h) * 60 + mi) * 60 + s
-    if secs < 60:
-        raise argparse.ArgumentTypeError(f"--time {text}: give at least 00:01:00")
-    return secs
-
-
-def slurm_names(option, several):
-    """argparse type of a SLURM name (``several``: a comma-separated list of them, as sbatch takes
-    partitions): letters, digits, ``_``, ``.`` and ``-``."""
-    def parse(text):
-        if not all(NAME.fullmatch(n) for n in (text.split(",") if several else [text])):
-            raise argparse.ArgumentTypeError(
-                f"{one_line(text)} is not a SLURM {option} name: letters, digits, '_', '.' and '-'"
-                + (", several separated by commas" if several else ""))
-        return text
-    return parse
-
-
 def slurm_time(secs):
     return f"{secs // 3600}:{secs // 60 % 60:02d}:{secs % 60:02d}"
-
-
-def add_options(p):
-    """The options of ``grid.sh slurm`` beyond those of ``grid.sh run`` (the parser resolves conflicts)."""
-    p.add_argument("--partition", required=True, type=slurm_names("partition", several=True),
-                   help="SLURM partition (or several, comma-separated)")
-    p.add_argument("--time", required=True, type=parse_time, metavar="HH:MM:SS",
-                   help="time limit of one task; a task stopped at the limit requeues itself and resumes")
-    p.add_argument("--gpus-per-run", type=positive_int(0), default=1, metavar="G",
-                   help="GPUs per node of one run, --gres=gpu:G (0: a CPU run; default 1)")
-    p.add_argument("--nodes-per-run", type=positive_int(1), default=1, metavar="N",
-                   help="nodes of one run (N > 1: fairseq's multi-node training, GPUs only)")
-    p.add_argument("--cpus-per-run", type=positive_int(1), metavar="C",
-                   help="--cpus-per-task (default: 2 on the CPU, 4 per GPU)")
-    p.add_argument("--account", type=slurm_names("account", several=False), help="SLURM account")
-    p.add_argument("--max-running", type=positive_int(1), metavar="K", help="at most K tasks at once (%%K)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="write the script and its task list into OUT and print the script; submit nothing")
 
 
 def check_options(opts):
@@ -101,19 +56,7 @@ def check_options(opts):
 
 def passthrough(opts):
     """The argv of the run options that every task takes unchanged (those not at their default)."""
-    argv = []
-    for a in run_parser()._actions:
-        value = getattr(opts, a.dest, None)
-        if a.dest in PER_TASK or not a.option_strings or a.default == argparse.SUPPRESS or value == a.default:
-            continue
-        flag = a.option_strings[0]
-        if isinstance(a, argparse._StoreTrueAction):
-            argv.append(flag)
-        elif isinstance(a, argparse._AppendAction):
-            argv += [x for v in value for x in (flag, str(v))]
-        else:
-            argv += [flag, str(value)]
-    return argv
+    return to_argv(opts, RunOptions, skip=PER_TASK)
 
 
 def task_fairseq_args(opts, run, seed):
@@ -122,7 +65,7 @@ def task_fairseq_args(opts, run, seed):
     base = opts.fairseq_args
     if opts.nodes_per_run == 1:
         return base
-    world = opts.nodes_per_run * opts.gpus_per_run
+    world = opts.nodes_per_run * opts.world
     if run.schedule == "linear" and not run.max_update:
         raise LnposError(f"{run.name}: its linear decay counts updates on one node; run it with "
                          f"--nodes-per-run 1 or give it --set {run.name}:max_update=N")
@@ -200,15 +143,14 @@ def plan(opts):
     """(tasks, script path, tasks path, script text); checks what can be checked before queueing."""
     check_options(opts)
     runs = select_runs(opts)
-    opts.world = opts.gpus_per_run or 1
     out = Path(opts.out).resolve()
-    opts.out = str(out)
+    opts = replace(opts, out=str(out))
     jobs, _ = make_jobs(opts, runs, dry_run=opts.dry_run)
     tasks = []
     for j in jobs:
         batch_plan(j.run, opts.world)
         fargs = task_fairseq_args(opts, j.run, j.seed)
-        j.opts = argparse.Namespace(**dict(vars(opts), fairseq_args=fargs))
+        j.opts = replace(opts, fairseq_args=fargs)
         j.dir.check_config(j.config_hash())
         tasks.append((j.run.name, j.seed, fargs))
     listing = tasks_text(tasks)
@@ -238,7 +180,7 @@ def cmd_slurm(opts):
         write_text(tasks_path, listing)
         write_text(script, text)
     except OSError as e:
-        raise LnposError(f"--out {opts.out}: cannot write the script there ({e.strerror}): give a writable folder")
+        raise LnposError(f"--out {script.parent}: cannot write the script there ({e.strerror}): give a writable folder")
     if opts.dry_run:
         print(text, end="")
         print(f"# {len(tasks)} tasks listed in {tasks_path}; not submitted (--dry-run)")
@@ -253,7 +195,7 @@ def cmd_slurm(opts):
         raise LnposError(f"sbatch {script} failed: {err}")
     job = r.stdout.decode().strip().split(";")[0]
     print(f"submitted job array {job}: {len(tasks)} tasks ({script}); "
-          f"logs {script.parent / 'slurm-logs'}; progress: scripts/grid.sh status {opts.out}")
+          f"logs {script.parent / 'slurm-logs'}; progress: scripts/grid.sh status {script.parent}")
     return 0
 
 
@@ -262,8 +204,7 @@ def worker(argv):
     per-run unit builds on node 0, with fairseq's SLURM init seeing the job's nodes."""
     import socket
 
-    opts = run_parser().parse_args(list(argv))
-    opts.world = opts.gpus_per_run
+    opts = RunOptions.from_namespace(run_parser().parse_args(list(argv)))
     runs = select_runs(opts)
     jobs, _ = make_jobs(opts, runs, dry_run=False)
     if len(jobs) != 1:

@@ -107,42 +107,9 @@ def expand(archs, lrs, warmups, layers, max_update, dataset="synthetic", task="t
     return runs
 
 
-# ---------------------------------------------------------------- the command line (grid.sh sweep)
-
-def add_options(w):
-    """The options of ``grid.sh sweep`` besides the grid's own; the axes default to the preset's."""
-    w.add_argument("--archs", help="variants (default: %s)" % STABILITY_MAP["archs"])
-    w.add_argument("--lr", help="learning rates (default: %s)" % STABILITY_MAP["lr"])
-    w.add_argument("--warmup", help="warm-up updates, 1 = none (default: %s)" % STABILITY_MAP["warmup"])
-    w.add_argument("--layers", help="encoder = decoder depths (default: %s)" % STABILITY_MAP["layers"])
-    w.add_argument("--max-update", type=int, help="the budget of every cell, in updates (default: %s)"
-                   % STABILITY_MAP["max_update"])
-    w.add_argument("--width", type=int, help="model width d (embeddings d, FFN 4d; default: the size's own)")
-    w.add_argument("--real", action="store_true",
-                   help="the paper's IWSLT model on Multi30k (one GPU) instead of the tiny model on the generated corpus")
-    w.add_argument("--depth-map", action="store_true",
-                   help=f"the depth map: defaults {_describe(DEPTH_MAP)}; with --real {_describe(DEPTH_MAP_REAL)}, "
-                        f"--fp16; logs per-layer gradient norms (the stability map's defaults: {_describe(STABILITY_MAP)})")
-    w.add_argument("--checkpoint-activations", action="store_true",
-                   help="fairseq's --checkpoint-activations for every cell (less memory; activations are "
-                        "recomputed in the backward pass)")
-    w.add_argument("--bleu", dest="no_bleu", action="store_false", help="also score test BLEU (the last epoch)")
-
-
-def _describe(preset):
-    return ", ".join(f"{k.replace('_', '-')} {v}" for k, v in preset.items() if v is not None)
-
-
 def sweep_runs(opts):
-    """The cells ``opts`` (grid.sh sweep) asks for; sets the grid options the preset implies
-    (``arch_size``, and ``fp16`` for the depth map on a GPU)."""
+    """The cells that ``opts`` (options.SweepOptions, its preset filled in) ask for."""
     preset = PRESETS["real" if opts.real else "laptop"]
-    defaults = (DEPTH_MAP_REAL if opts.real else DEPTH_MAP) if opts.depth_map else STABILITY_MAP
-    for key, value in defaults.items():
-        if getattr(opts, key) is None:
-            setattr(opts, key, value)
-    opts.arch_size = preset["arch_size"]
-    opts.fp16 = opts.fp16 or (opts.depth_map and opts.real)
     extra = width_args(opts.width) + (("--checkpoint-activations",) if opts.checkpoint_activations else ())
     logging = GRAD_NORMS if opts.depth_map else dict(task="translation", extra=())
     axes = parse_axes(opts.archs, opts.lr, opts.warmup, opts.layers)
