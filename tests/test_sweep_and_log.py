@@ -119,6 +119,17 @@ def test_sweep_dry_run_names_and_budget(capsys, tmp_path):
         "sweep-preln-L12-lr0.003-wu1", "preln", 3e-3, 0, 12, 10)
 
 
+def test_sweep_help_states_the_sweeps_own_defaults(capsys):
+    with pytest.raises(SystemExit):
+        G.main(["sweep", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "output folder (default sweep-out)" in text and "default 50)" in text
+    with pytest.raises(SystemExit):
+        G.main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "output folder (default grid-out)" in text and "default 0)" in text
+
+
 @pytest.mark.slow
 def test_an_interrupted_sweep_resumes_and_records_divergence(tmp_path):
     """A real sweep on the toy corpus, stopped by Ctrl-C after its first run finished: exit 130, and

@@ -151,7 +151,7 @@ class RunFields(Options):
     data: Optional[List[str]] = option(
         action="append", metavar="[DATASET=]DIR",
         help="binarized data dir for every run, or per dataset (iwslt14=DIR, multi30k=DIR, wmt14=DIR)")
-    out: str = option("grid-out", "output folder (default grid-out)")
+    out: str = option("grid-out", "output folder (default %(default)s)")
     seeds: str = option("1", "comma-separated seeds (default 1, fairseq's default)")
     arch_size: str = option("paper", "tiny: the transformer_*_tiny archs (CPU)", choices=("paper", "tiny"))
     arch: Optional[str] = option(help="use this fairseq arch for every run (overrides --arch-size)")
@@ -178,7 +178,7 @@ class RunFields(Options):
     no_bleu: bool = option(False, "no test BLEU: validation loss only")
     patience: int = option(
         0, "stop a run as diverged when its training loss stays above its first loss for N "
-           "logged updates (0: only a non-finite loss counts; default 0)", type=positive_int(0), metavar="N")
+           "logged updates (0: only a non-finite loss counts; default %(default)s)", type=positive_int(0), metavar="N")
     gpus: Optional[str] = option(help="GPU ids, e.g. 0,1: runs side by side on them")
     runs_per_gpu: int = option(1, "with --gpus: K runs at once on each GPU (group); default 1",
                                type=positive_int(1), metavar="K")
