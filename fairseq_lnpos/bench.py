@@ -205,7 +205,9 @@ def throughput_results(seconds, work, variants, fairseq_arch):
         r = paired(seconds[base], seconds[v])
         r.update(baseline=" ".join(["fairseq", fairseq_arch, *flags]),
                  seconds_per_update=statistics.median(seconds[v]), work=work[v],
-                 work_ratio=work_ratios(work[v], work[base]))
+                 work_ratio=work_ratios(work[v], work[base]),
+                 # against fairseq's Post-LN whatever the placement: one reference for every variant
+                 to_postln=paired(seconds["fairseq_postln"], seconds[v]))
         if v in THROUGHPUT_TARGETS:
             r.update(target=THROUGHPUT_TARGETS[v], verdict=verdict(r["ci95"], THROUGHPUT_TARGETS[v], True))
         out[v] = r
@@ -266,7 +268,7 @@ def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, rep
     with tempfile.TemporaryDirectory() as save_dir:  # --log-grad-norms writes its JSONL there
         for size in sizes:
             fairseq_arch, size_flags = fairseq_size(size)
-            configs = {}
+            configs = {"fairseq_postln": (fairseq_arch, size_flags + extra)}  # every variant's second reference
             for v in variants:
                 base, flags = baseline(v)  # one fairseq model per LayerNorm placement, shared
                 configs[base] = (fairseq_arch, size_flags + flags + extra)
@@ -296,14 +298,16 @@ def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, rep
 
 
 def summary(result):
-    lines = ["| size | arch | s/update | ratio to fairseq: median [95 % CI] | target | verdict "
-             "| aten calls | elements written | matmul FLOPs |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| size | arch | s/update | ratio to fairseq (same placement): median [95 % CI] | target | verdict "
+             "| ratio to fairseq Post-LN | aten calls | elements written | matmul FLOPs |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for size, archs in result["throughput"].items():
         for v, r in archs.items():
             w = r["work_ratio"]
             lines.append(f"| {size} | {v} | {r['seconds_per_update']:.3f} | {r['median']:.3f} "
                          f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] | {r.get('target', '-')} | "
-                         f"{r.get('verdict', '-')} | " + " | ".join(f"{w[k]:.3f}" for k in
+                         f"{r.get('verdict', '-')} | {r['to_postln']['median']:.3f} [{r['to_postln']['ci95'][0]:.3f}, "
+                         f"{r['to_postln']['ci95'][1]:.3f}] | " + " | ".join(f"{w[k]:.3f}" for k in
                                                                      ("aten_calls", "output_elements", "matmul_flops")) + " |")
     for k, r in result["grad_norm_overhead"].items():
         lo, hi = r["overhead_percent_ci95"]

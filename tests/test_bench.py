@@ -108,6 +108,9 @@ def test_throughput_verdicts_on_hand_made_timings():
     assert r["keel"]["work_ratio"] == {"aten_calls": 1.1, "output_elements": 1.0, "matmul_flops": 1.0}
     assert r["keel"]["seconds_per_update"] == pytest.approx((1 / 0.8 + 2 / 0.8) / 2)
     assert r["preln"]["baseline"] == "fairseq transformer --encoder-normalize-before --decoder-normalize-before"
+    # every variant also against fairseq's Post-LN, update by update: Pre-LN's ratios 0.9, 1.8, 1.1, 2.2
+    assert r["preln"]["to_postln"]["median"] == pytest.approx((1.1 + 1.8) / 2)
+    assert r["keel"]["to_postln"]["median"] == pytest.approx(0.8)
 
 
 def test_grad_norm_overhead_on_hand_made_timings():
