@@ -85,14 +85,20 @@ def test_rerun_resumes_from_records(small_run, capsys):
     (["--depths", "6,8", "--layers-depth", "7"], "--layers-depth 7 is not in --depths"),
     (["--checkpoint", "x.pt"], "--checkpoint needs --data"),
     (["--seeds", "0"], "--seeds must be at least 1"),
+    (["--depths", "6,x"], "argument --depths: give comma-separated integers, e.g. 6,14, not '6,x'"),
     (["--data", "/nonexistent/bin"], "data folder /nonexistent/bin does not exist"),
 ])
 def test_bad_input_one_line_error(tmp_path, capsys, args, message):
     from fairseq_lnpos.analysis import init_grad
 
-    assert init_grad.main([*args, "--out", str(tmp_path)]) == 2
+    try:
+        status = init_grad.main([*args, "--out", str(tmp_path)])
+    except SystemExit as e:  # the parser's own errors (a value of the wrong type) exit there
+        status = e.code
+    assert status == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("init_grad_analysis: error:") and message in err[0], err
+    assert len(err) == 1 and err[0].split(":")[0] in ("init_grad_analysis", "init_grad_analysis.sh"), err
+    assert "error:" in err[0] and message in err[0], err
     assert not (tmp_path / "fig3.json").exists()
 
 

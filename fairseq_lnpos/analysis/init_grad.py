@@ -30,11 +30,12 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional, Tuple
 
 from fairseq_lnpos.common import fmt_time, write_json
 from fairseq_lnpos.errors import CommandParser, LnposError, at_least, check, run_main
 from fairseq_lnpos.launch import config_hash, train_args
+from fairseq_lnpos.options import Options as CommandOptions, option
 from fairseq_lnpos.variants import INITS, SIZES, VARIANTS, arch_name
 
 PROG = "init_grad_analysis"
@@ -42,37 +43,69 @@ DEFAULTS = {"tokens": 256, "batches": 2, "seeds": 2}
 PAPER = {"tokens": 4096, "seeds": 10}  # Sec. 3.4: ten seeds; 4096-token batches as in training
 
 
+def comma_list(text):
+    """argparse type: ``a,b`` -> ``("a", "b")``."""
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def comma_ints(text):
+    """argparse type: ``6,14`` -> ``(6, 14)``."""
+    try:
+        return tuple(int(x) for x in comma_list(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give comma-separated integers, e.g. 6,14, not {text!r}") from None
+
+
 @dataclasses.dataclass
-class Options:
-    """What to measure; the command-line options of the same names (see ``--help``)."""
-    out: str = "analysis-out"
-    data: Optional[str] = None
-    split: Optional[str] = None
-    source_lang: Optional[str] = None
-    target_lang: Optional[str] = None
-    archs: List[str] = dataclasses.field(default_factory=lambda: ["postln", "preln"])
-    size: str = "iwslt_de_en"
-    model_args: str = ""
-    init: Optional[str] = None
-    vocab: int = 8000
-    depths: List[int] = dataclasses.field(default_factory=lambda: [6, 8, 10, 12, 14])
-    layers_depth: int = 6
-    seeds: int = DEFAULTS["seeds"]
-    first_seed: int = 1
-    tokens: int = DEFAULTS["tokens"]
-    batches: int = DEFAULTS["batches"]
-    dropout: float = 0.1
-    label_smoothing: float = 0.1
-    checkpoint: Optional[str] = None
-    checkpoint_label: str = "Post-LN after warm-up"
-    lemma2: bool = True
-    fresh: bool = False
-    threads: Optional[int] = None
-    device: str = "cpu"
+class Options(CommandOptions):
+    """What to measure: one field per command-line option (the parser is generated from them)."""
+    data: Optional[str] = option(help="binarized data dir (fairseq-preprocess output); default: a generated "
+                                 "in-memory corpus (8000-word Markov source, mapped/reordered target)")
+    split: Optional[str] = option(help="split of --data to draw batches from (default: train, else valid)")
+    source_lang: Optional[str] = option(flag=("--source-lang", "-s"))
+    target_lang: Optional[str] = option(flag=("--target-lang", "-t"))
+    archs: Tuple[str, ...] = option(
+        ("postln", "preln"), type=comma_list,
+        help=f"comma-separated: variants ({', '.join(VARIANTS)}: transformer_<variant>_<size>) or "
+             "full fairseq arch names (default: postln,preln)")
+    size: str = option("iwslt_de_en", "size of the variants' archs: iwslt_de_en (6+6, d 512, FFN 1024, 4 heads; "
+                       "the paper's IWSLT model, default), wmt_en_de, tiny, or base ('' = base)")
+    model_args: str = option("", "extra fairseq model options, one quoted string, e.g. "
+                                 "\"--encoder-embed-dim 64 --decoder-embed-dim 64\" (for quick looks and tests)")
+    init: Optional[str] = option(
+        choices=INITS, help="the plugin archs' --lnpos-init (default fairseq-0.12, fairseq 0.12's own; "
+                            "fairseq-0.8: Xavier FFNs and zero biases, the fairseq of the paper's time)")
+    vocab: int = option(8000, "word types of the generated corpus (no --data)", type=int)
+    depths: Tuple[int, ...] = option((6, 8, 10, 12, 14), "encoder = decoder layers of the depth sweep (Fig. 3c/d)",
+                                     type=comma_ints)
+    layers_depth: int = option(6, "depth whose per-layer W1/W2 norms are plotted (Fig. 3a/b); default 6", type=int)
+    seeds: Optional[int] = option(help=f"number of seeds (default {DEFAULTS['seeds']}; --paper: 10)", type=int)
+    first_seed: int = option(1, type=int)
+    tokens: Optional[int] = option(help=f"max tokens per mini-batch (default {DEFAULTS['tokens']}; --paper: 4096)",
+                                   type=int)
+    batches: Optional[int] = option(help=f"mini-batches K averaged per model (default {DEFAULTS['batches']}; "
+                                         "the paper does not say)", type=int, flag=("--batches", "-K"))
+    paper: bool = option(False, "the paper's setting: 10 seeds, 4096-token batches")
+    dropout: float = option(0.1, "dropout (paper's IWSLT setting 0.1)", type=float)
+    label_smoothing: float = option(0.1, type=float)
+    checkpoint: Optional[str] = option(help="a fairseq checkpoint (e.g. Post-LN after warm-up) to add to "
+                                            "Fig. 3a/b; needs the --data it was trained on")
+    checkpoint_label: str = option("Post-LN after warm-up")
+    lemma2: bool = option(True, "skip the Lemma 2 forward passes", flag="--no-lemma2")
+    out: str = option("analysis-out", "output folder (default analysis-out/)")
+    fresh: bool = option(False, "ignore results of an earlier run in --out")
+    threads: Optional[int] = option(help="torch CPU threads (default: torch's choice)", type=int)
+    device: str = option("cpu", "cpu or cuda")
+
+    def __post_init__(self):  # seeds, tokens, batches not given: the defaults, or the paper's with --paper
+        for key, value in DEFAULTS.items():
+            if getattr(self, key) is None:
+                setattr(self, key, PAPER.get(key, value) if self.paper else value)
 
     def validate(self):
         """Normalise the lists and range-check every value; raises :class:`LnposError`."""
         self.archs = [a.strip() for a in self.archs if a.strip()]
+        self.depths = list(self.depths)
         check(self.archs, "--archs is empty: give e.g. postln,preln")
         check(self.size in SIZES or self.size == "", f"--size {self.size!r}: one of {', '.join(SIZES)} ('' = base)")
         self.depths = sorted(set(self.depths))
@@ -97,62 +130,12 @@ class Options:
 
 def parse_args(argv=None):
     """:class:`Options` from the command line."""
-    p = CommandParser(
+    p = Options.add_to(CommandParser(
         prog="init_grad_analysis.sh",
         description="Gradient norms of the FFN weights at initialization (Xiong et al. 2020, Fig. 3) "
         "and residual-stream norms (Lemma 2).",
-    )
-    p.add_argument("--data", help="binarized data dir (fairseq-preprocess output); default: a generated "
-                   "in-memory corpus (8000-word Markov source, mapped/reordered target)")
-    p.add_argument("--split", help="split of --data to draw batches from (default: train, else valid)")
-    p.add_argument("--source-lang", "-s")
-    p.add_argument("--target-lang", "-t")
-    p.add_argument("--archs", default="postln,preln",
-                   help=f"comma-separated: variants ({', '.join(VARIANTS)}: transformer_<variant>_<size>) or "
-                   "full fairseq arch names (default: postln,preln)")
-    p.add_argument("--size", default="iwslt_de_en",
-                   help="size of the variants' archs: iwslt_de_en (6+6, d 512, FFN 1024, 4 heads; "
-                   "the paper's IWSLT model, default), wmt_en_de, tiny, or base ('' = base)")
-    p.add_argument("--model-args", default="",
-                   help="extra fairseq model options, one quoted string, e.g. "
-                   "\"--encoder-embed-dim 64 --decoder-embed-dim 64\" (for quick looks and tests)")
-    p.add_argument("--init", choices=INITS,
-                   help="the plugin archs' --lnpos-init (default fairseq-0.12, fairseq 0.12's own; fairseq-0.8: "
-                   "Xavier FFNs and zero biases, the fairseq of the paper's time)")
-    p.add_argument("--vocab", type=int, default=8000, help="word types of the generated corpus (no --data)")
-    p.add_argument("--depths", default="6,8,10,12,14",
-                   help="encoder = decoder layers of the depth sweep (Fig. 3c/d)")
-    p.add_argument("--layers-depth", type=int, default=6,
-                   help="depth whose per-layer W1/W2 norms are plotted (Fig. 3a/b); default 6")
-    p.add_argument("--seeds", type=int, help=f"number of seeds (default {DEFAULTS['seeds']}; --paper: 10)")
-    p.add_argument("--first-seed", type=int, default=1)
-    p.add_argument("--tokens", type=int, help=f"max tokens per mini-batch (default {DEFAULTS['tokens']}; "
-                   "--paper: 4096)")
-    p.add_argument("--batches", "-K", type=int, help=f"mini-batches K averaged per model "
-                   f"(default {DEFAULTS['batches']}; the paper does not say)")
-    p.add_argument("--paper", action="store_true", help="the paper's setting: 10 seeds, 4096-token batches")
-    p.add_argument("--dropout", type=float, default=0.1, help="dropout (paper's IWSLT setting 0.1)")
-    p.add_argument("--label-smoothing", type=float, default=0.1)
-    p.add_argument("--checkpoint", help="a fairseq checkpoint (e.g. Post-LN after warm-up) to add to "
-                   "Fig. 3a/b; needs the --data it was trained on")
-    p.add_argument("--checkpoint-label", default="Post-LN after warm-up")
-    p.add_argument("--no-lemma2", action="store_true", help="skip the Lemma 2 forward passes")
-    p.add_argument("--out", default="analysis-out", help="output folder (default analysis-out/)")
-    p.add_argument("--fresh", action="store_true", help="ignore results of an earlier run in --out")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
-    a = p.parse_args(argv)
-    for key, value in DEFAULTS.items():
-        if getattr(a, key) is None:
-            setattr(a, key, PAPER.get(key, value) if a.paper else value)
-    try:
-        depths = [int(x) for x in a.depths.split(",") if x.strip()]
-    except ValueError:
-        raise LnposError(f"--depths takes comma-separated integers, got {a.depths!r}") from None
-    fields = {f.name for f in dataclasses.fields(Options)}
-    values = {k: v for k, v in vars(a).items() if k in fields}
-    values.update(archs=a.archs.split(","), depths=depths, lemma2=not a.no_lemma2)
-    return Options(**values).validate()
+    ))
+    return Options.from_namespace(p.parse_args(argv)).validate()
 
 
 # ---------------------------------------------------------------- models and data

@@ -16,6 +16,7 @@ from typing import List, Optional
 
 from ..common import one_line
 from ..errors import CommandParser, finite_float
+from ..options import Options, option, to_argv  # noqa: F401  (slurm.py imports to_argv from here)
 from .sweep import DEPTH_MAP, DEPTH_MAP_REAL, PRESETS, STABILITY_MAP
 
 
@@ -57,82 +58,6 @@ def slurm_names(option, several):
                 + (", several separated by commas" if several else ""))
         return text
     return parse
-
-
-# ---------------------------------------------------------------- fields as options
-
-def option(default=None, help=None, *, flag=None, positional=False, **argparse_kw):
-    """A dataclass field that is a command-line option: ``--NAME`` (``flag`` to name it otherwise,
-    ``positional`` for an argument), ``help``, and any other keyword of ``add_argument`` (type,
-    choices, metavar, required, action; a bool field is a switch: store_true, or store_false when
-    its default is true)."""
-    return field(default=default, metadata=dict(argparse_kw, help=help, flag=flag, positional=positional))
-
-
-def _flag(f):
-    return f.name if f.metadata["positional"] else f.metadata["flag"] or "--" + f.name.replace("_", "-")
-
-
-def _action(f):
-    if "action" in f.metadata:
-        return f.metadata["action"]
-    return ("store_false" if f.default else "store_true") if f.type is bool else "store"
-
-
-class Options:
-    """A command's options; its fields made with :func:`option` are its command line."""
-
-    @classmethod
-    def add_to(cls, parser):
-        """Add the options to ``parser`` class by class from the base, each class's fields in the order
-        it declares them. A field declared again with :func:`option` is added again (a parser with
-        conflict_handler="resolve" keeps the latest), one declared again as a plain default only
-        changes its default."""
-        final = {f.name: f for f in fields(cls)}
-        for klass in reversed(cls.__mro__):
-            own = vars(klass).get("__dataclass_fields__", {})
-            for name in vars(klass).get("__annotations__", {}):
-                f = own[name]
-                if not f.metadata:
-                    continue
-                kw = {k: v for k, v in f.metadata.items() if k not in ("flag", "positional")}
-                kw["action"] = _action(f)
-                if final[name].default is not MISSING:
-                    kw["default"] = final[name].default
-                if not f.metadata["positional"]:
-                    kw["dest"] = name
-                parser.add_argument(_flag(f), **kw)
-        return parser
-
-    @classmethod
-    def add_command(cls, subparsers, name, **kw):
-        """The subcommand ``name`` with these options; parsed, it is read back by :meth:`from_namespace`."""
-        p = cls.add_to(subparsers.add_parser(name, **kw))
-        p.set_defaults(options=cls)
-        return p
-
-    @classmethod
-    def from_namespace(cls, ns):
-        """The options an argparse namespace of :meth:`add_to`'s parser holds."""
-        return cls(**{f.name: getattr(ns, f.name) for f in fields(cls) if f.init and hasattr(ns, f.name)})
-
-
-def to_argv(opts, cls, skip=()):
-    """The command line that gives ``cls``'s parser the values of ``opts``: every option of ``cls``
-    that ``opts`` holds at another value than ``cls``'s default, except those named in ``skip``."""
-    argv = []
-    for f in fields(cls):
-        value = getattr(opts, f.name)
-        if not f.metadata or f.metadata["positional"] or f.name in skip or value == f.default:
-            continue
-        action = _action(f)
-        if action in ("store_true", "store_false"):
-            argv.append(_flag(f))
-        elif action == "append":
-            argv += [x for v in value for x in (_flag(f), str(v))]
-        else:
-            argv += [_flag(f), str(value)]
-    return argv
 
 
 # ---------------------------------------------------------------- the commands' options
