@@ -31,13 +31,14 @@ VARIANTS = {
     # further placements (models/<name>.py)
     "periln": Variant("Peri-LN", "transformer_periln", True),
     "b2t": Variant("B2T", "transformer_b2t", False),
+    "residual": Variant("ResiDual", "transformer_residual", False),
     "mixln": Variant("Mix-LN", "transformer_mixln", True),
     "lnscaling": Variant("LN-Scaling", "transformer_lnscaling", True),
     "rezero": Variant("ReZero", "transformer_rezero", False),
     "rezero_postln": Variant("ReZero+Post-LN", "transformer_rezero_postln", False),
 }
 # the further placements and normalizations: each has a demo row (--with-<name>) and a Multi30k row
-PLACEMENTS = ("periln", "b2t", "mixln", "lnscaling", "rezero", "rezero_postln")
+PLACEMENTS = ("periln", "b2t", "residual", "mixln", "lnscaling", "rezero", "rezero_postln")
 NORMALIZATIONS = ("preln_rmsnorm", "dyt", "derf", "scalenorm", "subln")
 FURTHER = NORMALIZATIONS + PLACEMENTS
 
