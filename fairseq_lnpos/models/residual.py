@@ -79,8 +79,10 @@ def dual_scale(cfg):
 def split_streams(x, dim, scale):
     """``(x_post, x_dual)`` from what a layer receives; the embeddings (width ``dim``) start both."""
     if x.size(-1) == dim:
-        return x, x * scale
-    return x.split(dim, dim=-1)
+        return x, x * scale if scale != 1 else x
+    post, dual = x.split(dim, dim=-1)
+    # contiguous: a strided input would cost every Linear reading it a separate bias add (mm + add, not addmm)
+    return post.contiguous(), dual
 
 
 class DualStreamOutput(nn.Module):
