@@ -32,6 +32,7 @@ VARIANTS = {
     # further placements (models/<name>.py)
     "periln": Variant("Peri-LN", "transformer_periln", True),
     "b2t": Variant("B2T", "transformer_b2t", False),
+    "residual": Variant("ResiDual", "transformer_residual", False),
     "mixln": Variant("Mix-LN", "transformer_mixln", True),
     "lnscaling": Variant("LN-Scaling", "transformer_lnscaling", True),
     "rezero": Variant("ReZero", "transformer_rezero", False),
@@ -40,7 +41,7 @@ VARIANTS = {
                           options=("scale_attn", "scale_fc", "scale_heads")),
 }
 # the further placements and normalizations: each has a demo row (--with-<name>) and a Multi30k row
-PLACEMENTS = ("periln", "b2t", "mixln", "lnscaling", "rezero", "rezero_postln", "normformer")
+PLACEMENTS = ("periln", "b2t", "residual", "mixln", "lnscaling", "rezero", "rezero_postln", "normformer")
 NORMALIZATIONS = ("preln_rmsnorm", "dyt", "derf", "scalenorm", "subln")
 FURTHER = NORMALIZATIONS + PLACEMENTS
 

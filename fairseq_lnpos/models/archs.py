@@ -13,7 +13,7 @@ from fairseq.models.transformer import base_architecture, transformer_iwslt_de_e
 from ..errors import check
 from ..variants import SIZES, TINY, VARIANTS, arch_name
 from . import admin, deepnorm, keel, scalenorm, subln, tfixup, variant  # noqa: F401  (register the models named in variants.VARIANTS)
-from . import b2t, lnscaling, mixln, normformer, periln, rezero  # noqa: F401
+from . import b2t, lnscaling, mixln, normformer, periln, residual, rezero  # noqa: F401
 
 
 def tiny_architecture(args):

@@ -105,11 +105,22 @@ def wrap_like_fairseq(layer, cfg):
     return fsdp_wrap(layer, min_num_params=0 if cfg.checkpoint_activations else cfg.min_params_to_wrap)
 
 
+def finish_stack(stack, cfg):
+    """After fairseq built an encoder or decoder: the module that follows its last layer (fairseq's
+    ``layer_norm`` slot: Pre-LN's final LayerNorm or nothing) becomes the layer class's own where it
+    has one (``layer_cls.build_stack_output(cfg)``), then ``--lnpos-norm`` replaces every LayerNorm
+    of the stack. Returns how many it replaced."""
+    build = getattr(stack.layer_cls, "build_stack_output", None)
+    if build is not None:
+        stack.layer_norm = build(cfg)
+    return replace_norms(stack, cfg)
+
+
 class VariantEncoder(TransformerEncoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, layer_cls, return_fc=False):
         self.layer_cls, self._built = layer_cls, 0
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
-        self.norms_replaced = replace_norms(self, cfg)
+        self.norms_replaced = finish_stack(self, cfg)
 
     def build_encoder_layer(self, cfg):
         layer = without_fused_inference(self.layer_cls(cfg, index=self._built, return_fc=self.return_fc))
@@ -121,7 +132,7 @@ class VariantDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, layer_cls, no_encoder_attn=False):
         self.layer_cls, self._built = layer_cls, 0
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
-        self.norms_replaced = replace_norms(self, cfg)
+        self.norms_replaced = finish_stack(self, cfg)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         layer = self.layer_cls(cfg, no_encoder_attn, index=self._built)
