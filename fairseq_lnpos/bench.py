@@ -247,7 +247,7 @@ def check_choices(kind, given, known):
 
 
 def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, reps=5, max_tokens=2048,
-              device="cpu", fairseq_args=(), analysis=True, log=print):
+              device="cpu", fairseq_args=(), analysis=True, log=print, overhead=True):
     """Measure throughput of every variant at every size against fairseq's own model, the
     ``--log-grad-norms`` overhead (at the first size) and, with ``analysis``, the wall time of the
     Fig. 3 analysis. Returns the result as a dict (what :func:`summary` prints)."""
@@ -276,14 +276,15 @@ def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, rep
             log(f"throughput at size {size} ({len(configs)} configurations, {reps} reps x {steps} updates)")
             secs, _, work = measure(configs, data, steps, reps, log, max_tokens, device, save_dir)
             result["throughput"][size] = throughput_results(secs, work, variants, fairseq_arch)
-        arch = arch_name("preln", sizes[0])
-        log(f"--log-grad-norms overhead ({arch})")
-        task = ["--task", "translation_lnpos", *extra]
-        secs, hook, _ = measure(
-            {"off": (arch, task), "interval_1": (arch, task + ["--log-grad-norms", "--grad-norm-interval", "1"]),
-             "interval_100": (arch, task + ["--log-grad-norms", "--grad-norm-interval", "100"])},
-            data, steps, reps, log, max_tokens, device, save_dir)
-    result["grad_norm_overhead"] = overhead_results(secs, hook)
+        if overhead:
+            arch = arch_name("preln", sizes[0])
+            log(f"--log-grad-norms overhead ({arch})")
+            task = ["--task", "translation_lnpos", *extra]
+            secs, hook, _ = measure(
+                {"off": (arch, task), "interval_1": (arch, task + ["--log-grad-norms", "--grad-norm-interval", "1"]),
+                 "interval_100": (arch, task + ["--log-grad-norms", "--grad-norm-interval", "100"])},
+                data, steps, reps, log, max_tokens, device, save_dir)
+            result["grad_norm_overhead"] = overhead_results(secs, hook)
     if analysis:
         log("Fig. 3 analysis with its default settings (scripts/init_grad_analysis.sh)")
         with tempfile.TemporaryDirectory() as tmp:  # timed as the command a user runs
@@ -333,6 +334,8 @@ def parse_args(argv=None):
                    help="cuda: fairseq's GPU training (fp32; add flags with --fairseq-args)")
     p.add_argument("--fairseq-args", default="", help="extra fairseq-train flags for every configuration, e.g. --fp16")
     p.add_argument("--no-analysis", action="store_true", help="skip timing the Fig. 3 analysis")
+    p.add_argument("--no-overhead", action="store_true",
+                   help="skip measuring --log-grad-norms' overhead (throughput only)")
     p.add_argument("--quick", action="store_true", help="CI mode: tiny size, 2 reps of 2 steps, no analysis")
     args = p.parse_args(argv)
     if args.quick:
@@ -356,7 +359,7 @@ def main(argv=None):
 
         torch.set_num_threads(args.threads)
     result = benchmark(data, sizes, variants, args.steps, args.reps, args.max_tokens, args.device,
-                       args.fairseq_args.split(), not args.no_analysis, log)
+                       args.fairseq_args.split(), not args.no_analysis, log, overhead=not args.no_overhead)
     write_json(out, result)
     log(summary(result))
     log(f"written {out}")
