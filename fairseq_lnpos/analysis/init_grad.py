@@ -105,7 +105,6 @@ class Options(CommandOptions):
     def validate(self):
         """Normalise the lists and range-check every value; raises :class:`LnposError`."""
         self.archs = [a.strip() for a in self.archs if a.strip()]
-        self.depths = list(self.depths)
         check(self.archs, "--archs is empty: give e.g. postln,preln")
         check(self.size in SIZES or self.size == "", f"--size {self.size!r}: one of {', '.join(SIZES)} ('' = base)")
         self.depths = sorted(set(self.depths))
