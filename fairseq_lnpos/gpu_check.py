@@ -166,7 +166,7 @@ def plan(out, steps, m30k_orig=None, runs_per_gpu=7, evaluators=1):
             Command(module("fairseq_lnpos.experiments.grid", "sweep", "--depth-map", "--real", "--data", m30k,
                            "--out", depth, "--gpus", 0, "--runs-per-gpu", k), show=("tail", 3), timed=depth),
             Call(wall_time, (depth, "(estimate: 1.5-3.5 hours)")),
-            Command(module("fairseq_lnpos.analysis.stability", depth), show=("from", "## Largest trainable depth"))]))
+            Command(module("fairseq_lnpos.analysis.stability", depth), show=("from", "## Largest good depth"))]))
     return todo
 
 

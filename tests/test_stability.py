@@ -94,7 +94,10 @@ def test_one_warm_up_rule_in_the_table_and_the_map(tmp_path):
     cells = S.make_cells(S.load_records(tmp_path))
     assert [(c.warmup, c.seeds) for c in cells] == [(0, 2), (100, 1)]
     md = S.markdown(tmp_path, S.load_records(tmp_path), cells, S.DEFAULT_RATIO)
-    assert "| none | 4.100 |" in md and "| 100 | 3.000 |" in md
+    # none: 4.1 trains (<= 0.6 x 9) but is not near the best cell (3.0 with warm-up): by the seed noise,
+    # s = 0.1414 (the two seeds 4.0, 4.2), delta = 2 x 0.1414 x sqrt(1/2 + 1/1) = 0.346 > 0.1 x 3.0; CI: t(0.975, 1)
+    # = 12.706 x 0.1414 / sqrt(2) = 1.27 around 4.1
+    assert "| none | 4.100 [4.00-4.20; CI 2.83-5.37] n2 poor |" in md and "| 100 | 3.000 n1 **good** |" in md
     table = report.markdown(report.collect(run_dirs(tmp_path)))
     assert [line.split(" | ")[4] for line in table.splitlines() if line.startswith("| postln-")] == ["none", "none", "100"]
 
@@ -103,34 +106,91 @@ def test_cells_and_largest_stable_lr_by_hand(sweep):
     records = S.load_records(sweep)
     cells = S.make_cells(records, ratio=0.6)
     c = cell(cells, "postln", 6, 0, 1e-2)
-    assert (c.seeds, c.diverged, c.final_valid_loss, c.stable) == (2, 1, 12.0, False)
+    assert (c.seeds, c.diverged, c.final_valid_loss, c.trains) == (2, 1, 12.0, False)
     c = cell(cells, "postln", 6, 0, 1e-3)
-    assert (c.seeds, c.diverged, c.final_valid_loss, c.bleu, c.stable) == (2, 0, pytest.approx(4.1), 21.5, True)
+    assert (c.seeds, c.diverged, c.final_valid_loss, c.bleu, c.trains) == (2, 0, pytest.approx(4.1), 21.5, True)
+    assert (c.loss_min, c.loss_max, c.loss_sd) == (4.0, 4.2, pytest.approx(0.2 / math.sqrt(2)))
     assert c.initial_loss == pytest.approx(9.1)
-    assert cell(cells, "postln", 6, 0, 1e-4).stable  # 5.1 <= 0.6 x 9.1
+    assert cell(cells, "postln", 6, 0, 1e-4).trains  # 5.1 <= 0.6 x 9.1
     assert not any(c.variant == "keel" for c in cells)  # failed runs are not cells
-    assert S.max_stable_lr(cells) == {("postln", 6, 0): 1e-3, ("postln", 6, 1000): 1e-2,
+    assert S.max_trains_lr(cells) == {("postln", 6, 0): 1e-3, ("postln", 6, 1000): 1e-2,
                                       ("postln", 12, 0): 1e-3, ("preln", 6, 0): 1e-2}
+    # good: Post-LN's best at depth 6 is 4.1 (n 2); delta = max(0.41, 2 x 0.1414 x sqrt(1/n + 1/2)) = 0.41 for
+    # n = 1 or 2: 4.15 and 4.18 are near it, 5.1 is not; Pre-LN's 4.3 and 4.35 are within 0.43 of 4.3
+    assert S.max_good_lr(cells) == {("postln", 6, 0): (1e-3, False), ("postln", 6, 1000): (1e-2, False),
+                                    ("postln", 12, 0): (1e-3, False), ("preln", 6, 0): (1e-2, False)}
+    assert cell(cells, "postln", 6, 1000, 1e-2).good_limit == pytest.approx(4.1 + 0.41)
+    assert cell(cells, "postln", 6, 0, 1e-4).verdict() == "poor"
     # at 0.48 x the initial loss: lr 1e-4 (5.1 > 4.37), depth 12 (4.5 > 4.32) and Pre-LN's 4.35 drop out
     narrow = S.make_cells(records, ratio=0.48)
-    assert not cell(narrow, "postln", 6, 0, 1e-4).stable and cell(narrow, "postln", 6, 1000, 1e-2).stable
-    assert S.max_stable_lr(narrow) == {("postln", 6, 0): 1e-3, ("postln", 6, 1000): 1e-2,
+    assert not cell(narrow, "postln", 6, 0, 1e-4).trains and cell(narrow, "postln", 6, 1000, 1e-2).trains
+    assert S.max_trains_lr(narrow) == {("postln", 6, 0): 1e-3, ("postln", 6, 1000): 1e-2,
                                        ("postln", 12, 0): None, ("preln", 6, 0): 1e-3}
 
 
-def test_stable_does_not_flip_on_run_to_run_noise(tmp_path):
+def test_verdicts_do_not_flip_on_run_to_run_noise(tmp_path):
     """The default map on two machines: Post-LN without warm-up reached 4.21 bits at lr 3e-4 on one and
-    4.08 on the other, 4.0 with warm-up; from a first loss of 8.6 both are stable, a stall at 6.2 is not
-    (the rule of 0.1 bit of the best cell gave 3e-4 on one machine and none on the other)."""
-    largest = []
+    4.08 on the other, 4.0 with warm-up; from a first loss of 8.6 both train and both are near the best
+    (within 0.1 x 4.0), a stall at 6.2 is neither (the rule of 0.1 bit of the best cell gave 3e-4 on one
+    machine and none on the other)."""
+    verdicts = []
     for machine, noisy in (("a", 4.21), ("b", 4.08)):
         out = tmp_path / machine
         write_run(out, "postln", 1e-4, 0, 1, final=5.6, initial=8.6)
         write_run(out, "postln", 3e-4, 0, 1, final=noisy, initial=8.6)
         write_run(out, "postln", 1e-3, 0, 1, final=6.2, initial=8.6)
         write_run(out, "postln", 1e-3, 1000, 1, final=4.0, initial=8.6)
-        largest.append(S.max_stable_lr(S.make_cells(S.load_records(out)))[("postln", 6, 0)])
-    assert largest == [3e-4, 3e-4]
+        cells = S.make_cells(S.load_records(out))
+        verdicts.append((S.max_trains_lr(cells)[("postln", 6, 0)], S.max_good_lr(cells)[("postln", 6, 0)],
+                         [c.verdict() for c in cells]))
+    assert verdicts[0] == verdicts[1] == (3e-4, (3e-4, False), ["no-train", "good", "no-train", "good"])
+
+
+def demo_cells(tmp_path, postln_nowu=(4.55, 4.49), seeds=(1, 2)):
+    """The demo's folder as recorded (docs/results.md, `make demo`, lr 1e-3, 300 updates): Post-LN without
+    warm-up stalls near 4.5 bits (tok BLEU 0.7) while it trains by the lax rule (first loss about 9.3),
+    Post-LN with 100 warm-up updates and Pre-LN reach about 1.4."""
+    for seed, nowu in zip(seeds, postln_nowu):
+        write_run(tmp_path, "postln", 1e-3, 0, seed, final=nowu, initial=9.3, bleu=0.7)
+        write_run(tmp_path, "postln", 1e-3, 100, seed, final=1.42 + 0.03 * seed, initial=9.3, bleu=98.0)
+        write_run(tmp_path, "preln", 1e-3, 0, seed, final=1.38 + 0.02 * seed, initial=9.3, bleu=99.0)
+    return S.make_cells(S.load_records(tmp_path))
+
+
+def test_the_demos_post_ln_without_warm_up_is_not_good(tmp_path):
+    cells = demo_cells(tmp_path)
+    bad = cell(cells, "postln", 6, 0, 1e-3)
+    assert bad.trains and not bad.near_best and bad.verdict() == "poor"  # 4.52 <= 0.6 x 9.3, far from 1.465
+    assert cell(cells, "postln", 6, 100, 1e-3).verdict() == "good" and cell(cells, "preln", 6, 0, 1e-3).good
+    assert S.max_good_lr(cells)[("postln", 6, 0)] == (None, False)
+    assert S.max_trains_lr(cells)[("postln", 6, 0)] == 1e-3  # the lax rule alone calls it stable
+
+
+def test_seeds_that_straddle_the_threshold_are_marked(tmp_path):
+    """Pre-LN at lr 1e-2: seeds 1.50 and 1.80 against a best of 1.40; s pooled over the two cells
+    (1.39/1.41 and 1.50/1.80, one degree of freedom each) = 0.1503, delta = max(0.14, 2 x 0.1503 x
+    sqrt(1/2 + 1/2)) = 0.3007: the mean 1.65 is good, seed 1 is good alone, seed 2 (1.80) is not."""
+    for seed, (a, b) in enumerate(((1.39, 1.50), (1.41, 1.80)), 1):
+        write_run(tmp_path, "preln", 1e-3, 0, seed, final=a, initial=9.0)
+        write_run(tmp_path, "preln", 1e-2, 0, seed, final=b, initial=9.0)
+    cells = S.make_cells(S.load_records(tmp_path))
+    c = cell(cells, "preln", 6, 0, 1e-2)
+    s = math.sqrt((2 * 0.01 ** 2 + 2 * 0.15 ** 2) / 2)
+    assert c.good_limit == pytest.approx(1.40 + 2 * s)
+    assert c.disagree and c.verdict() == "good" and not cell(cells, "preln", 6, 0, 1e-3).disagree
+    md = S.markdown(tmp_path, S.load_records(tmp_path), cells, S.Rules())
+    assert "n2 **good**?" in md and "| Pre-LN | 6 | 0.01 (seeds disagree) |" in md
+    assert S.max_good_lr(cells)[("preln", 6, 0)] == (1e-2, True)
+
+
+def test_one_seed_maps_say_so_and_use_the_floor(tmp_path):
+    write_run(tmp_path, "preln", 1e-3, 0, 1, final=1.40, initial=9.0)
+    write_run(tmp_path, "preln", 1e-2, 0, 1, final=1.53, initial=9.0)
+    write_run(tmp_path, "preln", 3e-2, 0, 1, final=1.55, initial=9.0)
+    cells = S.make_cells(S.load_records(tmp_path))
+    assert [c.verdict() for c in cells] == ["good", "good", "poor"]  # limit 1.40 x 1.1 = 1.54
+    md = S.markdown(tmp_path, S.load_records(tmp_path), cells, S.Rules())
+    assert "1 seed per cell (no spread: one seed)" in md and "delta is the floor alone" in md
 
 
 def test_best_loss_per_warmup_by_hand(sweep):
@@ -198,12 +258,14 @@ def test_main_writes_everything_and_prints_the_markdown(sweep, capsys):
     assert S.main([str(sweep), "--ratio", "0.48"]) == 0
     md = capsys.readouterr().out
     assert md == (sweep / "stability.md").read_text()
-    assert "14 runs: 10 finished, 2 diverged, 1 failed, 1 unfinished" in md
+    assert "14 runs: 10 finished, 2 diverged, 0 stopped early, 1 failed, 1 unfinished" in md
     assert "mean over the learning-rate grid of min(final loss, initial loss) minus the best final loss" in md
-    assert "| none | 5.100 | 4.100 (BLEU 21.5) | 12.000, x 1/2 |" in md  # Post-LN, 6 layers
-    # largest stable lr, then LR sensitivity (grids differ, so each value names its own)
-    assert "| architecture | layers | warm-up none | warm-up 1000 |\n|---|---|---|---|\n| Post-LN | 6 | 0.001 | 0.01 |\n" \
-        "| Post-LN | 12 | - |  |\n| Pre-LN | 6 | 0.001 |  |\n" in md
+    assert ("| none | 5.100 [5.00-5.20; CI 3.83-6.37] n2 no-train | 4.100 [4.00-4.20; CI 2.83-5.37] n2 BLEU 21.5 "
+            "**good** | 12.000 n2 no-train, x 1/2 |") in md  # Post-LN, 6 layers
+    # largest good lr, largest lr that trains, then LR sensitivity (grids differ, so each value names its own)
+    table = ("| architecture | layers | warm-up none | warm-up 1000 |\n|---|---|---|---|\n| Post-LN | 6 | 0.001 | 0.01 |\n"
+             "| Post-LN | 12 | - |  |\n| Pre-LN | 6 | 0.001 |  |\n")
+    assert md.count(table) == 2
     assert "| Post-LN | 6 | 2.000 (lr 0.0001, 0.001, 0.01) | 0.015 (lr 0.001, 0.01) |" in md
     assert f"- unfinished: {sweep / 'preln-L6-lr0.1-w0' / 'seed1'}" in md
     assert "the final validation loss is at most 0.48 x the initial loss" in md

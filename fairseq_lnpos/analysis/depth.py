@@ -2,12 +2,13 @@
 
 For a map of more than one depth (``scripts/grid.sh sweep --depth-map``):
 
-- the largest trainable depth per architecture, warm-up and learning rate: the deepest model of
-  the grid whose cell is stable by the map's one rule (:func:`.stability.is_stable`), in
-  OUT/largest_depth.csv and the Markdown, beside the final loss at every depth;
+- the largest good depth per architecture, warm-up and learning rate: the deepest model of the
+  grid whose cell is good by the map's rules (:mod:`.verdict`: it trains and is near the best cell
+  of its architecture and depth), and the deepest that trains, in OUT/largest_depth.csv and the
+  Markdown, beside the final loss at every depth;
 - OUT/depth_loss.png: final validation loss against depth (log axis), one line per architecture,
-  one panel per warm-up and learning rate; unstable cells hollow, diverged ones an x at their
-  initial loss.
+  one panel per warm-up and learning rate, error bars the seeds' min-max; cells that are not good
+  hollow, diverged or stopped ones an x at their initial loss.
 
 For any map whose runs recorded them:
 
@@ -66,13 +67,13 @@ def along_depth(cells):
     return {k: sorted(g, key=lambda c: c.layers) for k, g in group(cells, lambda c: (c.variant, c.warmup, c.lr)).items()}
 
 
-def largest_depth(cells):
-    """{(variant, warmup, lr): (the deepest stable depth or None, [shallower depths that are not stable])}."""
+def largest_depth(cells, ok=lambda c: c.good):
+    """{(variant, warmup, lr): (the deepest depth whose cell is ``ok`` (default: good) or None,
+    [shallower depths that are not])}."""
     out = {}
     for key, line in along_depth(cells).items():
-        stable = [c.layers for c in line if c.stable]
-        top = max(stable, default=None)
-        out[key] = (top, [c.layers for c in line if top is not None and c.layers < top and not c.stable])
+        top = max((c.layers for c in line if ok(c)), default=None)
+        out[key] = (top, [c.layers for c in line if top is not None and c.layers < top and not ok(c)])
     return out
 
 
@@ -87,20 +88,23 @@ def write_csv(cells, path):
     """OUT/largest_depth.csv: one row per architecture, warm-up and learning rate."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["label", "variant", "warmup", "lr", "depths", "largest_stable_depth", "unstable_below"])
+    w.writerow(["label", "variant", "warmup", "lr", "depths", "largest_good_depth", "not_good_below",
+                "largest_trains_depth"])
+    trains = largest_depth(cells, lambda c: c.trains)
     for (v, warmup, lr), (top, gaps) in largest_depth(cells).items():
         depths = [c.layers for c in along_depth(cells)[v, warmup, lr]]
+        t = trains[v, warmup, lr][0]
         w.writerow([VARIANTS[v].label, v, warmup, repr(lr), " ".join(map(str, depths)),
-                    "" if top is None else top, " ".join(map(str, gaps))])
+                    "" if top is None else top, " ".join(map(str, gaps)), "" if t is None else t])
     return write_text(path, buf.getvalue())
 
 
 def read_csv(path):
-    """The rows of :func:`write_csv` as {(variant, warmup, lr): (largest or None, [unstable below])}."""
+    """The rows of :func:`write_csv` as {(variant, warmup, lr): (largest good or None, [not good below])}."""
     with open(path, encoding="utf-8", newline="") as f:
         return {(r["variant"], int(r["warmup"]), float(r["lr"])):
-                (int(r["largest_stable_depth"]) if r["largest_stable_depth"] else None,
-                 [int(x) for x in r["unstable_below"].split()])
+                (int(r["largest_good_depth"]) if r["largest_good_depth"] else None,
+                 [int(x) for x in r["not_good_below"].split()])
                 for r in csv.DictReader(f)}
 
 
@@ -117,10 +121,11 @@ def _table(values, corner, fmt, col_fmt=str):
 
 
 def _cell_loss(c):
-    if c.diverged == c.seeds:
-        return "x"
-    text = num(c.final_valid_loss, ".2f")
-    return (text if c.stable else f"({text})") + (f", x {c.diverged}/{c.seeds}" if c.diverged else "")
+    if c.finished == 0:
+        return "x" if c.diverged == c.seeds else "s" if c.stopped == c.seeds else f"x {c.diverged}/{c.seeds}, s {c.stopped}/{c.seeds}"
+    text = num(c.final_valid_loss, ".2f") + (f" [{c.loss_min:.2f}-{c.loss_max:.2f}]" if c.finished > 1 else "")
+    text = (f"**{text}**" if c.good else text if c.trains else f"({text})") + f" n{c.seeds}" + ("?" if c.disagree else "")
+    return text + "".join(f", {m} {k}/{c.seeds}" for m, k in (("x", c.diverged), ("s", c.stopped)) if k)
 
 
 def markdown(cells):
@@ -130,14 +135,18 @@ def markdown(cells):
     if line:
         deepest = max(c.layers for c in cells)
         label = {(v, w): f"{VARIANTS[v].label}, warm-up {warmup_label(w)}" for v, w, _ in line}
-        lines += ["", "## Largest trainable depth", "",
-                  "The deepest model of the grid whose cell is stable (the rule above); '(not N)': shallower depths "
-                  "that were not stable; '-': none.", ""]
-        lines += _table({(label[v, w], lr): t for (v, w, lr), t in largest_depth(cells).items()},
-                        "architecture", lambda t: _fmt_depth(t, deepest), lambda lr: f"lr {lr:g}")
+        lines += ["", "## Largest good depth", "",
+                  "The deepest model of the grid whose cell is good (the rules above); '(not N)': shallower depths "
+                  "that were not good; '-': none. Beside it, after '/', the deepest that trains (the lax rule alone).",
+                  ""]
+        trains = largest_depth(cells, lambda c: c.trains)
+        lines += _table({(label[v, w], lr): (t, trains[v, w, lr]) for (v, w, lr), t in largest_depth(cells).items()},
+                        "architecture", lambda t: f"{_fmt_depth(t[0], deepest)} / {_fmt_depth(t[1], deepest)}",
+                        lambda lr: f"lr {lr:g}")
         for w, lr in dict.fromkeys((w, lr) for _, w, lr in line):
             lines += ["", f"### Final validation loss along depth, warm-up {warmup_label(w)}, lr {lr:g} (bits)", "",
-                      "(loss): finished but not stable; x: diverged.", ""]
+                      "**loss**: good; loss: trains, not near the best; (loss): does not train; [min-max] over "
+                      "the seeds; n seeds; ?: the seeds disagree; x: diverged; s: stopped early.", ""]
             lines += _table({(VARIANTS[c.variant].label, c.layers): c for c in cells if (c.warmup, c.lr) == (w, lr)},
                             "architecture \\ layers", _cell_loss)
     ratios = {(VARIANTS[v].label, layers): (statistics.median(e), statistics.median(d))
@@ -179,17 +188,18 @@ def _fmt_memory(m):
 # ---------------------------------------------------------------- the figure
 
 def plot(cells, path):
-    """OUT/depth_loss.png; returns {(warmup, lr): {variant: [(layers, loss, "stable"|"unstable"|"diverged")]}}
-    as drawn (a diverged cell at its initial loss)."""
+    """OUT/depth_loss.png; returns {(warmup, lr): {variant: [(layers, loss, "good"|"not good"|"diverged",
+    (min, max) or None)]}} as drawn (a cell whose seeds all diverged or stopped at its initial loss)."""
     plt = pyplot()
     panels = {}
     for (v, w, lr), line in along_depth(cells).items():
         points = []
         for c in line:
-            if c.diverged:
-                points.append((c.layers, c.initial_loss, "diverged"))
+            if c.finished == 0:
+                points.append((c.layers, c.initial_loss, "diverged", None))
             elif c.final_valid_loss is not None:
-                points.append((c.layers, c.final_valid_loss, "stable" if c.stable else "unstable"))
+                points.append((c.layers, c.final_valid_loss, "good" if c.good else "not good",
+                               (c.loss_min, c.loss_max) if c.finished > 1 else None))
         panels.setdefault((w, lr), {})[v] = points
     keys = sorted(panels)
     fig, axes = plt.subplots(1, len(keys), squeeze=False, figsize=(4.4 * len(keys), 3.6), sharey=True)
@@ -197,14 +207,16 @@ def plot(cells, path):
     for ax, key in zip(axes[0], keys):
         for i, (v, points) in enumerate(panels[key].items()):
             color = f"C{list(VARIANTS).index(v) % 10}"
-            drawn = [(x, y) for x, y, kind in points if kind != "diverged" and y is not None and math.isfinite(y)]
+            drawn = [(x, y) for x, y, kind, _ in points if kind != "diverged" and y is not None and math.isfinite(y)]
             ax.plot([x for x, _ in drawn], [y for _, y in drawn], color=color, lw=1.2, label=VARIANTS[v].label)
-            for x, y, kind in points:
+            for x, y, kind, span in points:
                 if y is None:
                     continue
-                marker = dict(stable=dict(marker="o", color=color), unstable=dict(marker="o", mfc="none", color=color),
-                              diverged=dict(marker="x", color=color, ms=9, mew=2))[kind]
+                marker = {"good": dict(marker="o", color=color), "not good": dict(marker="o", mfc="none", color=color),
+                          "diverged": dict(marker="x", color=color, ms=9, mew=2)}[kind]
                 ax.plot([x], [y], ls="none", **marker)
+                if span:
+                    ax.errorbar([x], [y], yerr=[[y - span[0]], [span[1] - y]], color=color, capsize=2, lw=1)
         ax.set_xscale("log", base=2)
         ax.set_xticks(depths)
         ax.set_xticklabels([str(d) for d in depths])
@@ -213,6 +225,6 @@ def plot(cells, path):
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("final validation loss (bits)")
     axes[0][-1].legend(fontsize=7)
-    save(fig, path, "Final validation loss against depth: filled = stable, hollow = not stable, x = diverged "
-                    "(at its initial loss)")
+    save(fig, path, "Final validation loss against depth: filled = good, hollow = not good, x = diverged or "
+                    "stopped (at its initial loss); bars = the seeds' min-max")
     return panels

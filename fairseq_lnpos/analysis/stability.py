@@ -1,14 +1,19 @@
 """Stability map from recorded runs: learning rate x warm-up x depth for every architecture.
 
-    scripts/stability_map.sh OUT [--ratio R] [--no-figures]
+    scripts/stability_map.sh OUT [--ratio R] [--near F] [--noise-k K] [--no-figures]
 
 Reads every run folder ``OUT/NAME/seedS/`` the grid writes (config.json, DONE.json, eval/epochN.json);
 a run without DONE.json is "unfinished" and listed, not counted; a file that exists but cannot be read
 is an error naming it. Runs of one cell (architecture, depth, warm-up, learning rate) are its seeds.
 The map's axes are its only differences: a folder whose runs differ in any other setting (optimizer,
 schedule, model size, data, budget, ...) is refused, naming the setting (:func:`check_one_experiment`).
+Every cell reports its seeds: n, the mean, min-max and a 95 % interval (:mod:`.seeds`), and two
+verdicts (:mod:`.verdict`): "trains" (the final loss a fraction of the initial loss) and "good"
+(trains, and near the best cell of its architecture and depth, within a margin set from the measured
+seed noise), the headline. Seeds that disagree on the verdict are marked.
 Writes OUT/stability.csv (one row per cell), OUT/stability.md (printed too),
-OUT/stability_heatmaps.png (rows: depth, columns: architecture) and OUT/sensitivity_vs_depth.png;
+OUT/stability_heatmaps.png (rows: depth, columns: architecture), OUT/loss_vs_lr.png (error bars: the
+seeds' min-max) and OUT/sensitivity_vs_depth.png;
 a map of more than one depth also the largest trainable depth (OUT/largest_depth.csv) and
 OUT/depth_loss.png (:mod:`.depth`). Gradient-norm ratios and peak memory are shown where the runs
 recorded them.
@@ -20,7 +25,7 @@ import csv
 import io
 import math
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from ..common import write_text
@@ -30,21 +35,15 @@ from ..experiments.runs import warmup_label, warmup_updates
 from ..variants import DEFAULT_INIT, VARIANTS, arch_names
 from . import depth
 from .map_common import group, num, pyplot, save
+from .seeds import ESTIMATOR, spread
+from .verdict import DEFAULT_NEAR, DEFAULT_NOISE_K, DEFAULT_RATIO, Rules, map_noise, seeds_disagree, threshold, trains
 
 DEFAULT_LAYERS = 6  # "layers" absent or null: the arch's default depth (6 for every size)
-# Stable (one rule for learning rates and depths): no seed diverged and the cell's final validation
-# loss is at most --ratio times its initial loss (the training loss of the first update). A cell is
-# judged by its own runs alone, so noise elsewhere on the map cannot flip it (the earlier rule, 0.1
-# bit of the architecture's best cell, gave Post-LN's largest stable lr as 3e-4 on one machine and
-# none on another). Measured on the generated corpus (docs/grid.md): runs that stall end at
-# 0.68-0.79 of their initial loss, runs that train (also slowly: a small lr, a deep Pre-LN) at
-# 0.17-0.49; 0.6 lies between.
-DEFAULT_RATIO = 0.6
 SENSITIVITY = ("LR sensitivity (Wortsman et al. 2023, \"Small-scale proxies for large-scale Transformer "
                "training instabilities\"): the mean over the learning-rate grid of min(final loss, initial "
                "loss) minus the best final loss on the grid, per architecture, depth and warm-up; a diverged "
-               "run's final loss counts as its initial loss; seeds are averaged per learning rate. Lower is "
-               "more stable: 0 means every learning rate of the grid reached the best loss.")
+               "run's final loss counts as its initial loss, a run stopped early's as its last validation loss; "
+               "seeds are averaged per learning rate. Lower is more stable: 0 means every learning rate of the grid reached the best loss.")
 
 
 @dataclass(frozen=True)
@@ -56,8 +55,10 @@ class Record:
     lr: float
     warmup: int          # 0 = none (runs.warmup_updates)
     seed: int
-    status: str          # finished | diverged | failed | unfinished (a Status's value; not started: unfinished)
+    status: str          # finished | diverged | stopped early | failed | unfinished (a Status's value; not
+    #                      started: unfinished)
     diverged_at: int = None
+    stopped_at: int = None   # stopped early at this update (experiments/early_stop.py)
     initial_loss: float = None
     final_valid_loss: float = None
     bleu: float = None   # test tok BLEU of the last scored epoch
@@ -73,24 +74,51 @@ AXES = "architecture, depth, warm-up, learning rate, seed"
 NOT_SETTINGS = {"name", "ln", "layers", "warmup", "lr", "figure", "paper_bleu", "paper_valid_loss", "paper_note"}
 
 
+COUNTED = ("finished", "diverged", "stopped early")  # outcomes a cell counts; failed and unfinished are listed
+
+
 @dataclass(frozen=True)
 class Cell:
-    """The seeds of one (variant, layers, warmup, lr) that finished or diverged."""
+    """The seeds of one (variant, layers, warmup, lr) that finished, diverged or were stopped early."""
     variant: str
     layers: int
     warmup: int
     lr: float
     seeds: int
     diverged: int                   # how many of them diverged
-    final_valid_loss: float = None  # mean over the seeds that did not diverge
-    bleu: float = None              # mean over the seeds that did not diverge and were scored
-    stable: bool = False            # see DEFAULT_RATIO
+    final_valid_loss: float = None  # mean over the seeds that finished
+    bleu: float = None              # mean over the seeds that finished and were scored
+    trains: bool = False            # verdict.trains
     initial_loss: float = None      # mean over the seeds
     grad_ratio_encoder: float = None  # mean over the seeds (depth.grad_ratios)
     grad_ratio_decoder: float = None
     peak_rss_mb: float = None       # largest over the seeds
     cuda_peak_mb: float = None
     train_seconds: float = None     # mean over the seeds
+    stopped: int = 0                # how many seeds were stopped early
+    loss_min: float = None          # the finished seeds' final losses (seeds.Spread)
+    loss_max: float = None
+    loss_sd: float = None
+    loss_ci_low: float = None
+    loss_ci_high: float = None
+    bleu_min: float = None
+    bleu_max: float = None
+    good_limit: float = None        # the largest mean final loss near the best of its architecture and depth
+    near_best: bool = False
+    good: bool = False              # trains and near best: the headline
+    disagree: bool = False          # the seeds disagree on "good"
+
+    @property
+    def finished(self):
+        return self.seeds - self.diverged - self.stopped
+
+    def verdict(self):
+        """The cell's verdict in a word: good, poor (trains, not near best), no-train, diverged, stopped."""
+        if self.diverged == self.seeds:
+            return "diverged"
+        if self.stopped + self.diverged == self.seeds:
+            return "stopped"
+        return "good" if self.good else "poor" if self.trains else "no-train"
 
 
 def settings(cfg):
@@ -112,14 +140,15 @@ def load_record(rd):
                warmup=warmup_updates(run["warmup"] or 0), seed=rec.seed, settings=settings(rec.config))
     if key["variant"] not in VARIANTS:
         raise StateError(f"{rd.config_path}: unknown architecture {key['variant']!r} (known: {', '.join(VARIANTS)})")
-    if rec.done is None:
+    if rec.done is None or rec.status is Status.UNFINISHED:
         return Record(status="unfinished", **key)
     key.update(grad_ratio=depth.grad_ratios(rd.save_dir, key["layers"]), peak_rss_mb=rec.done.get("peak_rss_mb"),
                cuda_peak_mb=rec.done.get("cuda_peak_mb"), train_seconds=rec.done.get("train_seconds"))
     final, status = rec.final_valid_loss, rec.status.value
     if rec.status is Status.FINISHED and final is not None and not math.isfinite(final):
         status = Status.DIVERGED.value  # a NaN/inf final loss: diverged, though training ran to its end
-    return Record(status=status, diverged_at=rec.done.get("diverged_at"), initial_loss=rec.done.get("initial_loss"),
+    return Record(status=status, diverged_at=rec.done.get("diverged_at"), stopped_at=rec.done.get("stopped_at"),
+                  initial_loss=rec.done.get("initial_loss"),
                   final_valid_loss=final, bleu=rec.last("bleu_tok"), **key)
 
 
@@ -153,39 +182,77 @@ def _max(values):
     return max(values) if values else None
 
 
-def is_stable(cell, ratio=DEFAULT_RATIO):
-    """The map's one rule (DEFAULT_RATIO): no seed diverged and the final validation loss at most
-    ``ratio`` times the initial loss (means over the seeds)."""
-    if cell.diverged or cell.final_valid_loss is None or cell.initial_loss is None:
-        return False
-    return cell.final_valid_loss <= ratio * cell.initial_loss
-
-
-def make_cells(records, ratio=DEFAULT_RATIO):
-    """Cells of the runs that finished or diverged, ``stable`` by :func:`is_stable`."""
-    counted = [r for r in records if r.status in ("finished", "diverged")]
-    cells = []
+def make_cells(records, ratio=DEFAULT_RATIO, rules=None):
+    """Cells of the runs that finished, diverged or were stopped early, with their seeds' spread and
+    both verdicts (:mod:`.verdict`; ``rules`` default to ``Rules(ratio)``)."""
+    rules = rules or Rules(ratio=ratio)
+    counted = [r for r in records if r.status in COUNTED]
+    cells, finals = [], {}
     for (variant, layers, warmup, lr), runs in group(counted, lambda r: (r.variant, r.layers, r.warmup, r.lr)).items():
         ok = [r for r in runs if r.status == "finished"]
+        stopped = sum(r.status == "stopped early" for r in runs)
         ratios = [r.grad_ratio for r in runs if r.grad_ratio]
-        cells.append(Cell(variant, layers, warmup, lr, len(runs), len(runs) - len(ok),
-                          _mean(r.final_valid_loss for r in ok), _mean(r.bleu for r in ok),
-                          initial_loss=_mean(r.initial_loss for r in runs),
-                          grad_ratio_encoder=_mean(x[0] for x in ratios), grad_ratio_decoder=_mean(x[1] for x in ratios),
-                          peak_rss_mb=_max(r.peak_rss_mb for r in runs), cuda_peak_mb=_max(r.cuda_peak_mb for r in runs),
-                          train_seconds=_mean(r.train_seconds for r in runs)))
-    return [Cell(**{**asdict(c), "stable": is_stable(c, ratio)}) for c in cells]
+        loss, bleu = spread(r.final_valid_loss for r in ok), spread(r.bleu for r in ok)
+        finals[variant, layers, warmup, lr] = runs
+        cell = Cell(variant, layers, warmup, lr, len(runs), len(runs) - len(ok) - stopped,
+                    loss and loss.mean, bleu and bleu.mean,
+                    initial_loss=_mean(r.initial_loss for r in runs),
+                    grad_ratio_encoder=_mean(x[0] for x in ratios), grad_ratio_decoder=_mean(x[1] for x in ratios),
+                    peak_rss_mb=_max(r.peak_rss_mb for r in runs), cuda_peak_mb=_max(r.cuda_peak_mb for r in runs),
+                    train_seconds=_mean(r.train_seconds for r in runs), stopped=stopped,
+                    **({} if loss is None else dict(loss_min=loss.min, loss_max=loss.max, loss_sd=loss.sd,
+                                                    loss_ci_low=loss.ci_low, loss_ci_high=loss.ci_high)),
+                    **({} if bleu is None else dict(bleu_min=bleu.min, bleu_max=bleu.max)))
+        cells.append(replace(cell, trains=trains(cell.final_valid_loss, cell.initial_loss,
+                                                 cell.diverged + cell.stopped, rules.ratio)))
+    noise = noise_of(cells, records)
+    best = {k: min(g, key=lambda c: c.final_valid_loss)
+            for k, g in group([c for c in cells if c.trains], lambda c: (c.variant, c.layers)).items()}
+    judged = []
+    for c in cells:
+        b = best.get((c.variant, c.layers))
+        if b is None or not c.trains:
+            judged.append(c)
+            continue
+        limit = threshold(b.final_valid_loss, b.finished, c.finished, rules, noise)
+        runs = finals[c.variant, c.layers, c.warmup, c.lr]
+        disagree = seeds_disagree([r.final_valid_loss if r.status == "finished" else None for r in runs],
+                                  [r.initial_loss for r in runs], limit, rules.ratio)
+        near = c.final_valid_loss <= limit
+        judged.append(replace(c, good_limit=limit, near_best=near, good=near, disagree=disagree))
+    return judged
+
+
+def noise_of(cells, records):
+    """The map's seed noise (:func:`.verdict.map_noise`): over the cells that train, each seed's final loss."""
+    keep = {(c.variant, c.layers, c.warmup, c.lr) for c in cells if c.trains}
+    by_cell = group([r for r in records if r.status == "finished" and (r.variant, r.layers, r.warmup, r.lr) in keep],
+                    lambda r: (r.variant, r.layers, r.warmup, r.lr))
+    return map_noise([[r.final_valid_loss for r in g] for g in by_cell.values()])
 
 
 def _best(cells):
-    """The lowest final validation loss of ``cells`` that did not diverge, or None."""
-    return min((c.final_valid_loss for c in cells if not c.diverged and c.final_valid_loss is not None), default=None)
+    """The lowest mean final validation loss of ``cells`` whose seeds all finished, or None."""
+    return min((c.final_valid_loss for c in cells if c.finished == c.seeds and c.final_valid_loss is not None),
+               default=None)
 
 
-def max_stable_lr(cells):
-    """{(variant, layers, warmup): the largest stable learning rate, or None}."""
-    return {k: max((c.lr for c in g if c.stable), default=None)
+def _largest(cells, ok):
+    return {k: max((c.lr for c in g if ok(c)), default=None)
             for k, g in group(cells, lambda c: (c.variant, c.layers, c.warmup)).items()}
+
+
+def max_trains_lr(cells):
+    """{(variant, layers, warmup): the largest learning rate whose cell trains, or None}."""
+    return _largest(cells, lambda c: c.trains)
+
+
+def max_good_lr(cells):
+    """{(variant, layers, warmup): (the largest learning rate whose cell is good, or None; whether that
+    cell's seeds disagree)}: the map's headline."""
+    top = _largest(cells, lambda c: c.good)
+    marks = {(c.variant, c.layers, c.warmup, c.lr): c.disagree for c in cells}
+    return {k: (lr, lr is not None and marks[(*k, lr)]) for k, lr in top.items()}
 
 
 def best_loss(cells):
@@ -196,13 +263,14 @@ def best_loss(cells):
 def lr_sensitivity(records):
     """{(variant, layers, warmup): Wortsman et al.'s LR sensitivity over the learning rates run, or None
     where a run of the group lacks its initial loss}; see SENSITIVITY."""
-    counted = [r for r in records if r.status in ("finished", "diverged")]
+    counted = [r for r in records if r.status in COUNTED]
     result = {}
     for key, runs in group(counted, lambda r: (r.variant, r.layers, r.warmup)).items():
         if any(r.initial_loss is None or (r.status == "finished" and r.final_valid_loss is None) for r in runs):
             result[key] = None
             continue
-        final = {id(r): r.initial_loss if r.status == "diverged" else r.final_valid_loss for r in runs}
+        final = {id(r): r.initial_loss if r.status == "diverged" or r.final_valid_loss is None else r.final_valid_loss
+                 for r in runs}
         by_lr = group(runs, lambda r: r.lr).values()
         clipped = [sum(min(final[id(r)], r.initial_loss) for r in g) / len(g) for g in by_lr]
         best = min(sum(final[id(r)] for r in g) / len(g) for g in by_lr)
@@ -222,11 +290,14 @@ def write_csv(cells, path):
 
 
 def read_csv(path):
+    """The cells of :func:`write_csv` (a CSV of the earlier one-rule map: its ``stable`` column as ``trains``)."""
     types = {f.name: float for f in fields(Cell)}
-    types.update(variant=str, layers=int, warmup=int, seeds=int, diverged=int, stable=lambda s: s == "True")
+    flag = lambda s: s == "True"  # noqa: E731
+    types.update(variant=str, layers=int, warmup=int, seeds=int, diverged=int, stopped=int, trains=flag,
+                 near_best=flag, good=flag, disagree=flag)
     with open(path, encoding="utf-8", newline="") as f:
-        return [Cell(**{k: (types[k](v) if v != "" else None) for k, v in row.items() if k in types})
-                for row in csv.DictReader(f)]
+        rows = [{("trains" if k == "stable" else k): v for k, v in row.items()} for row in csv.DictReader(f)]
+    return [Cell(**{k: (types[k](v) if v != "" else None) for k, v in row.items() if k in types}) for row in rows]
 
 
 # ---------------------------------------------------------------- figures
@@ -240,8 +311,10 @@ def heatmap(cells, variant, layers):
         return [[getattr(sel[w, lr], attr) if (w, lr) in sel else empty for lr in lrs] for w in warmups]
 
     loss = [[math.nan if v is None else v for v in row] for row in get("final_valid_loss", None)]
+    verdicts = [[sel[w, lr].verdict() if (w, lr) in sel else "" for lr in lrs] for w in warmups]
     return {"warmups": warmups, "lrs": lrs, "loss": loss, "bleu": get("bleu", None),
-            "diverged": get("diverged", 0), "seeds": get("seeds", 0)}
+            "diverged": get("diverged", 0), "stopped": get("stopped", 0), "seeds": get("seeds", 0),
+            "verdict": verdicts, "disagree": get("disagree", False)}
 
 
 def plot_heatmaps(cells, path):
@@ -268,10 +341,19 @@ def plot_heatmaps(cells, path):
             for r, w in enumerate(m["warmups"]):
                 for k, _ in enumerate(m["lrs"]):
                     n, d, loss, bleu = m["seeds"][r][k], m["diverged"][r][k], m["loss"][r][k], m["bleu"][r][k]
+                    stop, verdict = m["stopped"][r][k], m["verdict"][r][k]
                     text = "" if math.isnan(loss) else f"{loss:.2f}" + (f"\n{bleu:.1f}" if bleu is not None else "")
+                    text += f"\n{VERDICT_MARK.get(verdict, '')}{'?' if m['disagree'][r][k] else ''} n{n}" if n else ""
+                    if verdict == "good":
+                        ax.add_patch(Rectangle((k - 0.48, r - 0.48), 0.96, 0.96, fill=False, color="white", lw=2))
+                    if m["disagree"][r][k]:
+                        ax.add_patch(Rectangle((k - 0.42, r - 0.42), 0.84, 0.84, fill=False, color="orange", lw=1.5,
+                                               ls="--"))
                     if d:
                         ax.add_patch(Rectangle((k - 0.5, r - 0.5), 1, 1, fill=False, hatch="xx", color="red", lw=0))
                         text = "x" if d == n else f"{text}\nx {d}/{n}"
+                    if stop:
+                        text = f"s {stop}/{n}" if stop + d == n else f"{text}\ns {stop}/{n}"
                     dark = not math.isnan(loss) and (loss - vmin) > 0.6 * (vmax - vmin)  # viridis_r: dark at high loss
                     ax.text(k, r, text, ha="center", va="center", fontsize=6, color="white" if dark else "black")
             ax.set_xticks(range(len(m["lrs"])))
@@ -281,9 +363,48 @@ def plot_heatmaps(cells, path):
             ax.set_xlabel("learning rate", fontsize=8)
             ax.set_ylabel("warm-up updates", fontsize=8)
             fig.colorbar(im, ax=ax, fraction=0.046)
-    save(fig, path, "Final validation loss (bits, mean over seeds; second line: test tok BLEU where scored); "
-                    "x = diverged")
+    save(fig, path, "Final validation loss (bits, mean over the seeds that finished; then test tok BLEU where "
+                    "scored); G = good (white frame), p = poor, - = does not train, ? = seeds disagree (orange), "
+                    "n = seeds; x = diverged, s = stopped early")
     return drawn
+
+
+VERDICT_MARK = {"good": "G", "poor": "p", "no-train": "-"}
+
+
+def loss_curves(cells):
+    """{(layers, warmup): {variant: [(lr, mean, min, max)]}}: the final loss against the learning rate
+    of the cells with a finished seed, as :func:`plot_loss_vs_lr` draws it."""
+    panels = {}
+    for c in sorted(cells, key=lambda c: c.lr):
+        if c.final_valid_loss is not None:
+            panels.setdefault((c.layers, c.warmup), {}).setdefault(c.variant, []).append(
+                (c.lr, c.final_valid_loss, c.loss_min, c.loss_max))
+    return {k: dict(sorted(v.items(), key=lambda kv: list(VARIANTS).index(kv[0]))) for k, v in sorted(panels.items())}
+
+
+def plot_loss_vs_lr(cells, path):
+    """OUT/loss_vs_lr.png: the final loss against the learning rate, one line per architecture, one
+    panel per depth and warm-up, error bars the seeds' min-max; returns :func:`loss_curves`."""
+    plt = pyplot()
+    panels = loss_curves(cells)
+    fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(5.2 * len(panels), 4.2), sharey=True)
+    for ax, ((layers, warmup), lines) in zip(axes[0], panels.items()):
+        for v, pts in lines.items():
+            i = list(VARIANTS).index(v)
+            lo = [m - a for _, m, a, _ in pts]
+            hi = [b - m for _, m, _, b in pts]
+            ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[lo, hi], marker="o", ms=3, capsize=2,
+                        lw=1, color=f"C{i % 10}", ls=("-", "--")[i // 10 % 2], label=VARIANTS[v].label)
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_title(f"{layers} layers, warm-up {warmup_label(warmup)}", fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("final validation loss (bits)")
+    axes[0][-1].legend(fontsize=6, ncol=2)
+    save(fig, path, "Final validation loss against the learning rate: mean over the seeds that finished, "
+                    "bars = min-max over the seeds")
+    return panels
 
 
 def plot_sensitivity(sens, path):
@@ -330,44 +451,70 @@ def _init_of(records):
     return dict(records[0].settings).get("init", DEFAULT_INIT) if records else DEFAULT_INIT
 
 
-def stable_rule(ratio):
-    """The rule of :func:`is_stable` in words, as the map's outputs state it."""
-    return (f"Stable: no seed diverged and the final validation loss is at most {ratio:g} x the initial loss "
-            f"(the training loss of the first update; means over the seeds; --ratio). A cell is judged by its "
-            f"own runs alone. The same rule decides the largest stable learning rate and the largest trainable "
-            f"depth.")
+def cell_text(c):
+    """A cell in the map's tables: mean [min-max; 95 % CI] n, BLEU, verdict ('?': seeds disagree)."""
+    if c.finished == 0:
+        return ", ".join(f"{mark} {k}/{c.seeds}" for mark, k in (("x", c.diverged), ("s", c.stopped)) if k)
+    text = num(c.final_valid_loss)
+    if c.finished > 1:
+        text += f" [{c.loss_min:.2f}-{c.loss_max:.2f}; CI {c.loss_ci_low:.2f}-{c.loss_ci_high:.2f}]"
+    text += f" n{c.seeds}" + (f" BLEU {c.bleu:.1f}" if c.bleu is not None else "")
+    text += f" **{c.verdict()}**" if c.good else f" {c.verdict()}"
+    text += "?" if c.disagree else ""
+    return text + "".join(f", {mark} {k}/{c.seeds}" for mark, k in (("x", c.diverged), ("s", c.stopped)) if k)
 
 
-def markdown(out, records, cells, ratio):
-    counts = {s: sum(r.status == s for r in records) for s in ("finished", "diverged", "failed", "unfinished")}
+def _seed_counts(cells):
+    counts = sorted({c.seeds for c in cells})
+    if not counts:
+        return "no cells"
+    if len(counts) == 1:
+        return f"{counts[0]} seed{'s' if counts[0] > 1 else ''} per cell" + (" (no spread: one seed)" if counts == [1] else "")
+    return f"{counts[0]}-{counts[-1]} seeds per cell (n in each cell)"
+
+
+def _good_lr(v):
+    lr, disagree = v
+    return "-" if lr is None else f"{lr:g}" + (" (seeds disagree)" if disagree else "")
+
+
+def markdown(out, records, cells, rules):
+    """The map's Markdown; ``rules`` (:class:`.verdict.Rules`; a number: the --ratio of the default rules)."""
+    rules = rules if isinstance(rules, Rules) else Rules(ratio=rules)
+    statuses = ("finished", "diverged", "stopped early", "failed", "unfinished")
+    counts = {s: sum(r.status == s for r in records) for s in statuses}
+    noise = noise_of(cells, records)
     lines = [f"# Stability map of {out}", "",
              f"{len(records)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + ". Unfinished and "
              "failed runs are not counted. Losses in bits (fairseq's base 2), label smoothing included. "
-             f"Initialization: {_init_of(records)} (--lnpos-init).", ""]
-    for (variant, layers), _ in group(cells, lambda c: (c.variant, c.layers)).items():
+             f"Initialization: {_init_of(records)} (--lnpos-init). {_seed_counts(cells)}; seeds: {ESTIMATOR}.", "",
+             rules.describe(noise), ""]
+    for (variant, layers), group_cells in group(cells, lambda c: (c.variant, c.layers)).items():
         m = heatmap(cells, variant, layers)
-        lines += [f"## {VARIANTS[variant].label}, {layers} layers: final validation loss (mean over seeds)", "",
+        sel = {(c.warmup, c.lr): c for c in group_cells}
+        lines += [f"## {VARIANTS[variant].label}, {layers} layers: final validation loss", "",
                   "| warm-up \\ lr | " + " | ".join(f"{lr:g}" for lr in m["lrs"]) + " |",
                   "|---" * (len(m["lrs"]) + 1) + "|"]
-        for r, w in enumerate(m["warmups"]):
-            row = []
-            for k in range(len(m["lrs"])):
-                n, d, loss, bleu = m["seeds"][r][k], m["diverged"][r][k], m["loss"][r][k], m["bleu"][r][k]
-                text = num(loss) + (f" (BLEU {bleu:.1f})" if bleu is not None else "") if n else ""
-                row.append(("x" if d == n else f"{text}, x {d}/{n}") if d else text)
-            lines.append(f"| {warmup_label(w)} | " + " | ".join(row) + " |")
+        for w in m["warmups"]:
+            lines.append(f"| {warmup_label(w)} | " + " | ".join(cell_text(sel[w, lr]) if (w, lr) in sel else ""
+                                                              for lr in m["lrs"]) + " |")
         lines.append("")
-    lines += ["x: diverged (x d/n: d of n seeds diverged; the loss shown is the mean of the others).", ""]
-    stable, sens = max_stable_lr(cells), lr_sensitivity(records)
-    lines += ["## Largest stable learning rate per warm-up", "",
-              stable_rule(ratio) + " '-': no stable learning rate.", ""]
-    lines += _table(stable, lambda lr: "-" if lr is None else f"{lr:g}")
+    lines += ["Each cell: mean over the seeds that finished [min-max; 95 % CI], n seeds, test tok BLEU where scored, "
+              "the verdict (good, poor = trains but not near the best, no-train; '?': the seeds disagree). "
+              "x d/n: d of n seeds diverged; s k/n: k stopped early (their losses are not in the mean).", ""]
+    sens = lr_sensitivity(records)
+    lines += ["## Largest good learning rate per warm-up", "",
+              "The largest learning rate whose cell is good (the rules above); '-': none.", ""]
+    lines += _table(max_good_lr(cells), _good_lr)
+    lines += ["", "## Largest learning rate that trains, per warm-up", "",
+              "The earlier, lax rule alone: the final loss at most the ratio times the initial loss.", ""]
+    lines += _table(max_trains_lr(cells), lambda lr: "-" if lr is None else f"{lr:g}")
     grids = {k: ", ".join(f"{lr:g}" for lr in sorted({c.lr for c in cells if (c.variant, c.layers, c.warmup) == k}))
              for k in sens}
     lines += ["", "## Best final validation loss per warm-up (bits)", "",
-              "The lowest final validation loss over the learning-rate grid. Read the LR sensitivity beside it: "
-              "sensitivity is measured from each row's own best, so an architecture whose best loss is poor "
-              "can score as insensitive.", ""]
+              "The lowest final validation loss over the learning-rate grid (mean over seeds). Read the LR "
+              "sensitivity beside it: sensitivity is measured from each row's own best, so an architecture "
+              "whose best loss is poor can score as insensitive.", ""]
     lines += _table(best_loss(cells), num)
     lines += ["", "## LR sensitivity (bits)", "", SENSITIVITY, ""]
     if len(set(grids.values())) == 1:
@@ -383,26 +530,46 @@ def markdown(out, records, cells, ratio):
     return "\n".join(lines) + "\n"
 
 
+def _fraction(name):
+    def parse(text):
+        try:
+            v = float(text)
+        except ValueError:
+            v = math.nan
+        if not 0 < v < 1:
+            raise LnposError(f"--{name} {text}: give a fraction between 0 and 1")
+        return v
+    return parse
+
+
 def _main(argv):
     p = CommandParser(prog="stability_map.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("out", help="the output folder of a sweep (OUT/NAME/seedS/ run folders)")
-    p.add_argument("--ratio", type=float, default=DEFAULT_RATIO,
-                   help="stable: the final validation loss at most this times the initial loss (default: %(default)s)")
+    p.add_argument("--ratio", type=_fraction("ratio"), default=DEFAULT_RATIO,
+                   help="trains: the final validation loss at most this times the initial loss (default: %(default)s)")
+    p.add_argument("--near", type=_fraction("near"), default=DEFAULT_NEAR,
+                   help="good: within this fraction of the best cell of the architecture and depth, at the least "
+                        "(default: %(default)s)")
+    p.add_argument("--noise-k", type=float, default=DEFAULT_NOISE_K,
+                   help="good: or within K seed standard deviations of the difference of means, if more "
+                        "(default: %(default)s)")
     p.add_argument("--no-figures", action="store_true", help="write the CSV and Markdown only")
     args = p.parse_args(argv)
-    if not 0 < args.ratio < 1:
-        raise LnposError(f"--ratio {args.ratio}: give a fraction between 0 and 1 (the final loss over the initial loss)")
+    if not (math.isfinite(args.noise_k) and args.noise_k >= 0):
+        raise LnposError(f"--noise-k {args.noise_k}: give a number of at least 0")
+    rules = Rules(ratio=args.ratio, near=args.near, noise_k=args.noise_k)
     out = Path(args.out)
     records = load_records(out)
-    cells = make_cells(records, args.ratio)
+    cells = make_cells(records, rules=rules)
     write_csv(cells, out / "stability.csv")
     deep = depth.along_depth(cells)
     if deep:
         depth.write_csv(cells, out / "largest_depth.csv")
-    md = markdown(out, records, cells, args.ratio)
+    md = markdown(out, records, cells, rules)
     write_text(out / "stability.md", md)
     if cells and not args.no_figures:
         plot_heatmaps(cells, out / "stability_heatmaps.png")
+        plot_loss_vs_lr(cells, out / "loss_vs_lr.png")
         sens = lr_sensitivity(records)
         if sens:
             plot_sensitivity(sens, out / "sensitivity_vs_depth.png")

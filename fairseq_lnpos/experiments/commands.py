@@ -142,6 +142,7 @@ class Job:
     lock_fd: int = None
     released: bool = True                      # the run folder's lock is not held
     diverged: int = None                       # the update at which it diverged
+    stopped: tuple = None                      # (update, why): stopped early (early_stop.py)
     error: str = None                          # why scoring failed
 
     @property

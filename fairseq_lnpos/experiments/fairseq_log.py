@@ -13,6 +13,9 @@ since the last update (to 0.1 GB) and the total once at start, so the peak is to
 Divergence: a non-finite training or validation loss, fairseq's own floating-point failures
 (``FloatingPointError``, minimum loss scale reached), or, when ``patience`` is set, a training
 loss above the first logged loss for ``patience`` consecutive logged updates.
+
+Early stopping: with a ``stop_rule`` (:class:`~.early_stop.StopRule`), ``stopped`` is the rule's
+``(update, why)`` once the training loss has stalled (a status of its own, not divergence).
 """
 import json
 import math
@@ -54,8 +57,11 @@ def bleu4(text):
 class LogState:
     """What fairseq's log says so far."""
 
-    def __init__(self, patience=0):
+    def __init__(self, patience=0, stop_rule=None, budget=None):
         self.valid, self.train, self.saved = {}, {}, {}
+        # early stopping (early_stop.StopRule over a budget of ``budget`` updates): the finite
+        # training losses as (update, loss), and the rule's (update, why) once it fires
+        self.stop_rule, self.budget, self.losses, self.stopped = stop_rule, budget, [], None
         self.updates, self.loss, self.first_loss = 0, "", None
         self.nonfinite_at, self.fatal_fp = None, False
         self.patience, self.above, self.above_since = patience, 0, None
@@ -143,6 +149,9 @@ class LogState:
         loss = number(self.loss)
         if loss is None or not math.isfinite(loss):
             return
+        self.losses.append((self.updates, loss))
+        if self.stop_rule is not None and self.stopped is None and self.diverged_at is None:
+            self.stopped = self.stop_rule.check(self.losses, self.budget)
         if self.first_loss is None:
             self.first_loss = loss
         elif loss > self.first_loss:

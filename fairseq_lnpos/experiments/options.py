@@ -104,6 +104,9 @@ class RunFields(Options):
     patience: int = option(
         0, "stop a run as diverged when its training loss stays above its first loss for N "
            "logged updates (0: only a non-finite loss counts; default %(default)s)", type=positive_int(0), metavar="N")
+    early_stop: bool = option(
+        False, "stop a run whose training loss has stalled well above what a run that trains reaches "
+               "(recorded as 'stopped early'; early_stop.py; on by default in sweeps)")
     gpus: Optional[str] = option(help="GPU ids, e.g. 0,1: runs side by side on them")
     runs_per_gpu: int = option(1, "with --gpus: K runs at once on each GPU (group); default 1",
                                type=positive_int(1), metavar="K")
@@ -156,6 +159,9 @@ class SweepAxes(Options):
         False, "fairseq's --checkpoint-activations for every cell (less memory; activations are "
                "recomputed in the backward pass)")
     no_bleu: bool = option(True, "also score test BLEU (the last epoch)", flag="--bleu")
+    early_stop: bool = option(
+        True, "run every cell to its budget: do not stop runs whose training loss has stalled "
+              "(early_stop.py; docs/results.md has its calibration)", flag="--no-early-stop")
 
 
 @dataclass
@@ -165,6 +171,7 @@ class SweepOptions(RunFields, SweepAxes):
     out: str = "sweep-out"
     patience: int = 50
     no_bleu: bool = True
+    early_stop: bool = True
 
     def __post_init__(self):
         defaults = (DEPTH_MAP_REAL if self.real else DEPTH_MAP) if self.depth_map else STABILITY_MAP

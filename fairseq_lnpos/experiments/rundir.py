@@ -7,8 +7,9 @@
     eval/epochN.hyp   the hypotheses that were scored
     eval/average.json the average of the last N epoch checkpoints (--average-last N) scored, and .hyp
     TRAINED           fairseq-train finished
-    DONE.json         written last, the outcome: finished, diverged at update N, or failed: WHY;
-                      a finished or diverged run is never redone, a failed one is retried; also
+    DONE.json         written last, the outcome: finished, diverged at update N, stopped early at
+                      update N: WHY (early_stop.py), or failed: WHY; a finished, diverged or
+                      stopped run is never redone, a failed one is retried; also
                       the first training loss, updates, training time, final validation loss and
                       peak memory (peak_rss_mb, cuda_peak_mb: absent in older runs, null unknown)
     .lock             held (flock) while a grid works on the run
@@ -137,7 +138,8 @@ SHAPES = {
                     "data": (STRING, False), "fp16": (BOOL, False), "fairseq_args": (STRING, False),
                     "beam": (INT, False), "lenpen": (NUMBER, False), "gen_args": (list_of(STRING), False)},
     "run": _run_fields(),
-    "DONE.json": {"status": (STRING, True), "diverged_at": (optional(INT), False), "epochs": (list_of(INT), False),
+    "DONE.json": {"status": (STRING, True), "diverged_at": (optional(INT), False),
+                  "stopped_at": (optional(INT), False), "epochs": (list_of(INT), False),
                   "initial_loss": (optional(NUMBER), False), "updates": (INT, False),
                   "train_seconds": (NUMBER, False), "final_valid_loss": (optional(NUMBER), False),
                   "peak_rss_mb": (optional(NUMBER), False), "cuda_peak_mb": (optional(NUMBER), False)},
@@ -150,7 +152,7 @@ SHAPES = {
                      "sacrebleu": (optional(NUMBER), False), "eval_seconds": (NUMBER, False),
                      "n_sentences": (INT, False), "sacrebleu_signature": (STRING, False)},
 }
-OUTCOME = re.compile(r"^(?:(finished)|(diverged) at update \d+|(failed): .*)$", re.S)
+OUTCOME = re.compile(r"^(?:(finished)|(diverged) at update \d+|(stopped early) at update \d+: .*|(failed): .*)$", re.S)
 
 
 def _shape_error(path, what, problem, what_to_do):
@@ -187,14 +189,15 @@ class Status(enum.Enum):
     """Where a run stands: the outcome its DONE.json records, or, without one, whether it started."""
     FINISHED = "finished"
     DIVERGED = "diverged"
+    STOPPED = "stopped early"    # hopeless: its training loss stalled (early_stop.py)
     FAILED = "failed"            # a re-run retries it
     UNFINISHED = "unfinished"    # running, or stopped before its outcome (a re-run resumes it)
     NOT_STARTED = "not started"
 
     @property
     def final(self):
-        """A finished or diverged run is never redone."""
-        return self in (Status.FINISHED, Status.DIVERGED)
+        """A finished, diverged or early-stopped run is never redone."""
+        return self in (Status.FINISHED, Status.DIVERGED, Status.STOPPED)
 
 
 def outcome(done):
@@ -357,7 +360,7 @@ class RunDir:
         done = read_checked(self.done_path, "DONE.json", "an outcome record", what_to_do)
         if done is not None and not OUTCOME.match(done["status"]):
             raise _shape_error(self.done_path, "an outcome record", f"status {_short(done['status'])} is none of "
-                               f"'finished', 'diverged at update N', 'failed: WHY'", what_to_do)
+                               f"'finished', 'diverged at update N', 'stopped early at update N: WHY', 'failed: WHY'", what_to_do)
         return done
 
     def outcome(self):

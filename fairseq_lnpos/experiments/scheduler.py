@@ -24,6 +24,7 @@ from ..errors import LnposError, StateError
 from ..launch import child_env
 from . import reap
 from .commands import total_updates
+from .early_stop import DEFAULT_RULE
 from .evaluator import Evaluator, Stopped
 from .fairseq_log import LogState, LogTail, number
 from .rundir import outcome
@@ -133,7 +134,8 @@ class Grid:
             rd.evals()  # a damaged record is an error now, not a silently re-scored epoch later
             job.state = "running"
             job.manifest = read_manifest(job.data)
-            job.log_state = LogState(patience=self.opts.patience)
+            rule = DEFAULT_RULE if self.opts.early_stop and job.run.max_update else None
+            job.log_state = LogState(patience=self.opts.patience, stop_rule=rule, budget=job.run.max_update)
             job.evaluator = self.evaluators[slot]
             self._train(job, slot)
         except RunFailed as e:
@@ -171,7 +173,7 @@ class Grid:
                     self._epoch_saved(job, ep)
                 job.updates, job.loss = state.updates, state.loss
                 job.pace = (paced[0] + time.time() - t_launch, paced[1] + state.updates - updates_before)
-                if state.diverged_at is not None and not ended:
+                if (state.diverged_at is not None or state.stopped is not None) and not ended:
                     os.killpg(proc.pid, signal.SIGTERM)
                     reap.wait(proc)
                     ended = True
@@ -194,6 +196,8 @@ class Grid:
             raise Stopped()
         if state.diverged_at is not None:
             job.diverged = state.diverged_at
+        elif state.stopped is not None:
+            job.stopped = state.stopped
         elif proc.returncode != 0 and state.fatal_fp:
             job.diverged = state.updates + 1  # fairseq raised before counting the failing update
         elif proc.returncode != 0:
@@ -254,7 +258,8 @@ class Grid:
 
     def _average_due(self, job):
         """Is the average of the run's last --average-last epoch checkpoints still to be scored?"""
-        return job.run.average_last > 0 and not self.opts.no_bleu and job.diverged is None and job.dir.average() is None
+        return job.run.average_last > 0 and not self.opts.no_bleu and job.diverged is None \
+            and job.stopped is None and job.dir.average() is None
 
     def _score_average(self, job):
         """Queue the scoring of the parameter average of the last --average-last epoch checkpoints
@@ -321,9 +326,11 @@ class Grid:
                 return
             self._drop_checkpoints(job, below=float("inf"))
             st, rd = job.log_state, job.dir
-            diverged = job.diverged
-            status = f"diverged at update {diverged}" if diverged else "finished"
-            rd.write_done({"status": status, "diverged_at": diverged, "epochs": sorted(st.saved),
+            diverged, stopped = job.diverged, job.stopped
+            status = (f"diverged at update {diverged}" if diverged else
+                      f"stopped early at update {stopped[0]}: {stopped[1]}" if stopped else "finished")
+            rd.write_done({"status": status, "diverged_at": diverged, "stopped_at": stopped and stopped[0],
+                           "epochs": sorted(st.saved),
                            "initial_loss": st.first_loss, "updates": st.updates,
                            "train_seconds": round(st.train_seconds, 1),
                            "final_valid_loss": st.final_valid_loss,

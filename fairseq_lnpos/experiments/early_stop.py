@@ -1,0 +1,61 @@
+"""Early stopping of hopeless runs (sweeps; ``grid.sh sweep --no-early-stop`` turns it off).
+
+A run is stopped at update u, and recorded as ``stopped early at update u: WHY`` (its own outcome,
+never "finished"), when its training loss has stalled well above what a run that trains reaches:
+
+- u is at least :attr:`StopRule.after` of the budget (``--max-update``), so that slow starters and
+  the plateau a Post-LN run with warm-up crosses are not judged;
+- the mean training loss of the last ``window`` updates is above :attr:`StopRule.ratio` times the
+  first logged loss (a run that trains ends at 0.17-0.49 of it on the generated corpus, a stalled
+  one at 0.68-0.79, docs/grid.md), and
+- it fell by less than :attr:`StopRule.progress` times the first loss from the ``window`` updates
+  before (a stalled run no longer moves; a slow one still does).
+
+A run that diverges is stopped by the grid's other rules (a non-finite loss; ``--patience``). The
+defaults were calibrated on full-length runs of the all-architecture map (docs/results.md,
+"Early stopping"): ``python -m fairseq_lnpos.analysis.early_stop_replay OUT`` replays the rule over
+a folder of runs made without it and reports what it would have stopped, when, and what it would
+have saved.
+"""
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StopRule:
+    after: float = 0.3      # no run is judged before this fraction of its budget
+    ratio: float = 0.7      # stalled: the recent mean training loss above ratio x the first loss ...
+    progress: float = 0.02  # ... that fell by less than progress x the first loss over the last window
+    window: float = 0.1     # the window, a fraction of the budget (at least 5 updates)
+
+    def check(self, losses, budget):
+        """``(update, why)`` when the run whose logged training losses are ``losses`` ((update, loss)
+        pairs in order, finite losses only) should stop at its last logged update, else None."""
+        if not losses or not budget:
+            return None
+        u, first = losses[-1][0], losses[0][1]
+        width = max(5, round(self.window * budget))
+        if u < self.after * budget or u < 2 * width or not first > 0:
+            return None
+        recent = [loss for v, loss in losses if u - width < v <= u]
+        before = [loss for v, loss in losses if u - 2 * width < v <= u - width]
+        if not recent or not before:
+            return None
+        now, then = sum(recent) / len(recent), sum(before) / len(before)
+        if now > self.ratio * first and then - now < self.progress * first:
+            return u, (f"training loss stalled at {now:.2f} bits ({now / first:.2f} x its first {first:.2f}; "
+                       f"{then - now:+.2f} over the last {width} updates) at {u / budget:.0%} of the budget")
+        return None
+
+
+DEFAULT_RULE = StopRule()
+
+
+def first_stop(losses, budget, rule=DEFAULT_RULE):
+    """Replay ``rule`` over a whole curve: the first ``(update, why)`` at which it stops, or None."""
+    finite = [(u, x) for u, x in losses if x is not None and math.isfinite(x)]
+    for i in range(1, len(finite) + 1):
+        hit = rule.check(finite[:i], budget)
+        if hit:
+            return hit
+    return None
