@@ -115,6 +115,20 @@ def finite_float(text):
     return value
 
 
+def fraction(name):
+    """argparse type of option ``--name``: a number strictly between 0 and 1."""
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not 0 < value < 1:
+            raise argparse.ArgumentTypeError(f"{text}: give a fraction between 0 and 1")
+        return value
+    parse.__name__ = name
+    return parse
+
+
 def at_least(minimum, name, value):
     """``value`` if it is >= ``minimum``, else an :class:`LnposError` naming option ``name``."""
     check(value >= minimum, f"{name} must be at least {minimum}, got {value}")

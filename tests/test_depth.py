@@ -179,10 +179,11 @@ def test_a_map_of_one_depth_has_no_depth_section(tmp_path, capsys):
 # ---------------------------------------------------------------- peak memory
 
 def test_peak_resident_set_of_a_child():
-    proc = subprocess.Popen([sys.executable, "-c", "b = bytearray(300 * 2 ** 20); b[::4096] = b'x' * len(b[::4096])"])
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+    proc = subprocess.Popen([sys.executable, "-c", spin + "b = bytearray(300 * 2 ** 20); b[::4096] = b'x' * len(b[::4096])"])
     assert reap.wait(proc) == 0 and proc.poll() == 0
-    assert 300 < proc.peak_rss_mb < 1000
-    assert reap.peak_text(proc) == f", peak resident set {proc.peak_rss_mb:.1f} MB"
+    assert 300 < proc.peak_rss_mb < 1000 and proc.cpu_seconds >= 0.3  # it spun 0.3 s of its own CPU time
+    assert reap.peak_text(proc) == f", peak resident set {proc.peak_rss_mb:.1f} MB, {proc.cpu_seconds:.1f} CPU s"
     proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
     os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # until it has exited, without reaping it
     assert reap.poll(proc) == 3 and proc.returncode == 3 and proc.peak_rss_mb > 0
@@ -190,10 +191,10 @@ def test_peak_resident_set_of_a_child():
 
 def test_peak_memory_from_the_log():
     st = LogState()
-    st.feed("# fairseq-train ran 12.5 s, peak resident set 812.3 MB")
-    st.feed("# fairseq-train ran 3.0 s, peak resident set 640.0 MB")
-    st.feed("# fairseq-train ran 1.0 s")  # a launch of an older grid: no peak
-    assert (st.train_seconds, st.peak_rss_mb, st.cuda_peak_mb) == (16.5, 812.3, None)
+    st.feed("# fairseq-train ran 12.5 s, peak resident set 812.3 MB, 11.0 CPU s")
+    st.feed("# fairseq-train ran 3.0 s, peak resident set 640.0 MB")  # an older grid: no CPU time
+    st.feed("# fairseq-train ran 1.0 s")  # an older grid still: no peak
+    assert (st.train_seconds, st.peak_rss_mb, st.cuda_peak_mb, st.cpu_seconds) == (16.5, 812.3, None, 11.0)
     st.feed("2026-12-01 10:00:00 | INFO | fairseq.utils | rank   0: capabilities =  9.0  ; total memory = 139.812 GB "
             "; name = NVIDIA H200                             ")
     for free in ("137.1", "136.6", "137.0"):

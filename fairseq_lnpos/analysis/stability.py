@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from ..common import write_text
-from ..errors import CommandParser, LnposError, StateError, run_main
+from ..errors import CommandParser, LnposError, StateError, fraction, run_main
 from ..experiments.rundir import Status, grid_run_dirs
 from ..experiments.runs import warmup_label, warmup_updates
 from ..variants import DEFAULT_INIT, VARIANTS, arch_names
@@ -530,24 +530,12 @@ def markdown(out, records, cells, rules):
     return "\n".join(lines) + "\n"
 
 
-def _fraction(name):
-    def parse(text):
-        try:
-            v = float(text)
-        except ValueError:
-            v = math.nan
-        if not 0 < v < 1:
-            raise LnposError(f"--{name} {text}: give a fraction between 0 and 1")
-        return v
-    return parse
-
-
 def _main(argv):
     p = CommandParser(prog="stability_map.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("out", help="the output folder of a sweep (OUT/NAME/seedS/ run folders)")
-    p.add_argument("--ratio", type=_fraction("ratio"), default=DEFAULT_RATIO,
+    p.add_argument("--ratio", type=fraction("ratio"), default=DEFAULT_RATIO,
                    help="trains: the final validation loss at most this times the initial loss (default: %(default)s)")
-    p.add_argument("--near", type=_fraction("near"), default=DEFAULT_NEAR,
+    p.add_argument("--near", type=fraction("near"), default=DEFAULT_NEAR,
                    help="good: within this fraction of the best cell of the architecture and depth, at the least "
                         "(default: %(default)s)")
     p.add_argument("--noise-k", type=float, default=DEFAULT_NOISE_K,

@@ -11,7 +11,8 @@
                       update N: WHY (early_stop.py), or failed: WHY; a finished, diverged or
                       stopped run is never redone, a failed one is retried; also
                       the first training loss, updates, training time, final validation loss and
-                      peak memory (peak_rss_mb, cuda_peak_mb: absent in older runs, null unknown)
+                      peak memory (peak_rss_mb, cuda_peak_mb) and fairseq-train's CPU seconds
+                      (train_cpu_seconds; absent in older runs, null unknown)
     .lock             held (flock) while a grid works on the run
 
 Every JSON file is written atomically. Every state file is checked for shape where it is read,
@@ -141,7 +142,8 @@ SHAPES = {
     "DONE.json": {"status": (STRING, True), "diverged_at": (optional(INT), False),
                   "stopped_at": (optional(INT), False), "epochs": (list_of(INT), False),
                   "initial_loss": (optional(NUMBER), False), "updates": (INT, False),
-                  "train_seconds": (NUMBER, False), "final_valid_loss": (optional(NUMBER), False),
+                  "train_seconds": (NUMBER, False), "train_cpu_seconds": (optional(NUMBER), False),
+                  "final_valid_loss": (optional(NUMBER), False),
                   "peak_rss_mb": (optional(NUMBER), False), "cuda_peak_mb": (optional(NUMBER), False)},
     "epochN.json": {"epoch": (INT, True), "num_updates": (optional(INT), False),
                     **{k: (optional(NUMBER), False) for k in ("valid_loss", "valid_nll_loss", "train_loss", "lr",

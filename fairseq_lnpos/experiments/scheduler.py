@@ -333,6 +333,7 @@ class Grid:
                            "epochs": sorted(st.saved),
                            "initial_loss": st.first_loss, "updates": st.updates,
                            "train_seconds": round(st.train_seconds, 1),
+                           "train_cpu_seconds": st.cpu_seconds and round(st.cpu_seconds, 1),
                            "final_valid_loss": st.final_valid_loss,
                            "peak_rss_mb": st.peak_rss_mb, "cuda_peak_mb": st.cuda_peak_mb})
             job.state, job.status = "done", status

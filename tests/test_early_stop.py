@@ -1,0 +1,108 @@
+"""Early stopping of stalled sweep runs: the rule on curves worked out by hand, the log state that
+applies it, the outcome record, and the grid stopping a stand-in fairseq-train that stalls (the
+stand-in blocks after logging its stall, so only the grid's stop can end it before its own limit)."""
+import json
+import sys
+
+import pytest
+
+from fairseq_lnpos.experiments import grid as G
+from fairseq_lnpos.experiments.commands import Job
+from fairseq_lnpos.experiments.early_stop import StopRule, first_stop
+from fairseq_lnpos.experiments.fairseq_log import LogState
+from fairseq_lnpos.experiments.rundir import RunDir, Status, outcome
+from test_faults_state import fake_data
+
+RULE = StopRule(after=0.3, ratio=0.7, progress=0.02, window=0.1)
+T = '2024-01-01 00:00:00 | INFO | train_inner | {"epoch": 1, "loss": "%s", "num_updates": "%d"}'
+
+
+def flat(first=9.0, level=6.5, budget=200):
+    """A run that falls to ``level`` in 10 updates and stays there."""
+    return [(u, first if u == 1 else max(level, first - u * 0.5)) for u in range(1, budget + 1)]
+
+
+def test_a_stalled_run_stops_at_the_first_update_the_rule_may_judge():
+    # budget 200: window 20 updates, judged from update 60 (0.3 x 200); 6.5 > 0.7 x 9.0 = 6.3 and no progress
+    update, why = first_stop(flat(), 200, RULE)
+    assert update == 60
+    assert why == "training loss stalled at 6.50 bits (0.72 x its first 9.00; +0.00 over the last 20 updates) " \
+                  "at 30% of the budget"
+
+
+def test_runs_that_train_or_still_move_are_not_stopped():
+    assert first_stop(flat(level=6.2), 200, RULE) is None  # below 0.7 x 9.0
+    # 0.05 bit an update: 1 bit over a window, more than 0.02 x 9.0 = 0.18
+    slow = [(u, 9.0 - 0.05 * u) for u in range(1, 201)]
+    assert first_stop(slow, 200, RULE) is None
+    # a plateau above the ratio until update 50 that breaks at update 50: judged only from update 60,
+    # when the last window fell by more than 0.18
+    plateau = [(u, 7.0 if u < 50 else max(2.0, 7.0 - 0.2 * (u - 50))) for u in range(1, 201)]
+    assert first_stop(plateau, 200, RULE) is None
+    assert first_stop(plateau, 200, StopRule(after=0.2, ratio=0.7, progress=0.02, window=0.1)) == (
+        40, "training loss stalled at 7.00 bits (1.00 x its first 7.00; +0.00 over the last 20 updates) at 20% "
+            "of the budget")
+
+
+def test_the_log_state_applies_the_rule_and_records_where():
+    st = LogState(stop_rule=RULE, budget=200)
+    for u, loss in flat():
+        st.feed(T % (loss, u))
+    assert st.stopped[0] == 60 and st.diverged_at is None
+    assert LogState(budget=200).stopped is None  # no rule: never
+    plain = LogState(budget=200)
+    for u, loss in flat():
+        plain.feed(T % (loss, u))
+    assert plain.stopped is None
+
+
+def test_divergence_wins_over_a_stall():
+    st = LogState(stop_rule=RULE, budget=200)
+    for u, loss in flat()[:40] + [(41, "nan")] + flat()[41:]:
+        st.feed(T % (loss, u))
+    assert st.diverged_at == 41 and st.stopped is None
+
+
+def test_the_outcome_is_its_own_status_and_final(tmp_path):
+    rd = RunDir(tmp_path / "run" / "seed1")
+    rd.path.mkdir(parents=True)
+    done = {"status": "stopped early at update 60: training loss stalled", "stopped_at": 60}
+    (rd.path / "DONE.json").write_text(json.dumps(done))
+    assert outcome(rd.done()) is Status.STOPPED and Status.STOPPED.final and rd.done()["stopped_at"] == 60
+
+
+# stands in for fairseq-train: logs a run that stalls at 6.5 bits for every update of its budget
+# (argv: budget), then blocks until a signal ends it (exit 3 after 300 s if none does)
+STALL = r"""
+import json, signal, sys
+budget = int(sys.argv[1])
+for u in range(1, budget + 1):
+    loss = 9.0 if u == 1 else max(6.5, 9.0 - 0.5 * u)
+    print("2024-01-01 00:00:00 | INFO | train_inner | " + json.dumps({"epoch": 1, "loss": str(loss),
+          "num_updates": str(u)}), flush=True)
+signal.alarm(300)
+signal.signal(signal.SIGALRM, lambda *a: sys.exit(3))
+signal.pause()
+"""
+
+
+@pytest.mark.parametrize("flag", [(), ("--no-early-stop",)])
+def test_the_sweep_stops_a_stalled_run_and_records_it(tmp_path, monkeypatch, capsys, flag):
+    data, out = fake_data(tmp_path / "data"), tmp_path / "out"
+    # --no-early-stop: the stand-in ends by itself after its 200 updates (blocking, it would wait for a stop)
+    script = STALL.replace("signal.pause()", "sys.exit(0)") if flag else STALL
+    monkeypatch.setattr(Job, "train_cmd", lambda job, *a, **k: [sys.executable, "-c", script, "200"])
+    code = G.main(["sweep", "--archs", "postln", "--lr", "1e-3", "--warmup", "1", "--layers", "2",
+                   "--max-update", "200", "--data", str(data), "--out", str(out), *flag])
+    run = out / "sweep-postln-L2-lr0.001-wu1" / "seed1"
+    done = json.loads((run / "DONE.json").read_text())
+    assert code == 0
+    if flag:
+        assert done["status"] == "finished" and done["stopped_at"] is None
+    else:
+        assert done["status"].startswith("stopped early at update 60: training loss stalled at 6.50 bits")
+        assert done["stopped_at"] == 60 and "stopped early at update 60" in capsys.readouterr().out
+        assert "# fairseq-train ran" in (run / "train.log").read_text()
+        again = G.main(["sweep", "--archs", "postln", "--lr", "1e-3", "--warmup", "1", "--layers", "2",
+                        "--max-update", "200", "--data", str(data), "--out", str(out)])
+        assert again == 0 and "already stopped early at update 60" in capsys.readouterr().out  # never redone
