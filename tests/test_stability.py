@@ -305,3 +305,22 @@ def test_bad_folders_are_one_line_errors(tmp_path, capsys):
     assert S.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and str(d / "config.json") in err and "'midln'" in err
+
+
+def test_the_results_table_over_seeds_by_hand(tmp_path):
+    """make_table.sh: per run, n seeds, the mean, min-max and the 95 % CI (t(0.975, 2) = 4.303) of best
+    tok BLEU and of the best validation loss; a run of one seed says so; the long CSV round-trips."""
+    for seed, bleu in ((1, 20.0), (2, 22.0), (3, 27.0)):
+        write_run(tmp_path, "postln", 1e-3, 0, seed, final=4.0 + seed / 10, bleu=bleu)
+    write_run(tmp_path, "preln", 1e-3, 0, 1, final=3.0, bleu=30.0)
+    md, written, _ = report.make_table(tmp_path, with_figures=False)
+    # BLEU 20, 22, 27: mean 23, sd sqrt(13) = 3.606, half-width 4.303 x 3.606 / sqrt(3) = 8.957
+    assert "| `postln-L6-lr0.001-w0` | 3 | 3 finished | 23.00 (20.00-27.00, CI 14.04-31.96, n=3) |" in md
+    assert "| `preln-L6-lr0.001-w0` | 1 | 1 finished | 30.00 (1 seed) |" in md
+    import csv
+    rows = list(csv.DictReader(open(tmp_path / "results_by_run.csv")))
+    bleu = next(r for r in rows if r["run"] == "postln-L6-lr0.001-w0" and r["metric"] == "best_bleu_tok")
+    assert (int(bleu["n"]), float(bleu["mean"]), float(bleu["ci95_high"])) == (3, 23.0, pytest.approx(31.957, abs=1e-3))
+    loss = next(r for r in rows if r["run"] == "postln-L6-lr0.001-w0" and r["metric"] == "best_valid_loss")
+    assert (float(loss["min"]), float(loss["max"])) == (4.1, 4.3)
+    assert tmp_path / "results_by_run.csv" in written

@@ -2,7 +2,9 @@
 
     scripts/make_table.sh OUT_DIR [--no-figures]
 
-Writes OUT_DIR/results.md, OUT_DIR/results.csv and OUT_DIR/fig_<figure>.png (one per `figure`
+Writes OUT_DIR/results.md (a row per run and seed, then a row per run over its seeds: n, mean,
+min-max and 95 % CI, :mod:`~fairseq_lnpos.analysis.seeds`), OUT_DIR/results.csv (per seed),
+OUT_DIR/results_by_run.csv (over seeds: a row per run and metric) and OUT_DIR/fig_<figure>.png (one per `figure`
 group of runs.py, and fig_all.png with every run when there are several groups: BLEU and
 validation loss per epoch, one column per optimizer, warm-up as line styles). "best" is the best epoch on the test set, as the paper's per-epoch curves show it.
 A results.md or results.csv this command did not write (results.md without its first line
@@ -13,6 +15,7 @@ import io
 import sys
 from pathlib import Path
 
+from ..analysis.seeds import ESTIMATOR, spread
 from ..common import refuse_folder, write_text
 from ..errors import CommandParser, LnposError, StateError, run_main
 from . import runs as R
@@ -23,6 +26,10 @@ CSV_COLUMNS = ["run", "arch", "optimizer", "lr", "warmup", "schedule", "seed", "
                "sacrebleu", "last_sacrebleu", "best_valid_loss", "epochs", "avg_bleu_tok", "avg_sacrebleu",
                "avg_epochs", "source"]
 MD_MARKER = "<!-- written by scripts/make_table.sh, which rewrites this file -->"
+# the seeds of a run: (row key, label) of each metric aggregated
+SEED_METRICS = (("best_bleu_tok", "tok BLEU best"), ("avg_bleu_tok", "tok BLEU avg"), ("sacrebleu", "sacreBLEU"),
+                ("best_valid_loss", "best valid loss"))
+SEED_COLUMNS = ["run", "arch", "seeds", "status", "metric", "n", "mean", "min", "max", "sd", "ci95_low", "ci95_high"]
 TOK_LABEL = "tok BLEU"
 NOTE = ("tok BLEU: fairseq's BLEU scorer on the data's Moses tokens (lowercased for IWSLT, compound-split "
         "for WMT), the paper's metric; sacreBLEU: detokenized output against the raw references, at the "
@@ -88,6 +95,54 @@ def write_csv(rows, path):
     write_text(path, buf.getvalue())
 
 
+def over_seeds(rows):
+    """{run: {"arch", "seeds", "status": {status word: count}, metric: Spread or None}} of the readable rows."""
+    out = {}
+    for r in rows:
+        if r.get("unreadable"):
+            continue
+        entry = out.setdefault(r["run"], {"arch": r["arch"], "seeds": 0, "status": {}, "values": {}})
+        entry["seeds"] += 1
+        entry["status"][r["kind"]] = entry["status"].get(r["kind"], 0) + 1
+        for key, _ in SEED_METRICS:
+            entry["values"].setdefault(key, []).append(r.get(key))
+    for entry in out.values():
+        for key, _ in SEED_METRICS:
+            entry[key] = spread(entry["values"][key])
+        del entry["values"]
+    return out
+
+
+def _status_words(counts):
+    return ", ".join(f"{n} {k}" for k, n in counts.items())
+
+
+def seeds_markdown(agg):
+    """The table over seeds: a row per run (its name in backticks)."""
+    head = ["run", "seeds", "status"] + [label for _, label in SEED_METRICS]
+    lines = ["## Over seeds", "", f"Per run: {ESTIMATOR}; '(1 seed)': no spread.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for run, e in agg.items():
+        cells = [f"`{run}`", str(e["seeds"]), _status_words(e["status"])]
+        cells += [e[k].text(".3f" if k == "best_valid_loss" else ".2f") if e[k] else "" for k, _ in SEED_METRICS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_seeds_csv(agg, path):
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(SEED_COLUMNS)
+    for run, e in agg.items():
+        for key, _ in SEED_METRICS:
+            if e[key] is not None:
+                d = e[key].as_dict()
+                w.writerow([run, e["arch"], e["seeds"], _status_words(e["status"]), key] +
+                           ["" if d[k] is None else repr(d[k]) for k in ("n", "mean", "min", "max", "sd", "ci95_low",
+                                                                         "ci95_high")])
+    write_text(path, buf.getvalue())
+
+
 def markdown(rows):
     head = ["run", "arch", "opt", "lr", "warm-up", "seed", "status", "paper",
             f"{TOK_LABEL} best (epoch)", f"{TOK_LABEL} avg (epochs)", f"{TOK_LABEL} last", "sacreBLEU", "best valid loss"]
@@ -113,6 +168,7 @@ def markdown(rows):
     lines += [f"sacreBLEU signature: {s}" for s in sigs] or ["sacreBLEU signature: (no run evaluated yet)"]
     lines.append("")
     lines.append(NOTE)
+    lines += [""] + seeds_markdown(over_seeds(rows))
     return "\n".join(lines) + "\n"
 
 
@@ -189,11 +245,13 @@ def make_table(out_dir, with_figures=True, skip_unreadable=False):
     ``skip_unreadable``, :class:`StateError` is raised afterwards naming the first one."""
     out = Path(out_dir)
     rows = collect(grid_run_dirs(out, "the --out folder of `scripts/grid.sh run`"))
-    for path, first in ((out / "results.md", MD_MARKER), (out / "results.csv", ",".join(CSV_COLUMNS))):
+    for path, first in ((out / "results.md", MD_MARKER), (out / "results.csv", ",".join(CSV_COLUMNS)),
+                        (out / "results_by_run.csv", ",".join(SEED_COLUMNS))):
         _check_ours(path, first)
     md = markdown(rows)
-    written = [write_text(out / "results.md", md), out / "results.csv"]
+    written = [write_text(out / "results.md", md), out / "results.csv", out / "results_by_run.csv"]
     write_csv(rows, out / "results.csv")
+    write_seeds_csv(over_seeds(rows), out / "results_by_run.csv")
     if with_figures:
         written += figures([r for r in rows if not r.get("unreadable")], out)
     bad = [r for r in rows if r.get("unreadable")]
