@@ -34,15 +34,17 @@ def trains(capsys, *argv):
 def test_the_depth_preset_expands_along_depth(capsys, tmp_path):
     cmds = trains(capsys, "--depth-map", "--out", str(tmp_path / "d"))
     archs, depths, lrs = W.DEPTH_MAP["archs"].split(","), W.DEPTH_MAP["layers"].split(","), W.DEPTH_MAP["lr"].split(",")
-    assert len(cmds) == len(archs) * len(depths) * len(lrs) and len(archs) == 6 and depths == ["6", "12", "24", "48"]
+    seeds = W.DEPTH_MAP["seeds"].split(",")
+    assert len(cmds) == len(archs) * len(depths) * len(lrs) * len(seeds) and len(archs) == 6 and seeds == ["1", "2", "3"]
+    assert depths == ["6", "12", "24", "48"]
     for n in depths:
-        assert sum(f"--encoder-layers {n} --decoder-layers {n} " in c for c in cmds) == len(archs) * len(lrs)
+        assert sum(f"--encoder-layers {n} --decoder-layers {n} " in c for c in cmds) == len(archs) * len(lrs) * 3
     width = W.DEPTH_MAP["width"]
     assert all(f"--encoder-embed-dim {width} --encoder-ffn-embed-dim {4 * width}" in c and "--warmup-updates 1 " in c
                and "--task translation_lnpos" in c and "--log-grad-norms" in c and "_tiny" in c for c in cmds)
     assert not any("--checkpoint-activations" in c or "--fp16" in c for c in cmds)
     # options given win over the preset; --checkpoint-activations reaches every cell
-    cmds = trains(capsys, "--depth-map", "--archs", "keel", "--layers", "3,5", "--lr", "1e-3",
+    cmds = trains(capsys, "--depth-map", "--archs", "keel", "--layers", "3,5", "--lr", "1e-3", "--seeds", "1",
                   "--checkpoint-activations", "--out", str(tmp_path / "e"))
     assert len(cmds) == 2 and all("--checkpoint-activations" in c and "transformer_keel_tiny" in c for c in cmds)
     assert "--encoder-layers 5 --decoder-layers 5" in cmds[1]
@@ -51,9 +53,10 @@ def test_the_depth_preset_expands_along_depth(capsys, tmp_path):
     assert [c.split("--encoder-layers ")[1].split()[0] for c in cmds[::2]] == ["6", "18", "36", "60", "100"]
     assert all("transformer_postln_iwslt_de_en" in c and "--fp16" in c and "embed-dim" not in c for c in cmds)
     assert all(f"--max-update {W.DEPTH_MAP_REAL['max_update']} " in c for c in cmds)
-    # the stability map's defaults are unchanged: 4 archs x 5 lrs x 3 warm-ups at depth 6, no gradient logging
+    # the stability map's defaults: 4 archs x 4 lrs x 2 warm-ups x 3 seeds at depth 6, no gradient logging
     cmds = trains(capsys, "--out", str(tmp_path / "s"))
-    assert len(cmds) == 60 and not any("--log-grad-norms" in c or "--encoder-layers 12" in c for c in cmds)
+    assert len(cmds) == 96 and not any("--log-grad-norms" in c or "--encoder-layers 12" in c for c in cmds)
+    assert sorted({c.split("--seed ")[1].split()[0] for c in cmds}) == ["1", "2", "3"]
     assert run_main("grid", G.main, ["sweep", "--dry-run", "--depth-map", "--width", "30", "--out", str(tmp_path)]) == 2
     assert "--width 30: give a multiple of 4" in capsys.readouterr().err
 

@@ -440,7 +440,7 @@ def test_the_last_n_epoch_checkpoints_stay_until_their_average_is_scored(tmp_pat
             rd.write_eval(e, {"epoch": e})
 
     left = lambda: [e for e, _ in rd.epoch_checkpoints()]  # noqa: E731
-    job = NS(dir=rd, run=NS(average_last=2), diverged=None)
+    job = NS(dir=rd, run=NS(average_last=2), diverged=None, stopped=None)
     saved(1, 2, 3)
     grid._drop_checkpoints(job, below=4)
     assert left() == [2, 3]
@@ -453,7 +453,7 @@ def test_the_last_n_epoch_checkpoints_stay_until_their_average_is_scored(tmp_pat
     for average_last, diverged in ((0, None), (2, 7)):  # no averaging asked / a diverged run
         saved(5, 6)
         (rd.eval_dir / "average.json").unlink(missing_ok=True)
-        grid._drop_checkpoints(NS(dir=rd, run=NS(average_last=average_last), diverged=diverged), below=7)
+        grid._drop_checkpoints(NS(dir=rd, run=NS(average_last=average_last), diverged=diverged, stopped=None), below=7)
         assert left() == []
     for e in grid.evaluators.values():
         e.close()

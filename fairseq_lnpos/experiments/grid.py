@@ -109,7 +109,8 @@ def build_parser():
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=CommandParser)
     ListOptions.add_command(sub, "list", help="show the table of runs")
     RunOptions.add_command(sub, "run", help="train and score runs (or print their commands with --dry-run)")
-    SweepOptions.add_command(sub, "sweep", help="a stability sweep: archs x learning rates x warm-ups x depths (sweep.py)")
+    SweepOptions.add_command(sub, "sweep", help="a stability sweep: archs x learning rates x warm-ups x depths (sweep.py)",
+                             conflict_handler="resolve")
     SlurmOptions.add_command(sub, "slurm", conflict_handler="resolve",
                              help="submit runs as one SLURM job array of `run` units (slurm.py; --dry-run prints it)")
     StatusOptions.add_command(sub, "status", help="one line per run of an --out folder: status, epochs, best BLEU")
