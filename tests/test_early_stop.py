@@ -100,9 +100,10 @@ def test_the_sweep_stops_a_stalled_run_and_records_it(tmp_path, monkeypatch, cap
     if flag:
         assert done["status"] == "finished" and done["stopped_at"] is None
     else:
-        assert done["status"].startswith("stopped early at update 60: training loss stalled at 6.50 bits")
-        assert done["stopped_at"] == 60 and "stopped early at update 60" in capsys.readouterr().out
+        assert done["status"] == ("stopped early at update 120: training loss stalled at 6.50 bits (0.72 x its first "
+                                  "9.00; +0.00 over the last 20 updates) at 60% of the budget")
+        assert done["stopped_at"] == 120 and "stopped early at update 120" in capsys.readouterr().out
         assert "# fairseq-train ran" in (run / "train.log").read_text()
         again = G.main(["sweep", "--archs", "postln", "--lr", "1e-3", "--warmup", "1", "--layers", "2",
                         "--max-update", "200", "--data", str(data), "--out", str(out)])
-        assert again == 0 and "already stopped early at update 60" in capsys.readouterr().out  # never redone
+        assert again == 0 and "already stopped early at update 120" in capsys.readouterr().out  # never redone

@@ -100,8 +100,8 @@ def _main(argv):
     if args.scan:
         print("\n| after | ratio | stopped of not trained | median fraction | false stops (good / trains) | time saved |")
         print("|---|---|---|---|---|---|")
-        for after in (0.2, 0.3, 0.4, 0.5):
-            for ratio in (0.6, 0.65, 0.7, 0.8):
+        for after in (0.3, 0.4, 0.5, 0.6, 0.7):
+            for ratio in (0.6, 0.7, 0.8):
                 res = replay(rows, replace(rule, after=after, ratio=ratio))
                 print(f"| {after:g} | {ratio:g} | {res['stopped']}/{res['not_trained']} | {_pct(res['fraction_median'])} "
                       f"| {len(res['false_good'])} / {len(res['false_trains'])} | "

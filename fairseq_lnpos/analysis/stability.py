@@ -478,6 +478,19 @@ def _good_lr(v):
     return "-" if lr is None else f"{lr:g}" + (" (seeds disagree)" if disagree else "")
 
 
+def _with_bests(table, cells):
+    """``table`` (:func:`_table`) with two more columns: the architecture's best cell and the map's best
+    at that depth (mean final losses of cells that train)."""
+    trained = [c for c in cells if c.trains]
+    own = {k: min(c.final_valid_loss for c in g) for k, g in group(trained, lambda c: (c.variant, c.layers)).items()}
+    at_depth = {k: min(c.final_valid_loss for c in g) for k, g in group(trained, lambda c: c.layers).items()}
+    rows = list(group(cells, lambda c: (c.variant, c.layers)))
+    out = [table[0] + " its best | best at this depth |", table[1] + "---|---|"]
+    for line, (v, layers) in zip(table[2:], rows):
+        out.append(line + f" {num(own.get((v, layers)))} | {num(at_depth.get(layers))} |")
+    return out
+
+
 def markdown(out, records, cells, rules):
     """The map's Markdown; ``rules`` (:class:`.verdict.Rules`; a number: the --ratio of the default rules)."""
     rules = rules if isinstance(rules, Rules) else Rules(ratio=rules)
@@ -504,8 +517,10 @@ def markdown(out, records, cells, rules):
               "x d/n: d of n seeds diverged; s k/n: k stopped early (their losses are not in the mean).", ""]
     sens = lr_sensitivity(records)
     lines += ["## Largest good learning rate per warm-up", "",
-              "The largest learning rate whose cell is good (the rules above); '-': none.", ""]
-    lines += _table(max_good_lr(cells), _good_lr)
+              "The largest learning rate whose cell is good (the rules above); '-': none. Good is judged against "
+              "the architecture's own best cell: beside it, that best and the best of any architecture at that "
+              "depth (bits), which say whether the architecture trains well at all on this budget.", ""]
+    lines += _with_bests(_table(max_good_lr(cells), _good_lr), cells)
     lines += ["", "## Largest learning rate that trains, per warm-up", "",
               "The earlier, lax rule alone: the final loss at most the ratio times the initial loss.", ""]
     lines += _table(max_trains_lr(cells), lambda lr: "-" if lr is None else f"{lr:g}")
