@@ -397,6 +397,10 @@ def plot_loss_vs_lr(cells, path):
             ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[lo, hi], marker="o", ms=3, capsize=2,
                         lw=1, color=f"C{i % 10}", ls=("-", "--")[i // 10 % 2], label=VARIANTS[v].label)
         ax.set_xscale("log")
+        lrs = sorted({p[0] for pts in lines.values() for p in pts})
+        ax.set_xticks(lrs)
+        ax.set_xticklabels([f"{lr:g}" for lr in lrs], fontsize=7)
+        ax.minorticks_off()
         ax.set_xlabel("learning rate")
         ax.set_title(f"{layers} layers, warm-up {warmup_label(warmup)}", fontsize=9)
         ax.grid(alpha=0.3)
