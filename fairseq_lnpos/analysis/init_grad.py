@@ -376,10 +376,6 @@ def run(opts, t_start=None):
         torch.set_num_threads(opts.threads)
     check(opts.device == "cpu" or torch.cuda.is_available(),
           f"--device {opts.device}: torch {torch.__version__} sees no GPU here; use --device cpu")
-    import logging
-
-    logging.getLogger().setLevel(logging.WARNING)  # fairseq's import sets the root logger up
-    logging.getLogger("fairseq").setLevel(logging.WARNING)
     from fairseq_lnpos import fairseq_build, register
     from fairseq_lnpos.analysis import plots, summary as summarize
     from fairseq_lnpos.data.pipeline import check_writable_folder
