@@ -63,3 +63,31 @@ def test_an_analysis_that_imports_fairseq_prints_no_third_party_warnings_or_debu
     assert (tmp_path / "an" / "fig3.png").exists()  # matplotlib ran
     assert res.stderr == ""
     assert "time taken" in res.stdout and "DEBUG" not in res.stdout and "INFO" not in res.stdout
+
+
+def test_progress_lines_fit_the_terminal_and_the_log_has_them_in_full(tmp_path, capsys):
+    from types import SimpleNamespace as NS
+
+    from fairseq_lnpos.experiments import options
+    from fairseq_lnpos.experiments.scheduler import TERMINAL_WIDTH, Grid
+
+    def job(i, name):
+        return NS(state="running", index=i, label=f"{name} seed 1", updates=150, epoch=2, loss=4.21, pace=None,
+                  run=NS(max_update=0, max_epoch=3))
+
+    jobs = [job(i, f"multi30k-preln_rmsnorm-adam-lr5e-4-nowu-{i}") for i in range(1, 8)]  # 7 on one GPU
+    grid = Grid(jobs, options.RunOptions(out=str(tmp_path)), [None] * 7)
+    msg = f"{jobs[0].label}: training (new), log {tmp_path}/multi30k-preln_rmsnorm-adam-lr5e-4-nowu/seed1/train.log"
+    grid.say(msg)
+    grid.jobs = jobs[:2]
+    grid.say()
+    for e in grid.evaluators.values():
+        e.close()
+    printed = capsys.readouterr().out.splitlines()
+    assert all(len(line) <= TERMINAL_WIDTH for line in printed if "/" not in line)  # a path stays whole
+    assert printed[0].endswith("0/7 runs done | 7 running | ETA ?")
+    assert " ".join(line.strip() for line in printed[1:-1]) == msg
+    assert printed[-1].endswith("0/2 runs done | #1 ep 2/3 upd 150 loss 4.21 | #2 ep 2/3 upd 150 loss 4.21 | ETA ?")
+    full = (tmp_path / "progress.log").read_text().splitlines()
+    assert len(full) == 2 and full[0].endswith(f"| ETA ? | {msg}") and len(full[0]) > 700
+    assert f"run 7/7 {jobs[6].label}: epoch 2/3, update 150, loss 4.21" in full[0]

@@ -108,7 +108,8 @@ def run_grid(opts, runs):
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda signum, frame: grid.kill_all())
     try:
-        grid.say(f"{len(jobs)} runs -> {Path(opts.out).resolve()}, {len(slots)} at once")
+        grid.say(f"{len(jobs)} runs -> {Path(opts.out).resolve()}, {len(slots)} at once "
+                 f"(the full progress lines: {grid.progress_log})")
         grid.run()
     finally:
         for sig, handler in previous.items():
