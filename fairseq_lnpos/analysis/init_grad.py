@@ -422,6 +422,8 @@ def run(opts, t_start=None):
           f"{', ' + opts.checkpoint_label if opts.checkpoint else ''}; depths {opts.depths}; "
           f"seeds {seeds}), K={opts.batches} batches of <= {opts.tokens} tokens, "
           f"data: {data_desc}, {torch.get_num_threads()} threads", flush=True)
+    print("expected time with the defaults (20 models at d 512): about 70 s on 2 idle cores, about 5 minutes on "
+          "2 cores shared with other jobs (docs/results.md); an ETA follows each model", flush=True)
     total_cost = sum(job_cost(j["depth"] or opts.layers_depth, j["full"], j["lemma2"]) for j in jobs)
     spent_cost, spent_time = 0.0, 0.0
     batches = {}
