@@ -26,6 +26,7 @@ the task within the 300 updates while Post-LN without warm-up does not (docs/res
 import argparse
 import shlex
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -44,6 +45,7 @@ LEARNED_BLEU = 20.0  # a control has learned when every seed reaches this tok BL
 # measured wall time of the default demo from an empty folder (docs/results.md, "The demo")
 EXPECTED = "about 7 minutes on 2 idle cores, about twice that on cores shared with other jobs"
 EXPECTED_QUICK = "about 1.5 minutes on 2 cores"
+WIDTH = 100  # the summary's prose lines
 
 
 def log(msg):
@@ -192,28 +194,29 @@ def next_steps(out, seed):
                                "--beam", "5", "--max-len-a", "1.2", "--max-len-b", "10", "--cpu"])
                  + " | grep '^D-'")
     return ["Next steps:",
-            f"- more rows (the finished runs are kept): make demo DEMO_ARGS=\"{more}\"",
-            "  (every option: .venv/bin/python -m fairseq_lnpos.demo --help)",
+            "- more rows (the finished runs are kept; every option: python -m fairseq_lnpos.demo --help):",
+            f"    make demo DEMO_ARGS=\"{more}\"",
             "- translate test sentences (tokenized German of the generated corpus) with the Pre-LN checkpoint:",
             f"    {translate}",
-            "- read: README.md (what the demo shows and how it relates to the paper), docs/grid.md (the grid "
-            "the demo ran), docs/results.md (every measurement)"]
+            "- read: README.md (what the demo shows, how it relates to the paper), docs/grid.md (the grid it",
+            "  ran), docs/results.md (every measurement)"]
 
 
 def write_summary(out, summary, runs, shown_text, figures, seconds, seed):
     """summary.md and summary.json in ``out``; returns the Markdown's lines."""
     shown, text = shown_text
     train, score = seconds
-    md = ["# `make demo`: summary", "", *seed_table(summary, runs), "", f"Over seeds: {ESTIMATOR}.", "",
-          f"Verdict: {text}.", "",
-          f"The rule: the controls (Post-LN with warm-up, Pre-LN without) must learn the task (tok BLEU >= "
-          f"{LEARNED_BLEU:g} in every seed), and the best seed of Post-LN without warm-up must reach at most "
-          "half the BLEU of the worst seed of each control. A CPU-scale illustration on a generated task, "
-          "not the paper's IWSLT14 numbers (README.md).", "",
-          "Figures: " + ", ".join(str(f) for f in figures), ""]
+    wrap = lambda text: textwrap.wrap(text, WIDTH, break_long_words=False, break_on_hyphens=False)  # noqa: E731
+    md = ["# `make demo`: summary", "", *seed_table(summary, runs), "", *wrap(f"Over seeds: {ESTIMATOR}."), "",
+          *wrap(f"Verdict: {text}."), "",
+          *wrap(f"The rule: the controls (Post-LN with warm-up, Pre-LN without) must learn the task (tok BLEU >= "
+                f"{LEARNED_BLEU:g} in every seed), and the best seed of Post-LN without warm-up must reach at most "
+                "half the BLEU of the worst seed of each control. A CPU-scale illustration on a generated task, "
+                "not the paper's IWSLT14 numbers (README.md)."), "",
+          *wrap("Figures: " + ", ".join(str(f) for f in figures)), ""]
     if train:
-        md += [f"Time: scoring {score:.0f} s of evaluator time, training {train:.0f} s (both summed over the "
-               f"runs, which ran side by side; ratio {score / train:.2f}).", ""]
+        md += [*wrap(f"Time: scoring {score:.0f} s of evaluator time, training {train:.0f} s (both summed over "
+                     f"the runs, which ran side by side; ratio {score / train:.2f})."), ""]
     md += next_steps(out, seed)
     write_text(out / "summary.md", "\n".join(md) + "\n")
     write_json(out / "summary.json", {
@@ -268,7 +271,9 @@ def main(argv=None):
     shown_text = verdict(summary)
     md = write_summary(out, summary, runs, shown_text, figures, time_split(rows), first_seed)
     print()
-    print("\n".join(line for line in md[2:] if not line.startswith("Verdict: ")))
+    verdict_at = md.index(next(line for line in md if line.startswith("Verdict: ")))
+    end = md.index("", verdict_at)
+    print("\n".join(md[2:verdict_at] + md[end + 1:]))  # the verdict comes last
     print()
     log(shown_text[1])
     log(f"written: {out / 'summary.md'}, {out / 'summary.json'}, {out / 'results.md'} and "

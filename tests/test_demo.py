@@ -82,10 +82,12 @@ def test_summary_files_are_labelled_and_give_the_seed_spread(tmp_path):
     pre = spread(FULL_DEMO["preln"])
     assert f"| Pre-LN, no warm-up (`demo-preln-nowu`) | 2 | {pre.text()} | 1.90 (1.40-2.40, CI " in text
     assert "| DeepNorm, no warm-up (`demo-deepnorm-nowu`) | 0 |  |  | not run |" in text
-    assert "Verdict: effect SHOWN: Post-LN without warm-up reaches tokenized BLEU 0.7 (best seed 1.4)" in text
-    assert ESTIMATOR in text and "summed over the runs" in text
+    flat = " ".join(md)  # prose is wrapped at 100 columns
+    assert "Verdict: effect SHOWN: Post-LN without warm-up reaches tokenized BLEU 0.7 (best seed 1.4)" in flat
+    assert ESTIMATOR in flat and "summed over the runs" in flat
+    assert all(len(line) <= 100 for line in md if not line.startswith(("|", "    ")))
     # next steps: more rows, a translation through fairseq-interactive with this folder's files
-    assert f'make demo DEMO_ARGS="--out {tmp_path} --with-keel --with-admin --with-tfixup"' in text
+    assert f'    make demo DEMO_ARGS="--out {tmp_path} --with-keel --with-admin --with-tfixup"' in md
     assert f"--path {tmp_path}/grid/demo-preln-nowu/seed1/checkpoints/checkpoint_best.pt" in text
     assert f"--sentencepiece-model {tmp_path}/data/text/bpe/spm.model" in text
     data = json.loads((tmp_path / "summary.json").read_text())
