@@ -85,8 +85,8 @@ def test_progress_lines_fit_the_terminal_and_the_log_has_them_in_full(tmp_path, 
         e.close()
     printed = capsys.readouterr().out.splitlines()
     assert all(len(line) <= TERMINAL_WIDTH for line in printed if "/" not in line)  # a path stays whole
-    assert printed[0].endswith("0/7 runs done | 7 running | ETA ?")
-    assert " ".join(line.strip() for line in printed[1:-1]) == msg
+    assert printed[0].endswith("0/7 runs done | 7 running | ETA ?") and len(printed) == 3
+    assert printed[1] == f"  {msg}"  # on a line of its own, whole
     assert printed[-1].endswith("0/2 runs done | #1 ep 2/3 upd 150 loss 4.21 | #2 ep 2/3 upd 150 loss 4.21 | ETA ?")
     full = (tmp_path / "progress.log").read_text().splitlines()
     assert len(full) == 2 and full[0].endswith(f"| ETA ? | {msg}") and len(full[0]) > 700

@@ -14,7 +14,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -42,16 +41,15 @@ TERMINAL_WIDTH = 100  # columns of the grid's progress lines on the terminal (pr
 
 def terminal_text(status, tail, msg, width=TERMINAL_WIDTH):
     """A progress line for the terminal: ``status`` (the time and runs done, then one short part per
-    running run), ``tail`` (the evaluator's queue, the ETA) and ``msg``, in lines of at most ``width``
-    columns (a word longer than that, a long path, stays whole). The running runs become their count
-    when they do not fit; ``msg`` goes on lines of its own when it does not fit beside the status."""
+    running run), ``tail`` (the evaluator's queue, the ETA) and ``msg``. The running runs become
+    their count when the status does not fit in ``width`` columns; ``msg`` goes on a line of its own
+    (indented, whole: it may name a path) when it does not fit beside the status."""
     head = " | ".join(status + tail)
     if len(head) > width:
         head = " | ".join(status[:1] + [f"{len(status) - 1} running"] + tail)
     if not msg or len(head) + 3 + len(msg) <= width:
         return head + (f" | {msg}" if msg else "")
-    return "\n".join([head] + textwrap.wrap(msg, width, initial_indent="  ", subsequent_indent="    ",
-                                            break_long_words=False, break_on_hyphens=False))
+    return f"{head}\n  {msg}"
 
 
 class Grid:
