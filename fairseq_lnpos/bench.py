@@ -40,6 +40,10 @@ THROUGHPUT_TARGETS = {"postln": 0.99, "preln": 0.99, "deepnorm": 0.97, "admin": 
 # --log-grad-norms: time with / time without, minus 1, at most this (percent)
 OVERHEAD_TARGETS = {"interval_1": 5.0, "interval_100": 1.0}
 DEFAULT_SIZES = ("tiny", "iwslt_de_en")
+# fewer paired updates than this give no verdict: the bootstrap interval of the median of a few
+# ratios spans about their whole range, so one update slowed by another process (a ratio of 10 on a
+# shared CPU) decides it; --quick times 2 x 2 = 4, the defaults 5 x 20 = 100
+MIN_PAIRS = 20
 NORMALIZE_BEFORE = ("--encoder-normalize-before", "--decoder-normalize-before")
 
 
@@ -195,7 +199,14 @@ def work_ratios(work, base):
     return {k: work[k] / base[k] if base[k] else None for k in work}
 
 
-def throughput_results(seconds, work, variants, fairseq_arch):
+def judged(r, target, at_least, min_pairs):
+    """The verdict of paired result ``r`` against ``target``, or why there is none (too few pairs)."""
+    if r["n"] < min_pairs:
+        return f"not judged: {r['n']} pairs (< {min_pairs})"
+    return verdict(r["ci95"] if at_least else [100 * (c - 1) for c in r["ci95"]], target, at_least)
+
+
+def throughput_results(seconds, work, variants, fairseq_arch, min_pairs=MIN_PAIRS):
     """Per variant: its per-update times paired with those of its fairseq baseline (same batches,
     so the time ratio is the throughput ratio), the work ratios and, where a target exists, the
     verdict. ``seconds``/``work``: configuration name -> update times / work counts."""
@@ -209,12 +220,12 @@ def throughput_results(seconds, work, variants, fairseq_arch):
                  # against fairseq's Post-LN whatever the placement: one reference for every variant
                  to_postln=paired(seconds["fairseq_postln"], seconds[v]))
         if v in THROUGHPUT_TARGETS:
-            r.update(target=THROUGHPUT_TARGETS[v], verdict=verdict(r["ci95"], THROUGHPUT_TARGETS[v], True))
+            r.update(target=THROUGHPUT_TARGETS[v], verdict=judged(r, THROUGHPUT_TARGETS[v], True, min_pairs))
         out[v] = r
     return out
 
 
-def overhead_results(seconds, hook):
+def overhead_results(seconds, hook, min_pairs=MIN_PAIRS):
     """``--log-grad-norms`` at each interval against the same model without it ("off"); ``hook``:
     configuration name -> seconds spent inside the hook's own work."""
     out = {}
@@ -223,7 +234,7 @@ def overhead_results(seconds, hook):
         ci = [100 * (c - 1) for c in r["ci95"]]
         out[k] = {
             "time_ratio": r, "overhead_percent": 100 * (r["median"] - 1), "overhead_percent_ci95": ci,
-            "target_percent": target, "verdict": verdict(ci, target, False),
+            "target_percent": target, "verdict": judged(r, target, False, min_pairs),
             # the hook's own work over the rest of the update: the cost without the timing noise
             "hook_percent": 100 * hook[k] / (sum(seconds[k]) - hook[k]),
         }
@@ -315,6 +326,13 @@ def summary(result):
         lines.append(f"--log-grad-norms {k.replace('_', ' ')}: {r['overhead_percent']:+.1f} % time "
                      f"[{lo:+.1f}, {hi:+.1f}] (target <= {r['target_percent']:g} %: {r['verdict']}); "
                      f"inside the hook: {r['hook_percent']:.2f} %")
+    few = min([r["n"] for archs in result["throughput"].values() for r in archs.values()]
+              + [r["time_ratio"]["n"] for r in result["grad_norm_overhead"].values()], default=MIN_PAIRS)
+    if few < MIN_PAIRS:
+        lines.append(f"{few} paired updates per configuration: too few for the intervals to say anything (with so "
+                     f"few ratios a bootstrap interval spans about their whole range, and one update slowed by "
+                     f"another process gives a ratio far from 1), so no verdict; verdicts need {MIN_PAIRS} pairs "
+                     f"(steps x reps; the defaults give 100)")
     if "fig3_analysis_seconds" in result:
         lines.append(f"Fig. 3 analysis (defaults): {result['fig3_analysis_seconds']:.0f} s")
     return "\n".join(lines)
@@ -353,6 +371,8 @@ def main(argv=None):
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     log = lambda msg: print(msg, flush=True)  # noqa: E731
+    log("expected time: --quick about 5 minutes on 2 cores shared with other jobs (docs/results.md, "
+        f"Benchmarks); the time grows with {args.steps * args.reps} timed updates per configuration and size")
     data = Path(args.data) if args.data else default_data(out.parent, log)
     if args.threads:
         import torch

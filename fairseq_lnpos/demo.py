@@ -9,32 +9,43 @@ Steps (each resumes; a finished demo re-runs in seconds):
     Post-LN with 100 warm-up updates, Pre-LN and DeepNorm without warm-up (Keel, Admin, T-Fixup and
     the further variants of ``variants.FURTHER`` on request), Adam lr 1e-3 (constant after the
     warm-up), 512-token batches, 3 epochs (~100 updates each), per-layer gradient norms logged at every update, test BLEU per epoch;
- 3. the results table (scripts/make_table.sh): demo-out/results.csv, results.md, fig_demo.png;
+ 3. the results table (scripts/make_table.sh): demo-out/results.csv, results.md (per seed), fig_demo.png;
  4. gradient norms of the first updates (grad_norms_first_updates.png);
  5. Fig. 3 at initialization at the tiny size (fig3/);
- 6. a summary over seeds, saying whether the effect shows, and the time spent scoring against the
-    time spent training.
+ 6. the summary: the table over seeds (analysis/seeds.py: n, mean, min-max, 95 % CI), the verdict,
+    the time spent scoring against the time spent training and what to do next, printed and
+    written to summary.md and summary.json.
+
+The verdict: the effect is shown when the two controls, Post-LN with warm-up and Pre-LN without
+it, have learned the task (every seed at tok BLEU >= ``LEARNED_BLEU``) and the best seed of
+Post-LN without warm-up reaches at most half the BLEU of the worst seed of each control.
 
 The settings are the same for every architecture; with them Post-LN with warm-up and Pre-LN learn
 the task within the 300 updates while Post-LN without warm-up does not (docs/results.md).
 """
 import argparse
-import json
-import shutil
-import statistics
+import shlex
 import sys
+import textwrap
 import time
 from pathlib import Path
 
-from .common import GRAD_NORMS_JSONL
+from .analysis.seeds import ESTIMATOR, spread
+from .common import GRAD_NORMS_JSONL, write_json, write_text
 from .errors import check, run_main
 from .experiments.runs import BY_NAME
-from .variants import FURTHER
+from .variants import FURTHER, VARIANTS
 
 RUNS = ["demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu", "demo-deepnorm-nowu"]
 # --with-keel, --with-admin, --with-tfixup, --with-dyt, --with-periln, ...: demo-<name>-nowu
 OPTIONAL = ("keel", "admin", "tfixup") + FURTHER
 FIRST_UPDATES = 100  # updates shown in the gradient-norm figure
+CONTROLS = ("demo-postln-wu100", "demo-preln-nowu")  # must learn for the verdict to mean anything
+LEARNED_BLEU = 20.0  # a control has learned when every seed reaches this tok BLEU (full demo: 79-99)
+# measured wall time of the default demo from an empty folder (docs/results.md, "The demo")
+EXPECTED = "about 7 minutes on 2 idle cores, about twice that on cores shared with other jobs"
+EXPECTED_QUICK = "about 1.5 minutes on 2 cores"
+WIDTH = 100  # the summary's prose lines
 
 
 def log(msg):
@@ -61,13 +72,14 @@ def run_grid(out, data, runs, seeds, jobs, quick):
 
 
 def make_table(out):
-    """The results table of the demo's grid, copied to ``out``; returns its rows (report.py)."""
+    """The results table of the demo's grid, copied to ``out``, and its figure, drawn in ``out``;
+    returns the table's rows and the figures' paths (report.py)."""
     from .experiments import report
 
-    _, _, rows = report.make_table(out / "grid")
+    _, _, rows = report.make_table(out / "grid", with_figures=False)
     for name in ("results.csv", "results.md"):
-        shutil.copyfile(out / "grid" / name, out / name)
-    return rows
+        write_text(out / name, (out / "grid" / name).read_text(encoding="utf-8"))
+    return rows, report.figures([r for r in rows if not r.get("unreadable")], out)
 
 
 def time_split(rows):
@@ -121,38 +133,103 @@ def fig3(out, archs, quick):
     return out / "fig3"
 
 
+def label(run):
+    """``demo-postln-wu100`` -> ``Post-LN, warm-up 100``."""
+    row = BY_NAME[run]
+    return f"{VARIANTS[row.ln].label}, " + (f"warm-up {row.warmup}" if row.warmup > 1 else "no warm-up")
+
+
 def summarize(rows):
-    """Mean and spread over seeds of best tokenized BLEU and best validation loss, per run."""
+    """Per run: its label, seeds, statuses, and the :class:`~.analysis.seeds.Spread` over seeds of
+    best tokenized BLEU and best validation loss (None without a value)."""
     by_run = {}
     for r in rows:
         by_run.setdefault(r["run"], []).append(r)
-    out = {}
-    for run, rs in by_run.items():
-        entry = {"seeds": len(rs), "status": sorted({r["status"] for r in rs})}
-        for key in ("best_bleu_tok", "best_valid_loss"):
-            vals = [r[key] for r in rs if r.get(key) is not None]
-            if vals:
-                entry[key] = (statistics.mean(vals), min(vals), max(vals))
-        out[run] = entry
-    return out
+    return {run: {"label": label(run) if run in BY_NAME else run, "seeds": len(rs),
+                  "status": sorted({r["status"] for r in rs}),
+                  **{key: spread(r.get(key) for r in rs) for key in ("best_bleu_tok", "best_valid_loss")}}
+            for run, rs in by_run.items()}
 
 
 def verdict(summary):
-    """Does Post-LN without warm-up come out clearly worse than both references?"""
-    need = ("demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu")
-    if not all("best_bleu_tok" in summary.get(r, {}) for r in need):
-        return "the effect cannot be judged: some of the three core runs have no BLEU yet"
+    """(shown: True, False or None when it cannot be judged, the verdict in words). Shown: both
+    controls learned (every seed at tok BLEU >= LEARNED_BLEU) and the best seed of Post-LN without
+    warm-up reaches at most half the BLEU of the worst seed of each control."""
+    need = ("demo-postln-nowu",) + CONTROLS
+    if not all((summary.get(r) or {}).get("best_bleu_tok") for r in need):
+        return None, "the effect cannot be judged: some of the three core runs have no BLEU yet"
     bad, wu, pre = (summary[r]["best_bleu_tok"] for r in need)
-    shown = bad[2] <= 0.5 * min(wu[1], pre[1])  # the worst seed of each reference vs the best no-warm-up seed
-    word = "SHOWN" if shown else "NOT shown"
-    return (f"effect {word}: Post-LN without warm-up reaches tokenized BLEU {bad[0]:.1f} (best seed {bad[2]:.1f}); "
-            f"with warm-up {wu[0]:.1f} (worst seed {wu[1]:.1f}); Pre-LN without warm-up {pre[0]:.1f} (worst seed {pre[1]:.1f})")
+    numbers = (f"Post-LN without warm-up reaches tokenized BLEU {bad.mean:.1f} (best seed {bad.max:.1f}); "
+               f"with warm-up {wu.mean:.1f} (worst seed {wu.min:.1f}); Pre-LN without warm-up {pre.mean:.1f} "
+               f"(worst seed {pre.min:.1f})")
+    if min(wu.min, pre.min) < LEARNED_BLEU:
+        return False, (f"effect not shown: the controls did not train (each needs tok BLEU >= {LEARNED_BLEU:g} "
+                       f"in every seed): {numbers}")
+    shown = bad.max <= 0.5 * min(wu.min, pre.min)
+    return shown, f"effect {'SHOWN' if shown else 'NOT shown'}: {numbers}"
+
+
+def seed_table(summary, runs):
+    """The table over seeds (Markdown) of ``runs``, in that order."""
+    cell = lambda sp: sp.text() if sp else ""  # noqa: E731
+    lines = ["| run | seeds | tok BLEU best: mean (min-max, 95 % CI) | best valid loss: mean (min-max, 95 % CI) "
+             "| status |", "|---|---|---|---|---|"]
+    for run in runs:
+        s = summary.get(run) or {"label": label(run), "seeds": 0, "status": ["not run"]}
+        lines.append(f"| {s['label']} (`{run}`) | {s['seeds']} | {cell(s.get('best_bleu_tok'))} | "
+                     f"{cell(s.get('best_valid_loss'))} | {', '.join(s['status'])} |")
+    return lines
+
+
+def next_steps(out, seed):
+    """What to do next: more rows, a translation with a trained checkpoint, what to read."""
+    more = " ".join(([] if str(out) == "demo-out" else ["--out", shlex.quote(str(out))])
+                    + [f"--with-{n.replace('_', '-')}" for n in OPTIONAL[:3]])
+    data, bpe = out / "data" / "bin", out / "data" / "text" / "bpe" / "spm.model"
+    ckpt = out / "grid" / "demo-preln-nowu" / f"seed{seed}" / "checkpoints" / "checkpoint_best.pt"
+    translate = (f"head -3 {shlex.quote(str(out / 'data' / 'text' / 'tok' / 'test.de'))} | .venv/bin/fairseq-interactive "
+                 + shlex.join([str(data), "--user-dir", "fairseq_lnpos", "--task", "translation_lnpos",
+                               "--source-lang", "de", "--target-lang", "en", "--path", str(ckpt),
+                               "--bpe", "sentencepiece", "--sentencepiece-model", str(bpe),
+                               "--beam", "5", "--max-len-a", "1.2", "--max-len-b", "10", "--cpu"])
+                 + " | grep '^D-'")
+    return ["Next steps:",
+            "- more rows (the finished runs are kept; every option: python -m fairseq_lnpos.demo --help):",
+            f"    make demo DEMO_ARGS=\"{more}\"",
+            "- translate test sentences (tokenized German of the generated corpus) with the Pre-LN checkpoint:",
+            f"    {translate}",
+            "- read: README.md (what the demo shows, how it relates to the paper), docs/grid.md (the grid it",
+            "  ran), docs/results.md (every measurement)"]
+
+
+def write_summary(out, summary, runs, shown_text, figures, seconds, seed):
+    """summary.md and summary.json in ``out``; returns the Markdown's lines."""
+    shown, text = shown_text
+    train, score = seconds
+    wrap = lambda text: textwrap.wrap(text, WIDTH, break_long_words=False, break_on_hyphens=False)  # noqa: E731
+    md = ["# `make demo`: summary", "", *seed_table(summary, runs), "", *wrap(f"Over seeds: {ESTIMATOR}."), "",
+          *wrap(f"Verdict: {text}."), "",
+          *wrap(f"The rule: the controls (Post-LN with warm-up, Pre-LN without) must learn the task (tok BLEU >= "
+                f"{LEARNED_BLEU:g} in every seed), and the best seed of Post-LN without warm-up must reach at most "
+                "half the BLEU of the worst seed of each control. A CPU-scale illustration on a generated task, "
+                "not the paper's IWSLT14 numbers (README.md)."), "",
+          *wrap("Figures: " + ", ".join(str(f) for f in figures)), ""]
+    if train:
+        md += [*wrap(f"Time: scoring {score:.0f} s of evaluator time, training {train:.0f} s (both summed over "
+                     f"the runs, which ran side by side; ratio {score / train:.2f})."), ""]
+    md += next_steps(out, seed)
+    write_text(out / "summary.md", "\n".join(md) + "\n")
+    write_json(out / "summary.json", {
+        "estimator": ESTIMATOR, "verdict": {"shown": shown, "text": text, "learned_bleu": LEARNED_BLEU,
+                                             "controls": list(CONTROLS)},
+        "runs": {run: {**s, **{k: s[k].as_dict() if s.get(k) else None for k in ("best_bleu_tok", "best_valid_loss")}}
+                 for run, s in summary.items()},
+        "seconds": {"training_summed_over_runs": train, "scoring_summed_over_runs": score},
+        "figures": [str(f) for f in figures]})
+    return md
 
 
 def main(argv=None):
-    import logging
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     p = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="demo-out", help="output folder (default demo-out/)")
     p.add_argument("--seeds", default="1,2", help="seeds, comma-separated (default 1,2)")
@@ -175,40 +252,32 @@ def main(argv=None):
              "gradient norms of the first updates", "Fig. 3 at initialization (tiny size)"]
     say = lambda i: log(f"step {i}/{len(steps)}: {steps[i - 1]} (elapsed {time.time() - t0:.0f} s)")  # noqa: E731
 
+    log(f"expected time: {EXPECTED_QUICK if args.quick else EXPECTED} (docs/results.md); the same "
+        "command resumes after an interruption")
     say(1)
     data = make_data(out, args.quick)
     say(2)
     run_grid(out, data, runs, args.seeds, args.jobs, args.quick)
     say(3)
-    rows = make_table(out)
+    rows, figures = make_table(out)
     say(4)
     first_seed = args.seeds.split(",")[0].strip()
-    grad_png = grad_norm_figure(out, rows, runs, first_seed)
+    figures.append(grad_norm_figure(out, rows, runs, first_seed))
     say(5)
     fig3_dir = fig3(out, archs, args.quick)
+    figures += [fig3_dir / "fig3.png", fig3_dir / "lemma2.png"]
 
     summary = summarize(rows)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    shown_text = verdict(summary)
+    md = write_summary(out, summary, runs, shown_text, figures, time_split(rows), first_seed)
     print()
-    print("| run | seeds | tok BLEU best, mean (min-max) | best valid loss, mean (min-max) | status |")
-    print("|---|---|---|---|---|")
-    for run in runs:
-        s = summary.get(run, {})
-        fmt = lambda k: "%.2f (%.2f-%.2f)" % s[k] if k in s else ""  # noqa: E731
-        print(f"| {run} | {s.get('seeds', 0)} | {fmt('best_bleu_tok')} | {fmt('best_valid_loss')} | "
-              f"{', '.join(s.get('status', []))} |")
+    verdict_at = md.index(next(line for line in md if line.startswith("Verdict: ")))
+    end = md.index("", verdict_at)
+    print("\n".join(md[2:verdict_at] + md[end + 1:]))  # the verdict comes last
     print()
-    log(verdict(summary))
-    log("this is a CPU-scale illustration on a generated task, not the paper's IWSLT14 numbers; "
-        "see README.md for how it relates to them")
-    log(f"table: {out / 'results.md'} and {out / 'results.csv'} (per seed)")
-    log(f"figures: {out / 'grid' / 'fig_demo.png'} (BLEU and validation loss per epoch), {grad_png}, "
-        f"{fig3_dir / 'fig3.png'}, {fig3_dir / 'lemma2.png'}")
-    train, score = time_split(rows)
-    if train:
-        log(f"scoring took {score:.0f} s of evaluator time against {train:.0f} s of training "
-            f"(ratio {score / train:.2f})")
-    log(f"total wall time {time.time() - t0:.0f} s")
+    log(shown_text[1])
+    log(f"written: {out / 'summary.md'}, {out / 'summary.json'}, {out / 'results.md'} and "
+        f"{out / 'results.csv'} (per seed); total wall time {time.time() - t0:.0f} s")
     return 0
 
 

@@ -3,14 +3,17 @@
 Library code raises :class:`LnposError` (or a subclass) with a message that says what to do;
 command-line entry points print it as one line and exit with :data:`USAGE_EXIT` (2). When fairseq's
 own commands run the plugin (``--user-dir``), :func:`install_excepthook` does the same for errors
-raised while fairseq builds a model, optimizer, scheduler or task.
+raised while fairseq builds a model, optimizer, scheduler or task. :func:`run_main` also keeps
+third-party start-up noise off a command's terminal (:func:`quiet_terminal`).
 """
 import argparse
+import logging
 import math
 import os
 import signal
 import sys
 import threading
+import warnings
 
 USAGE_EXIT = 2        # bad input: the message says what to do
 INTERRUPT_EXIT = 130  # Ctrl-C / SIGTERM: a re-run resumes
@@ -75,10 +78,39 @@ def interrupt_handler(on_interrupt=None):
     return handler
 
 
+# Start-up warnings of the libraries under fairseq, printed before anything useful when a command
+# imports fairseq in its own process: (module the warning is attributed to, what it is)
+THIRD_PARTY_WARNINGS = (
+    (r"hydra\.", "the deprecation warnings of the hydra version fairseq pins (composing fairseq's configuration)"),
+    (r"torch\.utils\.data\.", "torch's 'pin_memory' warning on a machine without GPU (fairseq's batch iterators)"),
+)
+
+
+def quiet_terminal():
+    """Keep third-party noise off the terminal of a command of the project: messages of level WARNING
+    and above still reach it; INFO and DEBUG lines only reach the log files their loggers write
+    (fairseq-preprocess's preprocess.log, ...); the warnings of :data:`THIRD_PARTY_WARNINGS` are not
+    shown. Without it, importing fairseq turns the root logger to DEBUG
+    (``fairseq/models/wav2vec/wav2vec2_classification.py`` calls ``logging.basicConfig(level=DEBUG)``),
+    and every INFO line of fairseq and DEBUG line of matplotlib goes to the terminal. A terminal
+    handler installed first makes that ``basicConfig`` do nothing; a process whose root logger has
+    handlers already (fairseq's own commands, pytest) is left as it is."""
+    root = logging.getLogger()
+    if not root.handlers:
+        terminal = logging.StreamHandler()  # stderr
+        terminal.setLevel(logging.WARNING)
+        terminal.setFormatter(logging.Formatter("%(message)s"))  # as Python prints a warning without handlers
+        root.addHandler(terminal)
+        root.setLevel(logging.INFO)  # what file handlers of fairseq's loggers write
+    for module, _ in THIRD_PARTY_WARNINGS:
+        warnings.filterwarnings("ignore", category=UserWarning, module=module)
+
+
 def run_main(prog, main, argv=None):
     """Call ``main(argv)`` as a command: its return value is the exit status; an
     :class:`LnposError` becomes one line ``PROG: error: ...`` and exit 2; Ctrl-C or SIGTERM one
     line and 130 (SIGTERM raises KeyboardInterrupt while ``main`` runs, so clean-ups run for both)."""
+    quiet_terminal()
     main_thread = threading.current_thread() is threading.main_thread()
     if main_thread:
         previous = signal.signal(signal.SIGTERM, interrupt_handler())

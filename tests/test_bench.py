@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from conftest import REPO, build_model, same_state, toy_data  # noqa: F401
-from fairseq_lnpos.bench import baseline, fairseq_size, overhead_results, paired, throughput_results, verdict
+from fairseq_lnpos.bench import (MIN_PAIRS, baseline, fairseq_size, overhead_results, paired, summary,
+                                 throughput_results, verdict)
 from fairseq_lnpos.variants import VARIANTS, arch_name
 
 
@@ -99,7 +100,7 @@ def test_throughput_verdicts_on_hand_made_timings():
     }
     works = {name: dict(work) for name in seconds}
     works["keel"] = {"aten_calls": 110, "output_elements": 1000, "matmul_flops": 10}
-    r = throughput_results(seconds, works, ["postln", "preln", "deepnorm", "keel"], "transformer")
+    r = throughput_results(seconds, works, ["postln", "preln", "deepnorm", "keel"], "transformer", min_pairs=4)
     assert (r["postln"]["median"], r["postln"]["verdict"]) == (1.0, "met")
     assert r["deepnorm"]["median"] == pytest.approx(0.9) and r["deepnorm"]["verdict"] == "missed"
     assert r["preln"]["median"] == pytest.approx(1.0) and r["preln"]["ci95"] == pytest.approx([0.9, 1.1])
@@ -115,9 +116,27 @@ def test_throughput_verdicts_on_hand_made_timings():
 
 def test_grad_norm_overhead_on_hand_made_timings():
     seconds = {"off": [1.0] * 4, "interval_1": [1.02] * 4, "interval_100": [1.03] * 4}
-    r = overhead_results(seconds, {"interval_1": 0.08, "interval_100": 0.0})
+    r = overhead_results(seconds, {"interval_1": 0.08, "interval_100": 0.0}, min_pairs=4)
     assert r["interval_1"]["overhead_percent"] == pytest.approx(2.0)
     assert r["interval_1"]["verdict"] == "met"        # 2 % <= 5 %
     assert r["interval_100"]["verdict"] == "missed"   # 3 % > 1 %
     assert r["interval_1"]["hook_percent"] == pytest.approx(100 * 0.08 / 4.0)  # 0.08 s of 4.08 s
     assert r["interval_100"]["hook_percent"] == 0
+
+
+def test_too_few_pairs_give_no_verdict():
+    """--quick times 4 updates per configuration: an interval of 4 ratios, one of them 11.9 from an
+    update slowed by another process, spans about 0.93-11.9 and decides nothing."""
+    seconds = {"fairseq_postln": [1.0, 1.0, 11.9, 1.0], "postln": [1.07, 1.0, 1.0, 1.0]}
+    work = {name: {"aten_calls": 1, "output_elements": 1, "matmul_flops": 1} for name in seconds}
+    r = throughput_results(seconds, work, ["postln"], "transformer")["postln"]
+    assert r["n"] == 4 and r["verdict"] == f"not judged: 4 pairs (< {MIN_PAIRS})"
+    assert r["ci95"][1] - r["ci95"][0] > 1  # the interval is wide indeed
+    over = overhead_results({"off": [1.0] * 4, "interval_1": [1.0] * 4, "interval_100": [1.0] * 4},
+                            {"interval_1": 0.0, "interval_100": 0.0})
+    assert over["interval_1"]["verdict"].startswith("not judged")
+    text = summary({"throughput": {"tiny": {"postln": {**r, "work_ratio": {k: 1.0 for k in work["postln"]}}}},
+                    "grad_norm_overhead": over})
+    assert "4 paired updates per configuration: too few for the intervals to say anything" in text
+    seconds = {"fairseq_postln": [1.0] * MIN_PAIRS, "postln": [1.0] * MIN_PAIRS}
+    assert throughput_results(seconds, work, ["postln"], "transformer")["postln"]["verdict"] == "met"

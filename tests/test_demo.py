@@ -1,43 +1,103 @@
 """`make demo`: its verdict rule on hand-made summaries, and the whole demo in its quick setting."""
 import csv
+import json
 import subprocess
 import sys
 
 import pytest
 
 from conftest import REPO
-from fairseq_lnpos.demo import verdict
+from fairseq_lnpos.analysis.seeds import ESTIMATOR, spread
+from fairseq_lnpos.demo import LEARNED_BLEU, summarize, verdict, write_summary
 from fairseq_lnpos.experiments import report
 
 
 def summary(bad, warmup, preln):
     """Best tok BLEU per seed of the three core runs -> the summary ``verdict`` reads."""
     runs = {"demo-postln-nowu": bad, "demo-postln-wu100": warmup, "demo-preln-nowu": preln}
-    return {run: {"seeds": len(v), "best_bleu_tok": (sum(v) / len(v), min(v), max(v))} for run, v in runs.items()}
+    return {run: {"seeds": len(v), "best_bleu_tok": spread(v)} for run, v in runs.items()}
 
 
 def test_verdict_shown_when_the_best_no_warmup_seed_is_at_most_half_the_worst_reference():
-    text = verdict(summary(bad=[0.0, 2.0], warmup=[68.0, 76.0], preln=[98.1, 99.3]))
-    assert text.startswith("effect SHOWN: Post-LN without warm-up reaches tokenized BLEU 1.0 (best seed 2.0); "
-                           "with warm-up 72.0 (worst seed 68.0); Pre-LN without warm-up 98.7 (worst seed 98.1)")
+    shown, text = verdict(summary(bad=[0.0, 2.0], warmup=[68.0, 76.0], preln=[98.1, 99.3]))
+    assert shown is True
+    assert text == ("effect SHOWN: Post-LN without warm-up reaches tokenized BLEU 1.0 (best seed 2.0); "
+                    "with warm-up 72.0 (worst seed 68.0); Pre-LN without warm-up 98.7 (worst seed 98.1)")
 
 
 def test_verdict_boundary_of_the_half_rule():
     # worst reference seed 40.0: best no-warm-up seed 20.0 is exactly half (shown), 20.5 is not
-    assert verdict(summary(bad=[20.0], warmup=[40.0, 80.0], preln=[90.0]))[:13] == "effect SHOWN:"
-    assert verdict(summary(bad=[20.5], warmup=[40.0, 80.0], preln=[90.0]))[:17] == "effect NOT shown:"
+    assert verdict(summary(bad=[20.0], warmup=[40.0, 80.0], preln=[90.0]))[1][:13] == "effect SHOWN:"
+    assert verdict(summary(bad=[20.5], warmup=[40.0, 80.0], preln=[90.0]))[1][:17] == "effect NOT shown:"
     # the worst seed of either reference counts, and the best seed of Post-LN without warm-up
-    assert verdict(summary(bad=[0.0, 30.0], warmup=[50.0], preln=[90.0])).startswith("effect NOT shown")
-    assert verdict(summary(bad=[10.0], warmup=[90.0], preln=[19.0, 99.0])).startswith("effect NOT shown")
+    assert verdict(summary(bad=[0.0, 30.0], warmup=[50.0], preln=[90.0]))[1].startswith("effect NOT shown")
+    assert verdict(summary(bad=[16.0], warmup=[90.0], preln=[30.0, 99.0]))[1].startswith("effect NOT shown")
+
+
+# recorded summaries: best tok BLEU per seed of the demo's three core runs (docs/results.md)
+FULL_DEMO = dict(bad=[0.00, 1.36], warmup=[79.26, 79.89], preln=[97.91, 99.25])      # make demo, 2 seeds
+QUICK_DEMO = dict(bad=[0.0], warmup=[0.0], preln=[0.0])                                # --quick: one epoch
+FURTHER_DEMO = dict(bad=[0.00], warmup=[60.27], preln=[99.22])                         # one seed, 12 rows
+
+
+@pytest.mark.parametrize("recorded, shown", [(FULL_DEMO, True), (FURTHER_DEMO, True), (QUICK_DEMO, False)])
+def test_verdict_on_recorded_summaries(recorded, shown):
+    assert verdict(summary(**recorded))[0] is shown
+
+
+def test_verdict_requires_both_controls_to_have_learned():
+    # nothing trained (the quick demo: tok BLEU 0.0 everywhere) is not the effect
+    shown, text = verdict(summary(**QUICK_DEMO))
+    assert shown is False and text.startswith("effect not shown: the controls did not train (each needs "
+                                              f"tok BLEU >= {LEARNED_BLEU:g} in every seed): Post-LN without")
+    # one control that did not learn in one seed is enough; a control at the threshold has learned
+    assert verdict(summary(bad=[0.0], warmup=[80.0, 5.0], preln=[98.0]))[1].startswith("effect not shown: the controls")
+    assert verdict(summary(bad=[0.0], warmup=[80.0], preln=[LEARNED_BLEU - 0.1]))[0] is False
+    assert verdict(summary(bad=[0.0], warmup=[80.0], preln=[LEARNED_BLEU]))[0] is True
 
 
 @pytest.mark.parametrize("missing", ["demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu"])
 def test_verdict_cannot_be_judged_without_bleu_for_a_core_run(missing):
     s = summary(bad=[0.0], warmup=[70.0], preln=[98.0])
-    s[missing] = {"seeds": 1, "status": ["diverged at update 3"]}  # a run with no scored epoch
-    assert verdict(s) == "the effect cannot be judged: some of the three core runs have no BLEU yet"
+    s[missing] = {"seeds": 1, "status": ["diverged at update 3"], "best_bleu_tok": None}  # no scored epoch
+    assert verdict(s) == (None, "the effect cannot be judged: some of the three core runs have no BLEU yet")
     del s[missing]
-    assert verdict(s).startswith("the effect cannot be judged")
+    assert verdict(s)[1].startswith("the effect cannot be judged")
+
+
+def rows(bleu):
+    """Table rows (report.collect's keys) of the three core runs, per seed."""
+    return [{"run": run, "seed": i + 1, "status": "finished", "best_bleu_tok": b, "best_valid_loss": 1.4 + i}
+            for run, seeds in bleu.items() for i, b in enumerate(seeds)]
+
+
+def test_summary_files_are_labelled_and_give_the_seed_spread(tmp_path):
+    recorded = {"demo-postln-nowu": FULL_DEMO["bad"], "demo-postln-wu100": FULL_DEMO["warmup"],
+                "demo-preln-nowu": FULL_DEMO["preln"]}
+    s = summarize(rows(recorded))
+    runs = list(recorded) + ["demo-deepnorm-nowu"]
+    md = write_summary(tmp_path, s, runs, verdict(s), [tmp_path / "fig_demo.png"], (600.0, 100.0), "1")
+    assert (tmp_path / "summary.md").read_text() == "\n".join(md) + "\n"
+    text = "\n".join(md)
+    pre = spread(FULL_DEMO["preln"])
+    assert f"| Pre-LN, no warm-up (`demo-preln-nowu`) | 2 | {pre.text()} | 1.90 (1.40-2.40, CI " in text
+    assert "| DeepNorm, no warm-up (`demo-deepnorm-nowu`) | 0 |  |  | not run |" in text
+    flat = " ".join(md)  # prose is wrapped at 100 columns
+    assert "Verdict: effect SHOWN: Post-LN without warm-up reaches tokenized BLEU 0.7 (best seed 1.4)" in flat
+    assert ESTIMATOR in flat and "summed over the runs" in flat
+    assert all(len(line) <= 100 for line in md if not line.startswith(("|", "    ")))
+    # next steps: more rows, a translation through fairseq-interactive with this folder's files
+    assert f'    make demo DEMO_ARGS="--out {tmp_path} --with-keel --with-admin --with-tfixup"' in md
+    assert f"--path {tmp_path}/grid/demo-preln-nowu/seed1/checkpoints/checkpoint_best.pt" in text
+    assert f"--sentencepiece-model {tmp_path}/data/text/bpe/spm.model" in text
+    data = json.loads((tmp_path / "summary.json").read_text())
+    assert data["verdict"]["shown"] is True and data["verdict"]["controls"] == ["demo-postln-wu100", "demo-preln-nowu"]
+    assert data["estimator"] == ESTIMATOR
+    bleu = data["runs"]["demo-preln-nowu"]["best_bleu_tok"]
+    assert (bleu["n"], bleu["min"], bleu["max"]) == (2, 97.91, 99.25)
+    assert bleu["ci95_low"] < bleu["mean"] < bleu["ci95_high"]
+    assert data["runs"]["demo-preln-nowu"]["label"] == "Pre-LN, no warm-up"
+    assert data["seconds"] == {"training_summed_over_runs": 600.0, "scoring_summed_over_runs": 100.0}
 
 
 @pytest.mark.slow
@@ -53,10 +113,16 @@ def test_quick_demo_writes_table_and_figures_and_resumes(tmp_path):
     assert {r["arch"] for r in rows} == {f"transformer_{v}_tiny" for v in ("postln", "preln", "deepnorm")}
     assert all(r["status"] == "finished" and r["best_bleu_tok"] != "" and float(r["best_valid_loss"]) > 0 for r in rows)
     assert [r["warmup"] for r in rows] == ["0", "100", "0", "0"]
-    for fig in ("grid/fig_demo.png", "grad_norms_first_updates.png", "fig3/fig3.png", "fig3/lemma2.png"):
+    for fig in ("fig_demo.png", "grad_norms_first_updates.png", "fig3/fig3.png", "fig3/lemma2.png"):
         assert (out / fig).stat().st_size > 10_000, fig
-    assert "| demo-preln-nowu | 1 |" in first.stdout
-    assert "[demo] effect" in first.stdout and "total wall time" in first.stdout
+    assert "| Pre-LN, no warm-up (`demo-preln-nowu`) | 1 |" in first.stdout
+    # one epoch of 600 pairs teaches no run anything: the verdict says so
+    assert "[demo] effect not shown: the controls did not train" in first.stdout
+    assert json.loads((out / "summary.json").read_text())["verdict"]["shown"] is False
+    assert "Next steps:" in (out / "summary.md").read_text() and "total wall time" in first.stdout
+    assert first.stdout.splitlines()[0].startswith("[demo] expected time: about")
+    # nothing of fairseq's, torch's or matplotlib's start-up on the terminal
+    assert "UserWarning" not in first.stderr and "DEBUG:" not in first.stderr and "INFO:" not in first.stderr
     # a finished demo re-runs without training or evaluating anything again
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]

@@ -60,8 +60,9 @@ def test_grid_end_to_end(uninterrupted, data):
     out, run, table = uninterrupted
     assert run.returncode == 0, run.stderr[-2000:]
     assert table.returncode == 0, table.stderr[-2000:]
-    # one progress line per state change, with the run index and an ETA
-    assert f"run 2/2 {GOOD} seed 1: epoch" in run.stdout and "ETA 0:" in run.stdout
+    # one progress line per state change, with the run index and an ETA (in full in progress.log)
+    assert "| #2 ep " in run.stdout and "ETA 0:" in run.stdout
+    assert f"run 2/2 {GOOD} seed 1: epoch" in (out / "progress.log").read_text()
     bad = json.loads((out / BAD / "seed1" / "DONE.json").read_text())
     assert bad["status"].startswith("diverged at update ") and 1 <= bad["diverged_at"] <= 8
     good_dir = out / GOOD / "seed1"

@@ -30,21 +30,39 @@ from .rundir import make_out_dir
 from .scheduler import Grid
 
 
+LIST_WIDTH = 100  # columns of the compact view
+
+
 def cmd_list(opts):
-    rows = [("run", "arch", "init", "optimizer", "lr", "warm-up", "schedule", "length", "avg", "paper", "source")]
-    short = lambda text, n: text if len(text) < n else text[:n - 3] + "..."  # noqa: E731
+    """The run table: compact (run, init, length, the paper's number or words; LIST_WIDTH columns),
+    or with ``--wide`` every column."""
+    def short(text, n):
+        return text if len(text) <= n else text[:max(n - 3, 0)] + "..."
+
+    wide = ("run", "arch", "init", "optimizer", "lr", "warm-up", "schedule", "length", "avg", "paper", "source")
+    rows = []
     for r in (x.with_defaults() for x in R.RUNS):
         sched = r.schedule + (f"@{r.decay_epoch}" if r.decay_epoch else "")
         paper = (f"{r.paper_bleu:g} BLEU" if r.paper_bleu is not None else "") or r.paper_note
         length = " / ".join(([f"{r.max_epoch} ep"] if r.max_epoch < 10 ** 6 else [])
                             + ([f"{r.max_update} upd"] if r.max_update else []))
-        rows.append((r.name, arch_name(r, opts.arch_size), r.init, r.optimizer, f"{r.lr:g}", r.warmup_label, sched, length,
-                     str(r.average_last or ""), short(paper, 50), short(r.source, 60)))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-    print(f"\n{len(R.RUNS)} runs; defaults the paper does not state: see fairseq_lnpos/experiments/runs.py; "
-          f"the ref-* rows (other papers' recipes): docs/published.md")
+        rows.append(dict(zip(wide, (r.name, arch_name(r, opts.arch_size), r.init, r.optimizer, f"{r.lr:g}",
+                                    r.warmup_label, sched, length, str(r.average_last or ""), paper,
+                                    r.source or "-"))))
+    if opts.wide:
+        cols, table = wide, [dict(zip(wide, wide))] + rows
+    else:
+        cols = ("run", "init", "length", "paper")
+        table = [dict(zip(cols, cols))] + rows
+        room = LIST_WIDTH - sum(max(len(row[c]) for row in table) + 2 for c in cols[:-1])
+        table = [{**row, "paper": short(row["paper"], room)} for row in table]
+    widths = {c: max(len(row[c]) for row in table) for c in cols}
+    for row in table:
+        print("  ".join(row[c].ljust(widths[c]) for c in cols).rstrip())
+    print(f"\n{len(R.RUNS)} runs" + ("" if opts.wide else "; --wide: every column (arch, optimizer, lr, warm-up, "
+                                     "schedule, avg, source)"))
+    print("defaults the paper does not state: fairseq_lnpos/experiments/runs.py")
+    print("the ref-* rows (other papers' recipes): docs/published.md")
     return 0
 
 
@@ -90,7 +108,8 @@ def run_grid(opts, runs):
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda signum, frame: grid.kill_all())
     try:
-        grid.say(f"{len(jobs)} runs -> {Path(opts.out).resolve()}, {len(slots)} at once")
+        grid.say(f"{len(jobs)} runs -> {Path(opts.out).resolve()}, {len(slots)} at once "
+                 f"(the full progress lines: {grid.progress_log})")
         grid.run()
     finally:
         for sig, handler in previous.items():

@@ -222,3 +222,4 @@ class StatusOptions(Options):
 class ListOptions(Options):
     """``grid.sh list``."""
     arch_size: str = option("paper", choices=("paper", "tiny"))
+    wide: bool = option(False, "every column: arch, optimizer, lr, schedule, the paper's words, the source")

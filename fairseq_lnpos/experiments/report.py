@@ -19,7 +19,7 @@ from ..analysis.seeds import ESTIMATOR, spread
 from ..common import refuse_folder, write_text
 from ..errors import CommandParser, LnposError, StateError, run_main
 from . import runs as R
-from .rundir import grid_run_dirs
+from .rundir import grid_run_dirs, run_dirs
 
 CSV_COLUMNS = ["run", "arch", "optimizer", "lr", "warmup", "schedule", "seed", "status", "paper_bleu",
                "paper_valid_loss", "paper_note", "best_bleu_tok", "best_epoch", "last_bleu_tok", "last_epoch",
@@ -176,12 +176,9 @@ LINESTYLES = {"none": "-", "500": "--", "4000": ":"}
 
 
 def figures(rows, out_dir):
-    import logging
-
     import matplotlib
 
     matplotlib.use("Agg")
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
@@ -268,7 +265,11 @@ def command(argv=None):
     p.add_argument("--skip-unreadable", action="store_true",
                    help="exit 0 even when a run folder has an unreadable file (its row says why)")
     a = p.parse_args(argv)
-    md, written, _ = make_table(a.out_dir, not a.no_figures, a.skip_unreadable)
+    out = Path(a.out_dir)
+    if out.is_dir() and not run_dirs(out) and run_dirs(out / "grid"):  # a `make demo` folder: its grid
+        out = out / "grid"
+        print(f"{a.out_dir} is a demo folder: the table of its grid, {out}\n")
+    md, written, _ = make_table(out, not a.no_figures, a.skip_unreadable)
     print(md, end="")
     print("\n" + "\n".join(f"wrote {path}" for path in written))
     return 0

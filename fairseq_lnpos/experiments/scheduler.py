@@ -37,6 +37,22 @@ class RunFailed(Exception):
     pass
 
 
+TERMINAL_WIDTH = 100  # columns of the grid's progress lines on the terminal (progress.log has them in full)
+
+
+def terminal_text(status, tail, msg, width=TERMINAL_WIDTH):
+    """A progress line for the terminal: ``status`` (the time and runs done, then one short part per
+    running run), ``tail`` (the evaluator's queue, the ETA) and ``msg``. The running runs become
+    their count when the status does not fit in ``width`` columns; ``msg`` goes on a line of its own
+    (indented, whole: it may name a path) when it does not fit beside the status."""
+    head = " | ".join(status + tail)
+    if len(head) > width:
+        head = " | ".join(status[:1] + [f"{len(status) - 1} running"] + tail)
+    if not msg or len(head) + 3 + len(msg) <= width:
+        return head + (f" | {msg}" if msg else "")
+    return f"{head}\n  {msg}"
+
+
 class Grid:
     def __init__(self, jobs, opts, slots):
         self.jobs, self.opts, self.slots = jobs, opts, slots
@@ -83,16 +99,19 @@ class Grid:
             n = len(self.jobs)
             done = sum(j.state in ("done", "skipped") for j in self.jobs)
             parts = [f"[grid {fmt_time(time.time() - self.t0)}] {done}/{n} runs done"]
+            brief = list(parts)  # the terminal's version (terminal_text)
             for j in self.jobs:
                 if j.state == "running":
                     budget = f"update {j.updates}/{j.run.max_update}" if j.run.max_update else \
                         f"epoch {j.epoch}/{j.run.max_epoch}, update {j.updates}"
                     parts.append(f"run {j.index}/{n} {j.label}: {budget}" + (f", loss {j.loss}" if j.loss else ""))
+                    brief.append(f"#{j.index} " + (f"upd {j.updates}/{j.run.max_update}" if j.run.max_update else
+                                                   f"ep {j.epoch}/{j.run.max_epoch} upd {j.updates}")
+                                 + (f" loss {j.loss}" if j.loss else ""))
             queued = sum(e.pending for e in self.evaluators.values())
-            parts += [f"eval queue {queued}"] if queued else []
-            parts.append(f"ETA {self.eta()}")
-            line = " | ".join(parts) + (f" | {msg}" if msg else "")
-            print(line, flush=True)
+            tail = ([f"eval queue {queued}"] if queued else []) + [f"ETA {self.eta()}"]
+            line = " | ".join(parts + tail) + (f" | {msg}" if msg else "")
+            print(terminal_text(brief, tail, msg), flush=True)
             with open(self.progress_log, "a", encoding="utf-8") as f:
                 f.write(line + "\n")
 

@@ -1,0 +1,96 @@
+"""The README and docs/: every relative link and anchor resolves, and the counts the README states
+(architectures, sizes) are the registry's (fairseq_lnpos/variants.py)."""
+import re
+from pathlib import Path
+
+import pytest
+
+from fairseq_lnpos.variants import SIZES, VARIANTS
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+NUMBERS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
+
+
+def prose(text):
+    """The lines of ``text`` that Markdown renders as text, where links and headings are: without
+    fenced code blocks, indented code blocks (after a blank line) and inline code (of a heading,
+    only its backticks)."""
+    lines, fenced, code = [], False, False
+    previous = ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            code = line.startswith("    ") and (code or not previous.strip())
+            if not code:
+                lines.append(line.replace("`", "") if line.startswith("#") else re.sub(r"`[^`]*`", "", line))
+        previous = line
+    return lines
+
+
+def slug(heading):
+    """GitHub's anchor of a heading: lowercase, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page):
+    seen, out = {}, set()
+    for line in prose(page.read_text(encoding="utf-8")):
+        m = re.match(r"#{1,6} (.*)", line)
+        if m:
+            s = slug(m.group(1))
+            out.add(s if s not in seen else f"{s}-{seen[s]}")
+            seen[s] = seen.get(s, 0) + 1
+    return out
+
+
+def links(page):
+    for line in prose(page.read_text(encoding="utf-8")):
+        for target in LINK.findall(line):
+            if not re.match(r"[a-z]+:", target):
+                yield target
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_relative_link_and_anchor_resolves(page):
+    bad = []
+    for target in links(page):
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            bad.append(f"{target}: no file {dest}")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            bad.append(f"{target}: no heading with anchor #{anchor} in {dest.name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_link_check_finds_a_broken_link_and_a_broken_anchor(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "data.md").write_text("# Data\n\n## The synthetic corpus (`make-synthetic.sh`)\n")
+    page = tmp_path / "README.md"
+    page.write_text("[a](docs/data.md#the-synthetic-corpus) [b](docs/nope.md) [c](docs/data.md#the-synthetic-"
+                    "corpus-make-syntheticsh) [d](https://example.org/x) `[e](docs/in-code.md)`\n\n"
+                    "    [f](docs/in-a-code-block.md)\n")
+    assert list(links(page)) == ["docs/data.md#the-synthetic-corpus", "docs/nope.md",
+                                 "docs/data.md#the-synthetic-corpus-make-syntheticsh"]
+    assert anchors(tmp_path / "docs" / "data.md") == {"data", "the-synthetic-corpus-make-syntheticsh"}
+
+
+def test_the_readme_counts_come_from_the_registry():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    count = lambda word: int(word) if word.isdigit() else NUMBERS[word]  # noqa: E731
+    archs = [count(n) for n in re.findall(r"\b(\d+|two|three|four|five|six) architectures\b", text)]
+    sizes = [count(n) for n in re.findall(r"\b(\d+|two|three|four|five|six) sizes\b", text)]
+    assert archs and set(archs) == {len(VARIANTS)}, archs
+    assert sizes and set(sizes) == {len(SIZES)}, sizes
+    # the architecture table names every variant of the registry, and nothing else
+    table = re.findall(r"`transformer_(\w+)\*`", text)
+    assert sorted(table) == sorted(VARIANTS)
+
+
+def test_the_architecture_page_lists_every_variant():
+    text = (REPO / "docs" / "architectures.md").read_text(encoding="utf-8")
+    assert sorted(re.findall(r"^\| `transformer_(\w+)` \|", text, re.M)) == sorted(VARIANTS)
