@@ -326,3 +326,14 @@ def test_the_results_table_over_seeds_by_hand(tmp_path):
     loss = next(r for r in rows if r["run"] == "postln-L6-lr0.001-w0" and r["metric"] == "best_valid_loss")
     assert (float(loss["min"]), float(loss["max"])) == (4.1, 4.3)
     assert tmp_path / "results_by_run.csv" in written
+
+
+def test_the_overview_of_every_architecture(sweep, tmp_path):
+    cells = S.make_cells(S.load_records(sweep))
+    drawn = S.plot_overview(cells, tmp_path / "o.png")
+    m = drawn[6]
+    assert m["variants"] == ["postln", "preln"] and m["cols"] == [(0, 1e-4), (0, 1e-3), (0, 1e-2), (1000, 1e-3), (1000, 1e-2)]
+    assert m["cells"][1][0] is None and m["cells"][0][1].final_valid_loss == pytest.approx(4.1)
+    assert S.cell_mark(m["cells"][0][1]) == "4.10 G n2" and S.cell_mark(m["cells"][0][2]) == "12.00 - n2"
+    assert S.cell_mark(drawn[12]["cells"][0][1]) == "x n1"
+    assert (tmp_path / "o.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

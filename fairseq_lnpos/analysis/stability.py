@@ -12,8 +12,9 @@ verdicts (:mod:`.verdict`): "trains" (the final loss a fraction of the initial l
 (trains, and near the best cell of its architecture and depth, within a margin set from the measured
 seed noise), the headline. Seeds that disagree on the verdict are marked.
 Writes OUT/stability.csv (one row per cell), OUT/stability.md (printed too),
-OUT/stability_heatmaps.png (rows: depth, columns: architecture), OUT/loss_vs_lr.png (error bars: the
-seeds' min-max) and OUT/sensitivity_vs_depth.png;
+OUT/stability_heatmaps.png (rows: depth, columns: architecture), OUT/stability_overview.png (every
+architecture in one heatmap per depth), OUT/loss_vs_lr.png (error bars: the seeds' min-max) and
+OUT/sensitivity_vs_depth.png;
 a map of more than one depth also the largest trainable depth (OUT/largest_depth.csv) and
 OUT/depth_loss.png (:mod:`.depth`). Gradient-norm ratios and peak memory are shown where the runs
 recorded them.
@@ -372,6 +373,66 @@ def plot_heatmaps(cells, path):
 VERDICT_MARK = {"good": "G", "poor": "p", "no-train": "-"}
 
 
+def overview(cells, layers):
+    """The matrices of one overview panel at depth ``layers``: rows architecture (registry order),
+    columns (warm-up, learning rate), each entry the cell or None."""
+    sel = {(c.variant, c.warmup, c.lr): c for c in cells if c.layers == layers}
+    variants = [v for v in VARIANTS if any(k[0] == v for k in sel)]
+    cols = sorted({(w, lr) for _, w, lr in sel})
+    return {"variants": variants, "cols": cols, "cells": [[sel.get((v, w, lr)) for w, lr in cols] for v in variants]}
+
+
+def plot_overview(cells, path):
+    """OUT/stability_overview.png: every architecture in one heatmap per depth (rows architecture,
+    columns warm-up x learning rate): the mean final loss, its verdict mark and n; returns
+    {layers: overview(...)} as drawn."""
+    plt = pyplot()
+    from matplotlib.patches import Rectangle
+
+    depths = sorted({c.layers for c in cells})
+    drawn = {d: overview(cells, d) for d in depths}
+    finite = [c.final_valid_loss for c in cells if c.final_valid_loss is not None]
+    vmin, vmax = (min(finite), max(finite)) if finite else (0, 1)
+    fig, axes = plt.subplots(1, len(depths), squeeze=False,
+                             figsize=(max(5.0, 1.05 * len(drawn[depths[0]]["cols"]) + 2.2) * len(depths),
+                                      0.36 * max(len(m["variants"]) for m in drawn.values()) + 1.6))
+    for ax, d in zip(axes[0], depths):
+        m = drawn[d]
+        loss = [[math.nan if c is None or c.final_valid_loss is None else c.final_valid_loss for c in row]
+                for row in m["cells"]]
+        im = ax.imshow(loss, cmap="viridis_r", vmin=vmin, vmax=vmax, aspect="auto")
+        for r, row in enumerate(m["cells"]):
+            for k, c in enumerate(row):
+                if c is None:
+                    continue
+                text = cell_mark(c)
+                if c.good:
+                    ax.add_patch(Rectangle((k - 0.47, r - 0.45), 0.94, 0.9, fill=False, color="white", lw=1.5))
+                if c.disagree:
+                    ax.add_patch(Rectangle((k - 0.4, r - 0.38), 0.8, 0.76, fill=False, color="orange", lw=1.2, ls="--"))
+                dark = not math.isnan(loss[r][k]) and (loss[r][k] - vmin) > 0.6 * (vmax - vmin)
+                ax.text(k, r, text, ha="center", va="center", fontsize=6, color="white" if dark else "black")
+        ax.set_xticks(range(len(m["cols"])))
+        ax.set_xticklabels([f"wu {warmup_label(w)}\nlr {lr:g}" for w, lr in m["cols"]], fontsize=7)
+        ax.set_yticks(range(len(m["variants"])))
+        ax.set_yticklabels([VARIANTS[v].label for v in m["variants"]], fontsize=7)
+        ax.set_title(f"{d} layers", fontsize=9)
+        fig.colorbar(im, ax=ax, fraction=0.03)
+    save(fig, path, "Final validation loss (bits), mean over seeds; n seeds\nG good (white frame; against the "
+                    "architecture's own best), p poor, - does not train, ? seeds disagree (orange), x diverged, "
+                    "s stopped early")
+    return drawn
+
+
+def cell_mark(c):
+    """A cell's text in the overview: the mean loss (or x / s), its verdict mark and n."""
+    if c.finished == 0:
+        head = "x" if c.diverged == c.seeds else "s" if c.stopped == c.seeds else f"x{c.diverged} s{c.stopped}"
+    else:
+        head = f"{c.final_valid_loss:.2f} {VERDICT_MARK.get(c.verdict(), '')}{'?' if c.disagree else ''}"
+    return f"{head} n{c.seeds}"
+
+
 def loss_curves(cells):
     """{(layers, warmup): {variant: [(lr, mean, min, max)]}}: the final loss against the learning rate
     of the cells with a finished seed, as :func:`plot_loss_vs_lr` draws it."""
@@ -576,6 +637,7 @@ def _main(argv):
     write_text(out / "stability.md", md)
     if cells and not args.no_figures:
         plot_heatmaps(cells, out / "stability_heatmaps.png")
+        plot_overview(cells, out / "stability_overview.png")
         plot_loss_vs_lr(cells, out / "loss_vs_lr.png")
         sens = lr_sensitivity(records)
         if sens:
