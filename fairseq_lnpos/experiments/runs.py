@@ -124,6 +124,7 @@ class Run:
     beam: int = 5                # decoding (fairseq-generate)
     lenpen: float = 1.2
     average_last: int = 0        # also score the average of the last N epoch checkpoints; 0 = none
+    compound_split_bleu: bool = False  # also tok BLEU with hyphenated compounds split (compound_split_bleu.sh)
     source: str = ""             # where the recipe and the published number come from
     task: str = "translation"    # "translation_lnpos" adds per-layer gradient-norm logging
     extra: tuple = field(default_factory=tuple)  # further fairseq-train flags for this row
@@ -192,8 +193,8 @@ TFIXUP = dict(
     optimizer="radam", decoupled_weight_decay=True, lr=5e-4, adam_betas="(0.9, 0.98)",
     schedule="inverse_sqrt_nowarmup", decay_period=4000, dropout=0.5, weight_decay=1e-4, clip_norm=25.0,
     share_embeddings="decoder", max_tokens=4000,
-    batch_tokens=4000, beam=4, lenpen=0.3, average_last=10, init="fairseq-0.9", figure="reference",
-    source="Huang et al. ICML 2020; layer6ai-labs/T-Fixup Train_IWSLT_TFixup_example.sh, fairseq/optim/adam.py, "
+    batch_tokens=4000, beam=4, lenpen=0.3, average_last=10, compound_split_bleu=True, init="fairseq-0.9",
+    figure="reference", source="Huang et al. ICML 2020; layer6ai-labs/T-Fixup Train_IWSLT_TFixup_example.sh, fairseq/optim/adam.py, "
            "InferenceIWSLT.py")
 RADAM = dict(  # the RAdam repository's NMT recipe: Post-LN, betas (0.9, 0.999), linear decay over 70k updates
     ln="postln", lr=3e-4, adam_betas="(0.9, 0.999)", schedule="linear", end_lr=1e-9, dropout=0.3,
