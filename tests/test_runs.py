@@ -297,3 +297,18 @@ def test_the_grid_reads_the_folder_its_data_prep_writes(dataset, prep):
     module = importlib.import_module(f"fairseq_lnpos.data.{prep}")
     assert module.parser().parse_args([]).bin == R.DATASETS[dataset]["default_data"]
     assert inspect.signature(module.prepare).parameters["bin_dir"].default == R.DATASETS[dataset]["default_data"]
+
+
+def test_decoding_is_fp32_under_fp16_unless_the_row_decoded_in_fp16():
+    """T-Fixup (InferenceIWSLT.py) and the RAdam repository (nmt/eval.sh) decode without --fp16,
+    Transformer-Clinic (eval_iwslt_de-en.sh) with it; the paper's rows keep fairseq-generate's fp32."""
+    manifest = {"source_lang": "de", "target_lang": "en", "post_process": "sentencepiece"}
+    fp16 = RunOptions(fp16=True)
+    for name, decode_fp16 in (("ref-iwslt-tfixup", False), ("ref-iwslt-radamrepo-radam-nowu", False),
+                              ("ref-iwslt-clinic-admin", True), ("iwslt-postln-adam-lr5e-4-wu4000", False)):
+        run = R.BY_NAME[name].with_defaults()
+        job = C.Job(run, 1, Path("/d"), Path("/o"), "transformer_postln_iwslt_de_en", ("de", "en"), fp16)
+        assert "--fp16" in job.train_cmd(1), name
+        assert ("--fp16" in job.generate_argv(1, manifest)) == decode_fp16, name
+        plain = C.Job(run, 1, Path("/d"), Path("/o"), "transformer_postln_iwslt_de_en", ("de", "en"), opts())
+        assert "--fp16" not in plain.generate_argv(1, manifest) + plain.train_cmd(1), name

@@ -31,7 +31,8 @@ Defaults (the paper is silent; our rule: add nothing fairseq does not do by defa
   lr_max / 10 by update 100, so it would fail by starving, not by instability.)
   ``--set decay_anchor=N`` changes it.
 - Decoding: beam 5, length penalty 1.2 for both datasets (the paper states it; it does not say
-  whether checkpoints were averaged: we do not average).
+  whether checkpoints were averaged: we do not average), in fp32 also when the grid trains with
+  ``--fp16`` (fairseq-generate's default; ``decode_fp16`` for a row that decoded in fp16).
 - Initialization: fairseq 0.8's (``init="fairseq-0.8"``, the fairseq of the paper's time) for every
   ``iwslt-*`` and ``wmt-*`` row; the demo, Multi30k and sweep rows keep fairseq 0.12's own.
 
@@ -123,6 +124,7 @@ class Run:
     init: str = DEFAULT_INIT     # --lnpos-init
     beam: int = 5                # decoding (fairseq-generate)
     lenpen: float = 1.2
+    decode_fp16: bool = False    # under the grid's --fp16 also decode in fp16; else decoding is fp32
     average_last: int = 0        # also score the average of the last N epoch checkpoints; 0 = none
     compound_split_bleu: bool = False  # also tok BLEU with hyphenated compounds split (compound_split_bleu.sh)
     source: str = ""             # where the recipe and the published number come from
@@ -183,7 +185,7 @@ CLINIC = dict(  # Admin's code: RAdam, warm-up from 1e-7, 90 epochs (at most 100
     optimizer="radam", lr=7e-4, adam_betas="(0.9, 0.98)", decoupled_weight_decay=True,
     schedule="fairseq_inverse_sqrt", warmup=6000, warmup_init_lr=1e-7, dropout=0.3, attention_dropout=0.1,
     activation_dropout=0.1, weight_decay=1e-4, clip_norm=0.0, share_embeddings="all", max_tokens=4096,
-    batch_tokens=4096, beam=5, lenpen=1.0, average_last=10, init="fairseq-0.8", figure="reference",
+    batch_tokens=4096, beam=5, lenpen=1.0, decode_fp16=True, average_last=10, init="fairseq-0.8", figure="reference",
     source="Liu et al. EMNLP 2020; LiyuanLucasLiu/Transformer-Clinic nmt-experiments/iwslt14_de-en.md, "
            "eval_iwslt_de-en.sh")
 # T-Fixup's code: `--optimizer adam`, whose class in that fork takes RAdam's rectified step with decoupled
@@ -200,7 +202,7 @@ RADAM = dict(  # the RAdam repository's NMT recipe: Post-LN, betas (0.9, 0.999),
     ln="postln", lr=3e-4, adam_betas="(0.9, 0.999)", schedule="linear", end_lr=1e-9, dropout=0.3,
     weight_decay=1e-4, clip_norm=25.0, max_tokens=4000, batch_tokens=4000, beam=5, lenpen=1.0, average_last=10,
     init="fairseq-0.8", figure="reference",
-    source="Liu et al. ICLR 2020; LiyuanLucasLiu/RAdam nmt/README.md, nmt/eval.sh")
+    source="Liu et al. ICLR 2020; LiyuanLucasLiu/RAdam nmt/recipes.md, nmt/eval.sh")
 # name, recipe, IWSLT14 length, Multi30k length (the same number of epochs; the RAdam repository's 70k
 # updates are about 64 IWSLT14 epochs of 1100 updates), published BLEU, note
 _REFERENCE = [
