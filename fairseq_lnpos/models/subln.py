@@ -28,7 +28,7 @@ and ``sqrt(log(3M))`` in the decoder (the paper's table of gammas per architectu
   ``MultiheadAttention.reset_parameters`` (Xavier-uniform with gain 2^-1/2 for q/k/v, zero out_proj
   bias, lines 61-66) is never called by the encoder-decoder (only for the second branch of a
   multiway network, ``multiway_network.py`` line 30). So v and out_proj are 1/sqrt(3) = 0.577 of
-  the paper's, q/k 0.577 of the paper's gain 1, fc1 0.913 and fc2 0.456 of the paper's, and every
+  the paper's, q/k 0.577 of the paper's gain 1, fc1 0.913 and fc2 0.456 of the paper's (d_ff = 4d), and every
   bias of fc1, fc2, v_proj and out_proj is non-zero and scaled by gamma too.
 * torchscale skips the decoder's cross-attention (``if "encoder_attn" in name: continue``); the
   paper's rule names ``v_proj`` and ``out_proj`` without exception, so the cross-attention's get
