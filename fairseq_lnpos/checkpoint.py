@@ -96,8 +96,12 @@ def load_checkpoint_file(path):
 
 
 def average_checkpoints(paths):
-    """The state of ``paths[0]`` with every entry of ``"model"`` replaced by its mean over ``paths``,
-    as fairseq's ``scripts/average_checkpoints.py`` computes it (which the pip package lacks).
+    """The state of the newest checkpoint, ``paths[-1]`` (``paths`` oldest first, as the grid passes
+    the last N epochs), with every entry of ``"model"`` replaced by its mean over ``paths``, as
+    fairseq's ``scripts/average_checkpoints.py`` computes it (which the pip package lacks). The
+    optimizer state, ``extra_state`` and args are the newest's as in fairseq's script, which copies
+    them from its first input (v0.12.2 lines 40-42) and lists ``--num-epoch-checkpoints`` newest
+    first (line 96).
 
     Like fairseq's: each key is accumulated separately from a copy (a parameter shared by two keys,
     such as tied embeddings, is counted once per key, never twice through a shared storage), the
@@ -109,17 +113,18 @@ def average_checkpoints(paths):
 
     if not paths:
         raise CheckpointError("no checkpoints to average")
-    first, sums, keys = None, {}, None
+    newest, sums, keys = None, {}, None
     for path in paths:
         state = load_checkpoint_file(path)
         model = state.get("model") if isinstance(state, dict) else None
         if not isinstance(model, dict):
             raise CheckpointError(f"{path} has no model weights: pass fairseq checkpoints")
         if keys is None:
-            first, keys = state, list(model)
+            keys = list(model)
         elif list(model) != keys:
             raise CheckpointError(f"{path} holds other weights than {paths[0]} (keys differ): average checkpoints "
                                   "of one run")
+        newest = state  # its weights go into ``sums``; what else it holds is kept
         for k, v in model.items():
             v = v.to(torch.float64) if v.is_floating_point() else v
             if k in sums:
@@ -127,10 +132,10 @@ def average_checkpoints(paths):
             else:
                 sums[k] = v.clone()  # a copy: never add into a loaded tensor (tied keys share one)
     n = len(paths)
-    dtypes = {k: v.dtype for k, v in first["model"].items()}
-    first["model"] = type(first["model"])(
+    dtypes = {k: v.dtype for k, v in newest["model"].items()}
+    newest["model"] = type(newest["model"])(
         (k, (v / n).to(dtypes[k]) if v.is_floating_point() else v // n) for k, v in sums.items())
-    return first
+    return newest
 
 
 def write_average(paths, out):

@@ -21,7 +21,7 @@ def analysis(*args):
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("fig3")
-    result = analysis(*SMALL, "--depths", "6,14", "--seeds", 3, "--out", out)
+    result = analysis(*SMALL, "--depths", "6,14", "--seeds", 3, "--spectral", "--out", out)
     assert result.returncode == 0, result.stderr[-3000:]
     return out, result
 
@@ -60,6 +60,10 @@ def test_json_fields_figures_and_progress(small_run):
     assert len(post["before_ffn_ln"]["mean"]) == 14
     assert max(post["before_ffn_ln"]["mean"]) < min(s[-3:])  # Post-LN: renormalized at every layer
     assert len(fig3["models"]) == 2 * 2 * 3
+    for rec in fig3["models"]:  # the spectral norm: at most the Frobenius norm, at least it / sqrt(rank <= 32)
+        pairs = [(f, s) for st, ws in rec["mean_grad"].items() for w, fro in ws.items()
+                 for f, s in zip(fro, rec["mean_grad_spectral"][st][w]) if f is not None]
+        assert pairs and all(f / 32 ** 0.5 <= s < f for f, s in pairs)
     for name in ("fig3.png", "fig3_per_batch.png", "lemma2.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) < 200_000

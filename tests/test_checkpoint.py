@@ -50,8 +50,11 @@ def test_average_of_three_checkpoints_by_hand(three):
     assert fp16_sum.tolist() == [float("inf"), 2048.0]  # what adding in fp16 would give
     # integers: floor division, as fairseq's script
     assert m["encoder.admin_profile"].dtype == torch.long and m["encoder.admin_profile"].tolist() == [13 // 3]
-    # everything else is the first checkpoint's
-    assert avg["extra_state"] == {"epoch": 1} and avg["args"].arch == "transformer_postln_tiny"
+    # everything else is the newest checkpoint's (the last path), as fairseq's script keeps its
+    # first input, the newest of --num-epoch-checkpoints
+    assert avg["extra_state"] == {"epoch": 3} and avg["optimizer_history"] == [{"num_updates": 30}]
+    assert avg["args"].arch == "transformer_postln_tiny"
+    assert average_checkpoints([three[2], three[0]])["extra_state"] == {"epoch": 1}
     # the inputs are untouched (nothing was added into a loaded tensor)
     assert torch.load(three[0])["model"]["decoder.embed_tokens.weight"].tolist() == [[1.0, 2.0]]
 

@@ -488,6 +488,9 @@ def test_reference_recipes_end_to_end_with_averaging(data, tmp_path):
         assert avg["epochs"] == [2, 3] and avg["average_last"] == 2 and avg["n_sentences"] == 20
         hyps = read_lines(rd / "eval" / "average.hyp")
         assert avg["bleu_tok"] == round(tok_bleu(hyps, refs, lowercase=True), 2)
+        # T-Fixup's rows also score compound-split (compound_split_bleu), the others do not
+        assert avg.get("bleu_tok_cs") == (round(tok_bleu(hyps, refs, lowercase=True, split_compounds=True), 2)
+                                          if "tfixup" in name else None)
         # the scored model is the parameter mean of epochs 2 and 3, computed here by hand
         ckpt = rd / "checkpoints"
         two, three = (load_checkpoint_file(ckpt / f"checkpoint{e}.pt")["model"] for e in (2, 3))

@@ -56,7 +56,11 @@ def test_scalenorm_fixnorm_smallinit(toy_data, share):
     feats = torch.randn(2, 3, d)
     weight = model.decoder.output_projection.weight
     assert (weight is model.decoder.embed_tokens.weight) == bool(share)
-    assert torch.allclose(model.decoder.output_layer(feats), feats @ F.normalize(weight, dim=-1).T, atol=1e-5)
+    bias = model.decoder.output_projection.bias
+    assert torch.equal(bias, torch.zeros(len(task.target_dictionary)))  # use_bias, initialised to 0
+    with torch.no_grad():
+        bias.normal_()
+    assert torch.allclose(model.decoder.output_layer(feats), feats @ F.normalize(weight, dim=-1).T + bias, atol=1e-5)
     # Pre-LN with ScaleNorm: an encoder layer by hand
     enc = model.encoder.layers[0]
     x = torch.randn(5, 2, d) * 3
@@ -65,6 +69,37 @@ def test_scalenorm_fixnorm_smallinit(toy_data, share):
     y = x1 + enc.fc2(torch.relu(enc.fc1(enc.final_layer_norm(x1))))
     with torch.no_grad():
         assert torch.allclose(enc(x, None), y, atol=2e-4)
+
+
+def test_scalenorm_language_embedding_is_added_to_every_input_token(toy_data):
+    """The official get_input: sqrt(d) e / ||e|| + the language's vector + the position, the source
+    language's row in the encoder, the target's in the decoder, one (2, d) table N(0, d^-1/2)."""
+    from fairseq.modules import SinusoidalPositionalEmbedding
+    from fairseq.utils import make_positions
+
+    model, task, _ = build_model(toy_data, "transformer_scalenorm_tiny", *NO_DROPOUT)
+    d, lang = 128, model.lang_embedding
+    assert lang.shape == (2, d) and "lang_embedding" in model.state_dict()
+    assert float(lang.std()) == pytest.approx(d ** -0.5, rel=0.2) and abs(float(lang.mean())) < 0.3 * d ** -0.5
+    seen = {}
+    for side in ("encoder", "decoder"):
+        getattr(model, side).layers[0].register_forward_pre_hook(lambda m, a, side=side: seen.setdefault(side, a[0]))
+    pad = task.source_dictionary.pad()
+    src = torch.tensor([[5, 6, 7, 8, 2], [pad, pad, 9, 10, 2]])
+    prev = torch.tensor([[2, 11, 12], [2, 13, pad]])
+    out, _ = model(src, torch.tensor([5, 3]), prev)
+
+    def by_hand(stack, tokens, row):
+        sinus = SinusoidalPositionalEmbedding.get_embedding(64, d, pad)[make_positions(tokens, pad)]
+        x = math.sqrt(d) * F.normalize(stack.embed_tokens.weight[tokens], dim=-1) + sinus + lang[row]
+        return x.transpose(0, 1)
+
+    kept = src.ne(pad).T.unsqueeze(-1)  # fairseq's encoder zeroes its padding positions
+    assert torch.allclose(seen["encoder"], by_hand(model.encoder, src, 0) * kept, atol=1e-5)
+    assert torch.allclose(seen["decoder"], by_hand(model.decoder, prev, 1), atol=1e-5)
+    # learned: both rows get a gradient, and the output bias
+    out.float().logsumexp(-1).sum().backward()
+    assert all(float(g.abs().sum()) > 0 for g in lang.grad) and float(model.decoder.output_projection.bias.grad.abs().sum()) > 0
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])

@@ -227,3 +227,59 @@ def test_the_radam_repository_rows_warm_up_then_decay_linearly_to_1e_9():
         assert r[0] == (3e-4 if not warmup else 0.0)  # fairseq warms up from 0; the repository from 1e-8
         if warmup:
             assert r[2000] == pytest.approx(3e-4 / 2)
+
+
+def tfixup_fork_step(params, state, lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=1e-4):
+    """Reference oracle: the update of layer6ai-labs/T-Fixup's ``fairseq/optim/adam.py`` (lines
+    204-253, the class that `--optimizer adam` builds without apex), written here from its formulas:
+    decoupled decay p <- p (1 - lr wd) at every step, then while rho_t < 5 an SGD-with-momentum step
+    lr m_t / (1 - b1^t), after that lr sqrt((1 - b2^t) r_t) / (1 - b1^t) m_t / (sqrt(v_t) + eps)."""
+    b1, b2 = betas
+    state["t"] = t = state.get("t", 0) + 1
+    rho_inf = 2 / (1 - b2) - 1
+    rho = rho_inf - 2 * t * b2 ** t / (1 - b2 ** t)
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            m, v = state.setdefault(i, (torch.zeros_like(p), torch.zeros_like(p)))
+            v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+            m.mul_(b1).add_(p.grad, alpha=1 - b1)
+            p.mul_(1 - weight_decay * lr)
+            if rho >= 5:
+                r = (rho - 4) * (rho - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho)
+                p.addcdiv_(m, v.sqrt() + eps, value=-lr * math.sqrt((1 - b2 ** t) * r) / (1 - b1 ** t))
+            else:
+                p.add_(m, alpha=-lr / (1 - b1 ** t))
+
+
+def test_tfixup_forks_adam_is_radam_with_decoupled_weight_decay_not_fairseqs_adam():
+    """The T-Fixup row's optimizer: the fork's update equals the plugin's radam with
+    --decoupled-weight-decay (the row's flags) step for step, including the first 5 SGD-like steps
+    (rho_t < 5 at beta2 0.98), and is neither fairseq's Adam (the twin row) nor torch's coupled decay."""
+    from fairseq_lnpos.experiments import commands, runs
+
+    row = runs.BY_NAME["ref-iwslt-tfixup"]
+    flags = commands.optimizer_args(row)
+    assert flags[:2] == ["--optimizer", "radam"] and "--decoupled-weight-decay" in flags
+    lr, kw = row.lr, dict(adam_betas=row.adam_betas, adam_eps=row.adam_eps, weight_decay=row.weight_decay)
+    f64 = lambda: [torch.nn.Parameter(p.detach().double()) for p in quadratic_params()]  # noqa: E731
+    fork, ours, adam, coupled = f64(), f64(), f64(), f64()
+    opts = {"ours": (ours, build_optimizer(cfg(_name="radam", lr=[lr], decoupled_weight_decay=True, **kw), ours)),
+            "adam": (adam, build_optimizer(cfg(_name="adam", lr=[lr], tpu=False, use_old_adam=False,
+                                               fp16_adam_stats=False, **kw), adam)),
+            "coupled": (coupled, build_optimizer(cfg(_name="radam", lr=[lr], decoupled_weight_decay=False, **kw),
+                                                 coupled))}
+    state, gap = {}, {}
+    for step in range(300):
+        for params, o in [(fork, None), *opts.values()]:
+            for p in params:
+                p.grad = None
+            loss(params, step).backward()
+            if o is None:
+                tfixup_fork_step(fork, state, lr)
+            else:
+                o.step()
+        gap = {k: max((a - b).abs().max().item() for a, b in zip(fork, ps)) for k, (ps, _) in opts.items()}
+        assert gap["ours"] < 1e-12, step
+        if step == 4:  # the SGD-like steps: a different update from Adam's already
+            assert gap["adam"] > 1e-3
+    assert gap["adam"] > 1e-2 and gap["coupled"] > 1e-6

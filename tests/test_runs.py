@@ -175,7 +175,7 @@ CLINIC = {"--optimizer": "radam", "--adam-betas": "(0.9, 0.98)", "--lr": 7e-4, "
           "--warmup-updates": 6000, "--warmup-init-lr": 1e-7, "--dropout": 0.3, "--attention-dropout": 0.1,
           "--activation-dropout": 0.1, "--weight-decay": 1e-4, "--clip-norm": 0.0, "--label-smoothing": 0.1,
           "--max-tokens": 4096, "--lnpos-init": "fairseq-0.8"}
-TFIXUP = {"--arch": "transformer_tfixup_iwslt_de_en", "--optimizer": "adam", "--adam-betas": "(0.9, 0.98)",
+TFIXUP = {"--arch": "transformer_tfixup_iwslt_de_en", "--optimizer": "radam", "--adam-betas": "(0.9, 0.98)",
           "--lr": 5e-4, "--lr-scheduler": "inverse_sqrt_nowarmup", "--decay-period": 4000, "--dropout": 0.5,
           "--attention-dropout": 0.0, "--activation-dropout": 0.0, "--weight-decay": 1e-4, "--clip-norm": 25.0,
           "--label-smoothing": 0.1, "--max-tokens": 4000, "--max-epoch": 300, "--lnpos-init": "fairseq-0.9"}
@@ -203,6 +203,15 @@ def test_tfixup_and_radam_repository_rows():
     assert "--share-decoder-input-output-embed" in cmd and "--share-all-embeddings" not in cmd
     assert "--max-update" not in cmd and "--warmup-updates" not in cmd
     assert (run.beam, run.lenpen, run.average_last, run.paper_bleu) == (4, 0.3, 10, 35.73)
+    # the fork's `adam` takes RAdam's step with decoupled weight decay; its twin runs fairseq's Adam
+    assert "--decoupled-weight-decay" in cmd
+    twin = R.BY_NAME["ref-iwslt-tfixup-adam"]
+    flags_match(command(twin), {**TFIXUP, "--optimizer": "adam"})
+    assert "--decoupled-weight-decay" not in command(twin) and twin.paper_bleu is None
+    assert {k: v for k, v in twin.as_dict().items() if k not in ("name", "optimizer", "decoupled_weight_decay",
+                                                                  "paper_bleu", "paper_note")} == \
+        {k: v for k, v in run.as_dict().items() if k not in ("name", "optimizer", "decoupled_weight_decay",
+                                                              "paper_bleu", "paper_note")}
     adam, radam = R.BY_NAME["ref-iwslt-radamrepo-adam-wu4000"], R.BY_NAME["ref-iwslt-radamrepo-radam-nowu"]
     flags_match(command(adam, total=70000), {**RADAM_REPO, "--optimizer": "adam", "--warmup-updates": 4000})
     flags_match(command(radam, total=70000), {**RADAM_REPO, "--optimizer": "radam", "--warmup-updates": 0})
@@ -214,7 +223,7 @@ def test_tfixup_and_radam_repository_rows():
 
 def test_multi30k_twins_keep_the_recipe_and_change_the_length():
     twins = [r for r in R.REFERENCE if r.dataset == "multi30k"]
-    assert len(twins) == 6
+    assert len(twins) == 7
     length = ("max_epoch", "max_update", "paper_bleu", "paper_note", "name", "dataset")
     for twin in twins:
         ref = R.BY_NAME[twin.name.replace("ref-multi30k-", "ref-iwslt-")]
@@ -250,7 +259,7 @@ def test_recipe_knobs_that_do_not_fit_their_schedule_or_optimizer_are_refused():
     with pytest.raises(LnposError, match="has no warm-up"):
         command(R.coerce(run, "warmup", "100"))
     with pytest.raises(LnposError, match="decoupled_weight_decay is an option of radam"):
-        command(R.coerce(run, "decoupled_weight_decay", "true"))
+        command(R.coerce(R.BY_NAME["ref-iwslt-tfixup-adam"], "decoupled_weight_decay", "true"))
     for key, bad in (("share_embeddings", "encoder"), ("schedule", "cosine"), ("beam", "0"), ("average_last", "-1")):
         with pytest.raises(R.RunTableError):
             R.coerce(run, key, bad)
@@ -288,3 +297,18 @@ def test_the_grid_reads_the_folder_its_data_prep_writes(dataset, prep):
     module = importlib.import_module(f"fairseq_lnpos.data.{prep}")
     assert module.parser().parse_args([]).bin == R.DATASETS[dataset]["default_data"]
     assert inspect.signature(module.prepare).parameters["bin_dir"].default == R.DATASETS[dataset]["default_data"]
+
+
+def test_decoding_is_fp32_under_fp16_unless_the_row_decoded_in_fp16():
+    """T-Fixup (InferenceIWSLT.py) and the RAdam repository (nmt/eval.sh) decode without --fp16,
+    Transformer-Clinic (eval_iwslt_de-en.sh) with it; the paper's rows keep fairseq-generate's fp32."""
+    manifest = {"source_lang": "de", "target_lang": "en", "post_process": "sentencepiece"}
+    fp16 = RunOptions(fp16=True)
+    for name, decode_fp16 in (("ref-iwslt-tfixup", False), ("ref-iwslt-radamrepo-radam-nowu", False),
+                              ("ref-iwslt-clinic-admin", True), ("iwslt-postln-adam-lr5e-4-wu4000", False)):
+        run = R.BY_NAME[name].with_defaults()
+        job = C.Job(run, 1, Path("/d"), Path("/o"), "transformer_postln_iwslt_de_en", ("de", "en"), fp16)
+        assert "--fp16" in job.train_cmd(1), name
+        assert ("--fp16" in job.generate_argv(1, manifest)) == decode_fp16, name
+        plain = C.Job(run, 1, Path("/d"), Path("/o"), "transformer_postln_iwslt_de_en", ("de", "en"), opts())
+        assert "--fp16" not in plain.generate_argv(1, manifest) + plain.train_cmd(1), name

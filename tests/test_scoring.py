@@ -124,3 +124,42 @@ def test_score_cli_one_line_error(tmp_path):
     # (fairseq itself may log a line about tensorboardX when it is imported)
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode == 2 and last.startswith("evaluate: error: ") and "none.txt" in last
+
+
+def test_compound_split_bleu_beside_the_plain_one(tmp_path):
+    """A row's compound_split_bleu: bleu_tok_cs is tok BLEU of compound-split hypotheses and references
+    (IWSLT's tokens keep "long-term" whole, so the two differ); on data that is compound-split already
+    (WMT's manifest) it is the plain one; without the option there is none."""
+    hyps = ["it is a long-term plan .", "a well-known man said no .", "we saw the dog ; it ran ."]
+    refs = ["it is a long-run plan .", "a well-known man said no !", "we saw a dog ; it ran away ."]
+    ref = tmp_path / "ref.txt"
+    ref.write_text("".join(x + "\n" for x in refs), encoding="utf-8")
+    iwslt = {"refs": {"tok": {"test": str(ref)}}, "target_lang": "en", "lowercase": True}
+    plain = E.score_hyps(hyps, iwslt)
+    assert "bleu_tok_cs" not in plain
+    both = E.score_hyps(hyps, iwslt, compound_split=True)
+    assert both["bleu_tok"] == plain["bleu_tok"] == round(E.tok_bleu(hyps, refs, lowercase=True), 2)
+    split = [E.compound_split(x) for x in hyps], [E.compound_split(x) for x in refs]
+    assert both["bleu_tok_cs"] == round(E.tok_bleu(*split, lowercase=True), 2) != both["bleu_tok"]
+    wmt = E.score_hyps(hyps, {**iwslt, "compound_split": True}, compound_split=True)
+    assert wmt["bleu_tok_cs"] == wmt["bleu_tok"] == both["bleu_tok_cs"]
+
+
+def test_the_table_labels_the_compound_split_column():
+    from fairseq_lnpos.experiments import report
+
+    base = dict(arch="a", optimizer="radam", lr=5e-4, warmup=0, seed=1, status="finished", paper_note="",
+                best_bleu_tok=30.0, best_epoch=3, avg_bleu_tok=31.0, avg_epochs="2-3", last_bleu_tok=29.0,
+                source="")
+    rows = [dict(base, run="ref-iwslt-tfixup", paper_bleu=35.73, best_bleu_tok_cs=30.5, avg_bleu_tok_cs=31.6),
+            dict(base, run="ref-iwslt-clinic-postln", paper_bleu=35.64)]
+    lines = report.markdown(rows).splitlines()
+    head = [c.strip() for c in lines[2].strip("|").split("|")]
+    cells = {ln.split("|")[1].strip(): [c.strip() for c in ln.strip("|").split("|")] for ln in lines[4:6]}
+    col = head.index("tok BLEU compound-split best / avg")
+    assert head[col - 1] == "tok BLEU avg (epochs)" and len(cells["ref-iwslt-tfixup"]) == len(head)
+    assert cells["ref-iwslt-tfixup"][col] == "30.50 / 31.60" and cells["ref-iwslt-tfixup"][col - 1] == "31.00 (2-3)"
+    assert cells["ref-iwslt-clinic-postln"][col] == ""
+    assert "the paper column is always compared with the plain tok BLEU" in lines[-1]
+    # a table without compound-split scores has no such column
+    assert "compound-split best" not in report.markdown(rows[1:]).splitlines()[2]

@@ -9,7 +9,9 @@ matrix record
 
 * the paper's statistic: average the gradient over the K batches element by element, then take
   the Frobenius norm (``mean_grad``);
-* the mean over batches of the per-batch gradient norm (``batch_norm``: what Theorem 1 bounds).
+* the mean over batches of the per-batch gradient norm (``batch_norm``: what Theorem 1 bounds);
+* with ``--spectral``, the spectral norm (largest singular value) of the batch-averaged gradient
+  (``mean_grad_spectral``), another reading of "the norm" of a matrix (an SVD per matrix).
 
 The loss is fairseq's: label-smoothed cross-entropy summed over target tokens divided by their
 number (the gradient fairseq's trainer steps with); models are in training mode (dropout on).
@@ -92,6 +94,7 @@ class Options(CommandOptions):
                                             "Fig. 3a/b; needs the --data it was trained on")
     checkpoint_label: str = option("Post-LN after warm-up")
     lemma2: bool = option(True, "skip the Lemma 2 forward passes", flag="--no-lemma2")
+    spectral: bool = option(False, "also the spectral norm of the batch-averaged gradient (an SVD per matrix)")
     out: str = option("analysis-out", "output folder (default analysis-out/)")
     fresh: bool = option(False, "ignore results of an earlier run in --out")
     threads: Optional[int] = option(help="torch CPU threads (default: torch's choice)", type=int)
@@ -258,8 +261,9 @@ def ffn_weights(model):
     return out
 
 
-def gradient_stats(model, criterion, samples, wanted):
-    """Mean-over-batches gradient norm and mean per-batch norm of the ``wanted`` weights."""
+def gradient_stats(model, criterion, samples, wanted, spectral=False):
+    """Mean-over-batches gradient norm, mean per-batch norm and (``spectral``) the spectral norm of
+    the mean gradient of the ``wanted`` weights (None without)."""
     import torch
 
     model.train()
@@ -280,10 +284,11 @@ def gradient_stats(model, criterion, samples, wanted):
         torch._foreach_add_(acc, grads)
     torch._foreach_div_(acc, len(samples))
     mean_norms = torch.stack(torch._foreach_norm(acc, 2)).double().cpu()
+    spectral_norms = [float(torch.linalg.matrix_norm(a.double(), ord=2)) if spectral else None for a in acc]
     for p in params:
         p.grad = None
     batch_norms /= len(samples)
-    return {key: (float(m), float(b)) for key, m, b in zip(wanted, mean_norms, batch_norms)}
+    return {key: (float(m), float(b), s) for key, m, b, s in zip(wanted, mean_norms, batch_norms, spectral_norms)}
 
 
 def lemma2_stats(model, sample):
@@ -335,6 +340,8 @@ def settings_of(opts, data_desc):
                                        "first_seed", "split", "data", "checkpoint")}
     if opts.init:  # absent when not given, so results of earlier versions still resume
         s["init"] = opts.init
+    if opts.spectral:
+        s["spectral"] = True
     s["data_desc"] = data_desc
     return s
 
@@ -457,16 +464,17 @@ def run(opts, t_start=None):
         weights = ffn_weights(model)
         if not job["full"]:
             weights = {k: p for k, p in weights.items() if k[2] == "fc2" and k[1] == depth - 1}
-        stats = gradient_stats(model, criterion, samples, weights)
+        stats = gradient_stats(model, criterion, samples, weights, opts.spectral)
         rec = {"settings_key": key, "label": job["label"], "arch": arch, "depth": depth,
                "depth_requested": job["depth"], "seed": seed, "full": job["full"],
                "d": model.encoder.embed_tokens.embedding_dim,
                "normalize_before": bool(getattr(fargs, "encoder_normalize_before", False)),
                "tokens": [int(s["ntokens"]) for s in samples],
-               "mean_grad": {}, "batch_norm": {}}
-        for (stack, layer, w), (m, b) in sorted(stats.items()):
-            rec["mean_grad"].setdefault(stack, {}).setdefault(w, [None] * depth)[layer] = m
-            rec["batch_norm"].setdefault(stack, {}).setdefault(w, [None] * depth)[layer] = b
+               "mean_grad": {}, "batch_norm": {}, **({"mean_grad_spectral": {}} if opts.spectral else {})}
+        for (stack, layer, w), values in sorted(stats.items()):
+            for name, value in zip(("mean_grad", "batch_norm", "mean_grad_spectral"), values):
+                if name in rec:
+                    rec[name].setdefault(stack, {}).setdefault(w, [None] * depth)[layer] = value
         if job["lemma2"]:
             rec["lemma2"] = lemma2_stats(model, samples[0])
         dt = time.time() - t0

@@ -186,10 +186,12 @@ class Job:
         return cmd + list(r.extra) + shlex.split(o.fairseq_args)
 
     def gen_extra(self):
-        """fairseq-generate flags beyond the data, checkpoint, beam and length penalty."""
+        """fairseq-generate flags beyond the data, checkpoint, beam and length penalty: decoding is
+        fp32 under --fp16 unless the row's ``decode_fp16`` (T-Fixup and the RAdam repository decoded
+        in fp32, Transformer-Clinic with --fp16: docs/published.md)."""
         o = self.opts
         cap = [] if o.uncapped_len else list(LEN_CAP)
-        return cap + (["--fp16"] if o.fp16 else []) + shlex.split(o.gen_args)
+        return cap + (["--fp16"] if o.fp16 and self.run.decode_fp16 else []) + shlex.split(o.gen_args)
 
     def generate_argv(self, epoch, manifest, display=False, checkpoint=None):
         """fairseq-generate of epoch ``epoch``'s checkpoint (or of the file ``checkpoint``)."""

@@ -6,7 +6,9 @@
 - Tokenized BLEU: fairseq's own scorer (``fairseq.scoring.bleu.Scorer``, used exactly as
   ``fairseq-score`` uses it) on the hypotheses against the manifest's ``tok`` references; both
   sides lowercased when the manifest says ``lowercase`` (IWSLT), both compound-split as fairseq's
-  ``compound_split_bleu.sh`` does when it says ``compound_split`` (WMT).
+  ``compound_split_bleu.sh`` does when it says ``compound_split`` (WMT). With ``compound_split``
+  (a row's ``compound_split_bleu``) also ``bleu_tok_cs``: the same with the compounds split, what
+  T-Fixup's ``compound_split_bleu.sh`` scores beside the plain BLEU (on WMT the two are one).
 - sacreBLEU: hypotheses detokenized with sacremoses' Moses detokenizer against the ``raw``
   references, lowercase-insensitive when the data is lowercased (the signature then says ``case:lc``).
 
@@ -88,8 +90,9 @@ def parse_generate(text):
     return seen, hyps
 
 
-def score_hyps(hyps, manifest, subset="test", seen=None):
-    """Both BLEUs of tokenized hypotheses, with the settings the manifest prescribes.
+def score_hyps(hyps, manifest, subset="test", seen=None, compound_split=False):
+    """Both BLEUs of tokenized hypotheses, with the settings the manifest prescribes, and with
+    ``compound_split`` the tokenized BLEU of compound-split hypotheses and references (``bleu_tok_cs``).
 
     ``hyps`` is a list in sentence order or a dict {sentence id: hypothesis} (missing ids score as
     empty outputs); ``seen`` the sentence ids fairseq-generate read."""
@@ -108,6 +111,8 @@ def score_hyps(hyps, manifest, subset="test", seen=None):
     out = {"bleu_tok": round(tok_bleu(hyps, refs_tok, lc, cs), 2), "n_sentences": len(hyps),
            "bleu_tok_settings": f"fairseq bleu, lowercase={lc}, compound_split={cs}",
            "no_hypothesis": missing}
+    if compound_split:
+        out["bleu_tok_cs"] = out["bleu_tok"] if cs else round(tok_bleu(hyps, refs_tok, lc, True), 2)
     raw = manifest["refs"].get("raw", {}).get(subset)
     if raw:
         score, sig = sacre_bleu(detokenize(hyps, manifest["target_lang"]), read_lines(raw), lc)
@@ -170,13 +175,13 @@ def evaluate_checkpoint(data_dir, checkpoint, manifest, beam=5, lenpen=1.2, extr
     return generate_and_score(cmd[1:], manifest, hyp_out)
 
 
-def generate_and_score(argv, manifest, hyp_out=None):
+def generate_and_score(argv, manifest, hyp_out=None, compound_split=False):
     """fairseq-generate ``argv`` in this process, its hypotheses written to ``hyp_out`` (one a
     line, in sentence order), scored with the manifest's settings (see score_hyps)."""
     seen, hyps = parse_generate(run_generate(argv))
     if hyp_out is not None:
         write_text(hyp_out, "".join(hyps.get(i, "") + "\n" for i in range(len(seen))))
-    return score_hyps(hyps, manifest, seen=seen)
+    return score_hyps(hyps, manifest, seen=seen, compound_split=compound_split)
 
 
 def command(argv=None):

@@ -49,7 +49,8 @@ class Evaluator:
 
     def submit(self, request, callback):
         """Score ``request`` (dict: argv, data, hyp_out, checkpoint; with ``average``, a list of
-        checkpoints, their parameter average is first written to ``checkpoint``) when its turn comes; then
+        checkpoints, their parameter average is first written to ``checkpoint``; with ``compound_split``,
+        also the compound-split tok BLEU) when its turn comes; then
         ``callback(result_dict, None)`` or ``callback(None, exception)``."""
         with self.lock:
             self.busy += 1
@@ -132,7 +133,8 @@ def serve(requests, answers):
                 from ..checkpoint import write_average
 
                 write_average(req["average"], req["checkpoint"])
-            result = generate_and_score(req["argv"], read_manifest(req["data"]), req["hyp_out"])
+            result = generate_and_score(req["argv"], read_manifest(req["data"]), req["hyp_out"],
+                                        req.get("compound_split", False))
             answer = {"result": {**result, "eval_seconds": round(time.time() - t0, 2)}}
         except (LnposError, OSError, RuntimeError, SystemExit) as e:
             answer = {"error": f"scoring {req['checkpoint']} failed: {str(e).strip() or type(e).__name__}"}

@@ -24,18 +24,21 @@ from .rundir import grid_run_dirs, run_dirs
 CSV_COLUMNS = ["run", "arch", "optimizer", "lr", "warmup", "schedule", "seed", "status", "paper_bleu",
                "paper_valid_loss", "paper_note", "best_bleu_tok", "best_epoch", "last_bleu_tok", "last_epoch",
                "sacrebleu", "last_sacrebleu", "best_valid_loss", "epochs", "avg_bleu_tok", "avg_sacrebleu",
-               "avg_epochs", "source"]
+               "avg_epochs", "source", "best_bleu_tok_cs", "avg_bleu_tok_cs"]
 MD_MARKER = "<!-- written by scripts/make_table.sh, which rewrites this file -->"
 # the seeds of a run: (row key, label) of each metric aggregated
 SEED_METRICS = (("best_bleu_tok", "tok BLEU best"), ("avg_bleu_tok", "tok BLEU avg"), ("sacrebleu", "sacreBLEU"),
                 ("best_valid_loss", "best valid loss"))
 SEED_COLUMNS = ["run", "arch", "seeds", "status", "metric", "n", "mean", "min", "max", "sd", "ci95_low", "ci95_high"]
 TOK_LABEL = "tok BLEU"
+CS_LABEL = "tok BLEU compound-split"  # rows with compound_split_bleu (runs.py)
 NOTE = ("tok BLEU: fairseq's BLEU scorer on the data's Moses tokens (lowercased for IWSLT, compound-split "
         "for WMT), the paper's metric; sacreBLEU: detokenized output against the raw references, at the "
         "epoch of best tok BLEU. Best = best epoch on the test set (the paper's per-epoch curves). Avg = the "
         "parameter average of the run's last epoch checkpoints (--average-last; the epochs averaged in brackets), "
-        "as published numbers of IWSLT14/WMT14 are computed.")
+        "as published numbers of IWSLT14/WMT14 are computed. " + CS_LABEL + ": tok BLEU with hyphenated "
+        "compounds split on both sides (fairseq's compound_split_bleu.sh), for the rows that ask for it; the "
+        "paper column is always compared with the plain tok BLEU.")
 
 
 def collect(run_dirs):
@@ -67,13 +70,13 @@ def _row(rec):
     avg = rec.average
     if avg is not None:
         row.update(avg_bleu_tok=avg["bleu_tok"], avg_sacrebleu=avg.get("sacrebleu"),
-                   avg_epochs=f"{avg['epochs'][0]}-{avg['epochs'][-1]}")
+                   avg_epochs=f"{avg['epochs'][0]}-{avg['epochs'][-1]}", avg_bleu_tok_cs=avg.get("bleu_tok_cs"))
     best, scored = rec.best, rec.scored
     if best is not None:
         row.update(best_bleu_tok=best["bleu_tok"], best_epoch=best["epoch"],
                    last_bleu_tok=scored[-1]["bleu_tok"], last_epoch=scored[-1]["epoch"],
                    sacrebleu=best.get("sacrebleu"), last_sacrebleu=scored[-1].get("sacrebleu"),
-                   signature=best.get("sacrebleu_signature"))
+                   signature=best.get("sacrebleu_signature"), best_bleu_tok_cs=best.get("bleu_tok_cs"))
     row["best_valid_loss"] = rec.best_valid_loss
     return row
 
@@ -146,6 +149,9 @@ def write_seeds_csv(agg, path):
 def markdown(rows):
     head = ["run", "arch", "opt", "lr", "warm-up", "seed", "status", "paper",
             f"{TOK_LABEL} best (epoch)", f"{TOK_LABEL} avg (epochs)", f"{TOK_LABEL} last", "sacreBLEU", "best valid loss"]
+    split = any(r.get(k) is not None for r in rows for k in ("best_bleu_tok_cs", "avg_bleu_tok_cs"))
+    if split:  # the compound-split scores beside the plain ones
+        head.insert(10, f"{CS_LABEL} best / avg")
     lines = [MD_MARKER, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if r.get("unreadable"):
@@ -157,6 +163,9 @@ def markdown(rows):
         warm = R.warmup_label(r["warmup"])
         cells = [r["run"], r["arch"], r["optimizer"], f"{r['lr']:g}", warm, str(r["seed"]), r["status"], paper,
                  best, avg, _fmt(r.get("last_bleu_tok")), _fmt(r.get("sacrebleu")), _fmt(r.get("best_valid_loss"), 3)]
+        if split:
+            cs = [_fmt(r.get(k)) for k in ("best_bleu_tok_cs", "avg_bleu_tok_cs")]
+            cells.insert(10, " / ".join(cs) if any(cs) else "")
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     sigs = sorted({r["signature"] for r in rows if r.get("signature")})
     lines.append("")

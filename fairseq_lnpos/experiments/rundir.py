@@ -147,10 +147,11 @@ SHAPES = {
                   "peak_rss_mb": (optional(NUMBER), False), "cuda_peak_mb": (optional(NUMBER), False)},
     "epochN.json": {"epoch": (INT, True), "num_updates": (optional(INT), False),
                     **{k: (optional(NUMBER), False) for k in ("valid_loss", "valid_nll_loss", "train_loss", "lr",
-                                                              "bleu_tok", "sacrebleu")},
+                                                              "bleu_tok", "bleu_tok_cs", "sacrebleu")},
                     "eval_seconds": (NUMBER, False), "n_sentences": (INT, False),
                     "sacrebleu_signature": (STRING, False)},
     "average.json": {"epochs": (list_of(INT), True), "average_last": (INT, True), "bleu_tok": (NUMBER, True),
+                     "bleu_tok_cs": (NUMBER, False),
                      "sacrebleu": (optional(NUMBER), False), "eval_seconds": (NUMBER, False),
                      "n_sentences": (INT, False), "sacrebleu_signature": (STRING, False)},
 }

@@ -31,7 +31,8 @@ Defaults (the paper is silent; our rule: add nothing fairseq does not do by defa
   lr_max / 10 by update 100, so it would fail by starving, not by instability.)
   ``--set decay_anchor=N`` changes it.
 - Decoding: beam 5, length penalty 1.2 for both datasets (the paper states it; it does not say
-  whether checkpoints were averaged: we do not average).
+  whether checkpoints were averaged: we do not average), in fp32 also when the grid trains with
+  ``--fp16`` (fairseq-generate's default; ``decode_fp16`` for a row that decoded in fp16).
 - Initialization: fairseq 0.8's (``init="fairseq-0.8"``, the fairseq of the paper's time) for every
   ``iwslt-*`` and ``wmt-*`` row; the demo, Multi30k and sweep rows keep fairseq 0.12's own.
 
@@ -123,7 +124,9 @@ class Run:
     init: str = DEFAULT_INIT     # --lnpos-init
     beam: int = 5                # decoding (fairseq-generate)
     lenpen: float = 1.2
+    decode_fp16: bool = False    # under the grid's --fp16 also decode in fp16; else decoding is fp32
     average_last: int = 0        # also score the average of the last N epoch checkpoints; 0 = none
+    compound_split_bleu: bool = False  # also tok BLEU with hyphenated compounds split (compound_split_bleu.sh)
     source: str = ""             # where the recipe and the published number come from
     task: str = "translation"    # "translation_lnpos" adds per-layer gradient-norm logging
     extra: tuple = field(default_factory=tuple)  # further fairseq-train flags for this row
@@ -187,19 +190,24 @@ CLINIC = dict(  # Admin's code: RAdam, warm-up from 1e-7, 90 epochs (at most 100
     optimizer="radam", lr=7e-4, adam_betas="(0.9, 0.98)", decoupled_weight_decay=True,
     schedule="fairseq_inverse_sqrt", warmup=6000, warmup_init_lr=1e-7, dropout=0.3, attention_dropout=0.1,
     activation_dropout=0.1, weight_decay=1e-4, clip_norm=0.0, share_embeddings="all", max_tokens=4096,
-    batch_tokens=4096, beam=5, lenpen=1.0, average_last=10, init="fairseq-0.8", figure="reference",
+    batch_tokens=4096, beam=5, lenpen=1.0, decode_fp16=True, average_last=10, init="fairseq-0.8", figure="reference",
     source="Liu et al. EMNLP 2020; LiyuanLucasLiu/Transformer-Clinic nmt-experiments/iwslt14_de-en.md, "
            "eval_iwslt_de-en.sh")
-TFIXUP = dict(  # T-Fixup's code: Adam without warm-up, lr * sqrt(4000 / (4000 + t)), 300 epochs
-    optimizer="adam", lr=5e-4, adam_betas="(0.9, 0.98)", schedule="inverse_sqrt_nowarmup", decay_period=4000,
-    dropout=0.5, weight_decay=1e-4, clip_norm=25.0, share_embeddings="decoder", max_tokens=4000,
-    batch_tokens=4000, beam=4, lenpen=0.3, average_last=10, init="fairseq-0.9", figure="reference",
-    source="Huang et al. ICML 2020; layer6ai-labs/T-Fixup Train_IWSLT_TFixup_example.sh, InferenceIWSLT.py")
+# T-Fixup's code: `--optimizer adam`, whose class in that fork takes RAdam's rectified step with decoupled
+# weight decay (fairseq/optim/adam.py:204-253; plain Adam only through apex's FusedAdam, :31-41), without
+# warm-up, lr * sqrt(4000 / (4000 + t)), 300 epochs; docs/published.md says why radam
+TFIXUP = dict(
+    optimizer="radam", decoupled_weight_decay=True, lr=5e-4, adam_betas="(0.9, 0.98)",
+    schedule="inverse_sqrt_nowarmup", decay_period=4000, dropout=0.5, weight_decay=1e-4, clip_norm=25.0,
+    share_embeddings="decoder", max_tokens=4000,
+    batch_tokens=4000, beam=4, lenpen=0.3, average_last=10, compound_split_bleu=True, init="fairseq-0.9",
+    figure="reference", source="Huang et al. ICML 2020; layer6ai-labs/T-Fixup Train_IWSLT_TFixup_example.sh, fairseq/optim/adam.py, "
+           "InferenceIWSLT.py")
 RADAM = dict(  # the RAdam repository's NMT recipe: Post-LN, betas (0.9, 0.999), linear decay over 70k updates
     ln="postln", lr=3e-4, adam_betas="(0.9, 0.999)", schedule="linear", end_lr=1e-9, dropout=0.3,
     weight_decay=1e-4, clip_norm=25.0, max_tokens=4000, batch_tokens=4000, beam=5, lenpen=1.0, average_last=10,
     init="fairseq-0.8", figure="reference",
-    source="Liu et al. ICLR 2020; LiyuanLucasLiu/RAdam nmt/README.md, nmt/eval.sh")
+    source="Liu et al. ICLR 2020; LiyuanLucasLiu/RAdam nmt/recipes.md, nmt/eval.sh")
 # name, recipe, IWSLT14 length, Multi30k length (the same number of epochs; the RAdam repository's 70k
 # updates are about 64 IWSLT14 epochs of 1100 updates), published BLEU, note
 _REFERENCE = [
@@ -208,6 +216,8 @@ _REFERENCE = [
     ("clinic-preln", dict(CLINIC, ln="preln"), dict(max_epoch=90, max_update=100000), 90, 35.50, "mean of 5 seeds"),
     ("tfixup", dict(TFIXUP, ln="tfixup"), dict(max_epoch=300), 300, 35.73,
      "the best 10-epoch average ending at epochs 250-300, chosen on the test set (epochs 278-287)"),
+    ("tfixup-adam", dict(TFIXUP, ln="tfixup", optimizer="adam", decoupled_weight_decay=False), dict(max_epoch=300),
+     300, None, "the fork's Adam with apex's FusedAdam (plain Adam); 35.73 is the RAdam step's (docs/published.md)"),
     ("radamrepo-adam-wu4000", dict(RADAM, optimizer="adam", warmup=4000), dict(max_epoch=10 ** 6, max_update=70000),
      64, 34.66, "Adam with warm-up 4000"),
     ("radamrepo-radam-nowu", dict(RADAM, optimizer="radam", decoupled_weight_decay=True),

@@ -273,7 +273,8 @@ class Grid:
                 job.pending.discard(key)
                 self.finished.notify_all()
 
-        job.evaluator.submit({**request, "data": str(job.data)}, answered)
+        job.evaluator.submit({**request, "data": str(job.data), "compound_split": job.run.compound_split_bleu},
+                             answered)
 
     def _average_due(self, job):
         """Is the average of the run's last --average-last epoch checkpoints still to be scored?"""

@@ -15,6 +15,16 @@ Tears: Improving the Normalization of Self-Attention", arXiv 1910.05895), as in 
   ``--share-*`` options are fairseq's. The official code initialises the word embedding
   U(-0.01, 0.01); fairseq's N(0, d^-1/2) is kept: with FixNorm only the direction matters, and both
   give directions spread over the sphere.
+* **Output bias** (``use_bias``): the output projection has a bias, one per vocabulary entry,
+  initialised to 0 (official ``model.py`` lines 37, 50-51, used in ``logit_fn``, line 114), tied
+  weight or not.
+* **Language embedding**: one learned vector per language added to every input token, after the
+  sqrt(d) scaling and with the positions, before the input dropout (``get_input``, ``model.py``
+  lines 62-69; dropout in ``layers.py`` lines 165 and 211). Initialised N(0, d^-1/2) (line 43). One
+  table serves both stacks (line 36): the encoder adds its row of the source language, the decoder
+  that of the target language (lines 77, 81), so here a (2, d) parameter ``lang_embedding``, row 0
+  the source's, row 1 the target's. It is added where fairseq adds the positions (a forward hook of
+  each stack's ``embed_positions``), so the arch needs positional embeddings.
 * **SmallInit**: every attention projection (q, k, v, out) N(0, 2 / (5d)) - the official code's
   comment: Xavier-normal for a d x d matrix is too large, so the FFN's std for d_ff = 4d is used -
   and fc1, fc2 N(0, 2 / (d + d_ff)); all their biases 0. It replaces what ``--lnpos-init`` set for
@@ -23,12 +33,15 @@ Tears: Improving the Normalization of Self-Attention", arXiv 1910.05895), as in 
 Not taken from the official recipe (a training choice, not the architecture): its lr 3e-4 without
 warm-up, decay on plateau and gradient clipping 1.0; rows of the run table set those.
 """
+import functools
 import math
 
 from fairseq.models import register_model
+import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import check
 from .variant import DecoderLayer, EncoderLayer, VariantTransformerModel, layer_attentions
 
 
@@ -82,3 +95,14 @@ class ScaleNormTransformerModel(VariantTransformerModel):
         if type(projection) is nn.Linear:  # not an adaptive softmax
             # the same module with FixNorm's forward: parameters, names and weight sharing unchanged
             projection.__class__ = FixNormLinear
+            projection.bias = nn.Parameter(torch.zeros(projection.out_features))
+        d = encoder.embed_tokens.embedding_dim
+        self.lang_embedding = nn.Parameter(torch.empty(2, d).normal_(std=d ** -0.5))
+        for row, stack in enumerate((encoder, decoder)):
+            check(stack.embed_positions is not None, f"{args.arch}: the language embedding is added with the "
+                  "positions; drop --no-token-positional-embeddings")
+            stack.embed_positions.register_forward_hook(functools.partial(self.add_language, row))
+
+    def add_language(self, row, module, inputs, positions):
+        """Forward hook of a stack's positional embedding: its language's vector added to every position."""
+        return positions + self.lang_embedding[row].to(positions.dtype)

@@ -22,9 +22,14 @@ and ``sqrt(log(3M))`` in the decoder (the paper's table of gammas per architectu
 ``--lnpos-init``'s (the paper names only weights). Where torchscale differs, this follows the paper:
 
 * torchscale (``encoder.py`` / ``decoder.py``, ``if args.subln``) multiplies its default
-  initialization by gamma: Xavier-uniform with gain 2^-1/2 for q/k/v (so v is 2^-1/2 of the paper's
-  and q/k are not the paper's gain 1), PyTorch's default ``nn.Linear`` for fc1/fc2 (fc2's std is
-  less than half the paper's), and scales the biases too.
+  initialization by gamma, and that default is PyTorch's ``nn.Linear`` for every projection
+  (``component/multihead_attention.py`` lines 43-48, ``feedforward_network.py``): weights uniform
+  with std 1/sqrt(3 fan_in), biases uniform in +-1/sqrt(fan_in). Its
+  ``MultiheadAttention.reset_parameters`` (Xavier-uniform with gain 2^-1/2 for q/k/v, zero out_proj
+  bias, lines 61-66) is never called by the encoder-decoder (only for the second branch of a
+  multiway network, ``multiway_network.py`` line 30). So v and out_proj are 1/sqrt(3) = 0.577 of
+  the paper's, q/k 0.577 of the paper's gain 1, fc1 0.913 and fc2 0.456 of the paper's (d_ff = 4d), and every
+  bias of fc1, fc2, v_proj and out_proj is non-zero and scaled by gamma too.
 * torchscale skips the decoder's cross-attention (``if "encoder_attn" in name: continue``); the
   paper's rule names ``v_proj`` and ``out_proj`` without exception, so the cross-attention's get
   gamma here, as DeepNorm's do.
