@@ -1,5 +1,6 @@
 """The run table (experiments/runs.py) against the paper's stated settings (Xiong et al. ICML 2020), through the commands it generates."""
 import shlex
+from dataclasses import fields, replace
 
 import pytest
 
@@ -312,3 +313,16 @@ def test_decoding_is_fp32_under_fp16_unless_the_row_decoded_in_fp16():
         assert ("--fp16" in job.generate_argv(1, manifest)) == decode_fp16, name
         plain = C.Job(run, 1, Path("/d"), Path("/o"), "transformer_postln_iwslt_de_en", ("de", "en"), opts())
         assert "--fp16" not in plain.generate_argv(1, manifest) + plain.train_cmd(1), name
+
+
+def test_fields_added_later_keep_older_run_folders_resumable():
+    """A row's recorded config (and so its hash) holds decode_fp16 and compound_split_bleu only when set:
+    a run folder written before they existed has the same config and resumes; reading one back fills
+    them with the old behaviour."""
+    from fairseq_lnpos.experiments.rundir import RUN_DEFAULTS
+
+    row = R.BY_NAME["demo-postln-nowu"].with_defaults()
+    d = row.as_dict()
+    assert not set(R.LATER_FIELDS) & set(d) and set(d) | set(R.LATER_FIELDS) == {f.name for f in fields(R.Run)}
+    assert replace(row, compound_split_bleu=True).as_dict()["compound_split_bleu"] is True
+    assert {k: RUN_DEFAULTS[k] for k in R.LATER_FIELDS} == R.LATER_FIELDS

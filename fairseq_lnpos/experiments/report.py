@@ -106,7 +106,8 @@ def over_seeds(rows):
             continue
         entry = out.setdefault(r["run"], {"arch": r["arch"], "seeds": 0, "status": {}, "values": {}})
         entry["seeds"] += 1
-        entry["status"][r["kind"]] = entry["status"].get(r["kind"], 0) + 1
+        kind = r.get("kind") or r.get("status", "")  # a row made by hand may lack the enum's value
+        entry["status"][kind] = entry["status"].get(kind, 0) + 1
         for key, _ in SEED_METRICS:
             entry["values"].setdefault(key, []).append(r.get(key))
     for entry in out.values():

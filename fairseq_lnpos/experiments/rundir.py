@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ..common import hold_lock, read_json, read_lines, write_json, write_text
 from ..errors import LnposError, StateError
-from .runs import Run
+from .runs import LATER_FIELDS, Run
 
 EPOCH_FILE = re.compile(r"^epoch(\d+)\.json$")
 CHECKPOINT_FILE = re.compile(r"^checkpoint(\d+)\.pt$")
@@ -131,7 +131,7 @@ def _run_fields():
     return shape
 
 
-RUN_DEFAULTS = {k: v for k, v in Run(name="", dataset="", ln="", optimizer="", lr=0.0).as_dict().items()
+RUN_DEFAULTS = {k: v for k, v in {**Run(name="", dataset="", ln="", optimizer="", lr=0.0).as_dict(), **LATER_FIELDS}.items()
                 if k not in ("name", "dataset", "ln", "optimizer", "lr")}
 # file -> {field: (kind, required)}; fields not listed are not read, so not checked
 SHAPES = {

@@ -142,9 +142,15 @@ class Run:
         return warmup_label(self.warmup)
 
     def as_dict(self):
+        """The fields as recorded in config.json (and hashed): those of :data:`LATER_FIELDS` only when
+        set, so that a run folder written before they existed keeps its hash and resumes."""
         d = asdict(self)
         d["extra"] = list(self.extra)
-        return d
+        return {k: v for k, v in d.items() if k not in LATER_FIELDS or v != LATER_FIELDS[k]}
+
+
+# fields added to Run after run folders were first written, with the value older runs had
+LATER_FIELDS = {"decode_fp16": False, "compound_split_bleu": False}
 
 
 def warmup_updates(warmup):
