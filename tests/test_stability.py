@@ -337,3 +337,17 @@ def test_the_overview_of_every_architecture(sweep, tmp_path):
     assert S.cell_mark(m["cells"][0][1]) == "4.10 G n2" and S.cell_mark(m["cells"][0][2]) == "12.00 - n2"
     assert S.cell_mark(drawn[12]["cells"][0][1]) == "x n1"
     assert (tmp_path / "o.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_results_csv_of_an_earlier_version_is_replaced_a_foreign_one_is_not(tmp_path):
+    write_run(tmp_path, "postln", 1e-3, 0, 1, final=4.0, bleu=20.0)
+    old = ("run,arch,optimizer,lr,warmup,schedule,seed,status,paper_bleu,paper_valid_loss,paper_note,best_bleu_tok,"
+           "best_epoch,last_bleu_tok,last_epoch,sacrebleu,last_sacrebleu,best_valid_loss,epochs,avg_bleu_tok,"
+           "avg_sacrebleu,avg_epochs,source\n")  # the header before the compound-split columns
+    (tmp_path / "results.csv").write_text(old)
+    report.make_table(tmp_path, with_figures=False)
+    assert (tmp_path / "results.csv").read_text().splitlines()[0] == ",".join(report.CSV_COLUMNS)
+    (tmp_path / "results.csv").write_text("my,own,notes\n")
+    with pytest.raises(Exception, match="was not written by make_table.sh"):
+        report.make_table(tmp_path, with_figures=False)
+    assert (tmp_path / "results.csv").read_text() == "my,own,notes\n"

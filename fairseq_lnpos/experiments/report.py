@@ -26,6 +26,7 @@ CSV_COLUMNS = ["run", "arch", "optimizer", "lr", "warmup", "schedule", "seed", "
                "sacrebleu", "last_sacrebleu", "best_valid_loss", "epochs", "avg_bleu_tok", "avg_sacrebleu",
                "avg_epochs", "source", "best_bleu_tok_cs", "avg_bleu_tok_cs"]
 MD_MARKER = "<!-- written by scripts/make_table.sh, which rewrites this file -->"
+CSV_KNOWN_PREFIX = "run,arch,optimizer,lr,warmup,schedule,seed,status,"  # results.csv of every version
 # the seeds of a run: (row key, label) of each metric aggregated
 SEED_METRICS = (("best_bleu_tok", "tok BLEU best"), ("avg_bleu_tok", "tok BLEU avg"), ("sacrebleu", "sacreBLEU"),
                 ("best_valid_loss", "best valid loss"))
@@ -231,13 +232,16 @@ def figures(rows, out_dir):
 
 
 def _check_ours(path, first_line):
-    """Refuse to replace ``path`` unless this command wrote it (its first line is ``first_line``)."""
+    """Refuse to replace ``path`` unless this command wrote it: its first line is ``first_line``, or, for
+    a CSV, a header of an earlier version (the same first columns, :data:`CSV_KNOWN_PREFIX`)."""
     if not path.exists() and not path.is_symlink():
         return
     refuse_folder(path)
     try:
         with open(path, encoding="utf-8") as f:
-            ours = f.readline().rstrip("\n") == first_line
+            line = f.readline().rstrip("\n")
+        ours = line == first_line or (path.suffix == ".csv" and line.startswith(CSV_KNOWN_PREFIX)
+                                      and first_line.startswith(CSV_KNOWN_PREFIX))
     except (OSError, UnicodeDecodeError):
         ours = False
     if not ours:
