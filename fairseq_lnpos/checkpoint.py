@@ -134,12 +134,12 @@ def average_checkpoints(paths):
 
 
 def write_average(paths, out):
-    """Average ``paths`` (:func:`average_checkpoints`) into the checkpoint file ``out``, atomically."""
-    import os
-
+    """Average ``paths`` (:func:`average_checkpoints`) into the checkpoint file ``out``, atomically
+    (:func:`~fairseq_lnpos.common.replace_file`)."""
     import torch
 
-    tmp = f"{out}.tmp"
-    torch.save(average_checkpoints(paths), tmp)
-    os.replace(tmp, out)
+    from .common import replace_file
+
+    average = average_checkpoints(paths)
+    replace_file(out, lambda f: torch.save(average, f))
     return out

@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 
 USAGE_EXIT = 2        # bad input: the message says what to do
 INTERRUPT_EXIT = 130  # Ctrl-C / SIGTERM: a re-run resumes
@@ -115,7 +116,32 @@ def finite_float(text):
     return value
 
 
+@dataclass(frozen=True)
+class Range:
+    """The numbers an option takes, said as the messages say it: "at least 1", "positive", "in [0, 1)"."""
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = True
+
+    def __contains__(self, value):
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    @property
+    def text(self):
+        low, high = (str(v) if isinstance(v, int) else f"{v:g}" for v in (self.low, self.high))
+        if self.high == math.inf:
+            return "positive" if self.low == 0 and self.low_open else f"at least {low}"
+        return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+
+    def check(self, name, value):
+        """``value`` if it is in the range, else an :class:`LnposError`: ``NAME must be ..., got VALUE``."""
+        check(value in self, f"{name} must be {self.text}, got {value}")
+        return value
+
+
 def at_least(minimum, name, value):
     """``value`` if it is >= ``minimum``, else an :class:`LnposError` naming option ``name``."""
-    check(value >= minimum, f"{name} must be at least {minimum}, got {value}")
-    return value
+    return Range(minimum).check(name, value)

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Optional, Tuple
 
-from fairseq_lnpos.common import fmt_time, write_json
+from fairseq_lnpos.common import fmt_time, open_log, refuse_link, write_json
 from fairseq_lnpos.errors import CommandParser, LnposError, at_least, check, run_main
 from fairseq_lnpos.launch import config_hash, train_args
 from fairseq_lnpos.options import Options as CommandOptions, option
@@ -409,6 +409,7 @@ def run(opts, t_start=None):
                          "full": True, "lemma2": False, "checkpoint": opts.checkpoint})
 
     records_path = out / "records.jsonl"
+    refuse_link(records_path)  # appended to below
     done = {}
     if records_path.exists() and not opts.fresh:
         for line in records_path.read_text(encoding="utf-8").splitlines():
@@ -473,7 +474,7 @@ def run(opts, t_start=None):
             rec["lemma2"] = lemma2_stats(model, samples[0])
         dt = time.time() - t0
         rec["seconds"] = round(dt, 2)
-        with open(records_path, "a", encoding="utf-8") as f:
+        with open_log(records_path) as f:
             f.write(json.dumps(rec) + "\n")
         records.append(rec)
         spent_cost += cost

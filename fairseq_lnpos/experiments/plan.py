@@ -62,7 +62,7 @@ def override(opts, runs):
     for key in OVERRIDES:
         value = getattr(opts, key, None)
         if value is not None:
-            runs = [R.coerce(r, key, str(value)) for r in runs]
+            runs = [R.coerce(r, key, str(value), option="--" + key.replace("_", "-")) for r in runs]
     return runs
 
 
