@@ -97,9 +97,35 @@ def run_main(prog, main, argv=None):
     return 0 if status is None else status
 
 
+class Flags(argparse.Action):
+    """An option whose value is another command's flags in one string (``--fairseq-args "--fp16"``):
+    with :class:`CommandParser` the word after it is its value even when it starts with ``-``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+
+
 class CommandParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose errors (unknown option, a value that is not a number)
-    are one line ``PROG: error: ...`` and exit 2, like the project's other errors."""
+    are one line ``PROG: error: ...`` and exit 2, like the project's other errors. The value of a
+    :class:`Flags` option may start with ``-`` (argparse alone takes ``--fairseq-args --fp16`` for
+    two options): ``OPTION VALUE`` is read as ``OPTION=VALUE``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", "flags", Flags)
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        flags = {s for a in self._actions if isinstance(a, Flags) for s in a.option_strings}
+        joined = []
+        while args:
+            arg = args.pop(0)
+            if arg == "--":
+                joined += [arg, *args]
+                break
+            joined.append(f"{arg}={args.pop(0)}" if arg in flags and args else arg)
+        return super().parse_known_args(joined, namespace)
 
     def error(self, message):
         self.exit(USAGE_EXIT, f"{self.prog}: error: {message} (see --help)\n")

@@ -71,7 +71,8 @@ class Options(CommandOptions):
     size: str = option("iwslt_de_en", "size of the variants' archs: iwslt_de_en (6+6, d 512, FFN 1024, 4 heads; "
                        "the paper's IWSLT model, default), wmt_en_de, tiny, or base ('' = base)")
     model_args: str = option("", "extra fairseq model options, one quoted string, e.g. "
-                                 "\"--encoder-embed-dim 64 --decoder-embed-dim 64\" (for quick looks and tests)")
+                                 "\"--encoder-embed-dim 64 --decoder-embed-dim 64\" (for quick looks and tests)",
+                             action="flags")
     init: Optional[str] = option(
         choices=INITS, help="the plugin archs' --lnpos-init (default fairseq-0.12, fairseq 0.12's own; "
                             "fairseq-0.8: Xavier FFNs and zero biases, the fairseq of the paper's time)")
