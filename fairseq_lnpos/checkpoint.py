@@ -175,6 +175,9 @@ def average_checkpoints(paths):
                                   "of one run")
         for k, v in model.items():
             v = v.to(torch.float64) if v.is_floating_point() else v
+            if k in sums and sums[k].shape != v.shape:
+                raise CheckpointError(f"{path} holds other weights than {paths[0]} ({k} of shape {list(v.shape)}, "
+                                      f"not {list(sums[k].shape)}): average checkpoints of one run")
             if k in sums:
                 sums[k] += v
             else:
