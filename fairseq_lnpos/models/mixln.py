@@ -16,8 +16,9 @@ for every norm type, not Mix-LN's: here fairseq's, as for Post-LN and Pre-LN.
 
 For an encoder-decoder: each stack counts its own layers, so the first ``floor(alpha N)`` encoder
 layers and the first ``floor(alpha M)`` decoder layers are Post-LN (all sublayers of a decoder
-layer, cross-attention included, share the layer's placement). With alpha 0 the model is fairseq's
-Pre-LN transformer, parameter for parameter.
+layer, cross-attention included, share the layer's placement). A stack left with no Post-LN layer (alpha 0, or
+``floor(0.25 x 2) = 0``: fairseq's Pre-LN, parameter for parameter) or no Pre-LN layer is another
+variant, and refused at build time (:meth:`MixLNTransformerModel.same_as_another`).
 """
 import logging
 import math
