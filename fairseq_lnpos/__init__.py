@@ -23,11 +23,13 @@ __all__ = ["LnposError", "USER_DIR", "register"]
 def register():
     """Register the plugin's components with fairseq and let torch's safe loader read fairseq
     checkpoints (:mod:`fairseq_lnpos.checkpoint`). Imports fairseq and torch; idempotent."""
-    from .checkpoint import allow_fairseq_checkpoints
+    from .checkpoint import allow_fairseq_checkpoints, guard_resume
 
     allow_fairseq_checkpoints()
     from . import models, optim, tasks  # noqa: F401
     from .models import archs  # noqa: F401
+
+    guard_resume()
 
 
 def _imported_by_fairseq_command():

@@ -17,7 +17,6 @@ resolved. Work counts (aten operator calls, elements they write, matmul FLOPs of
 update, counted by PyTorch's dispatcher) are exact and say what an extra cost consists of.
 Results go to a JSON file. Python callers use :func:`benchmark` and :func:`summary`.
 """
-import argparse
 import gc
 import logging
 import os
@@ -30,7 +29,7 @@ from itertools import islice
 from pathlib import Path
 
 from .common import write_json
-from .errors import check, run_main
+from .errors import CommandParser, check, run_main
 from .launch import NO_WARMUP, adam, train_args
 from .variants import FURTHER, SIZES, TINY, VARIANTS, arch_name
 
@@ -339,7 +338,7 @@ def summary(result):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="bench.sh", description=__doc__.split("\n\n")[0])
+    p = CommandParser(prog="bench.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", help="binarized data dir (default: the synthetic corpus, generated)")
     p.add_argument("--out", default="bench-out/bench.json", help="JSON result file")
     p.add_argument("--sizes", default=",".join(DEFAULT_SIZES), help=f"comma list of: {', '.join(SIZES)}")
@@ -350,7 +349,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: fairseq's GPU training (fp32; add flags with --fairseq-args)")
-    p.add_argument("--fairseq-args", default="", help="extra fairseq-train flags for every configuration, e.g. --fp16")
+    p.add_argument("--fairseq-args", default="", action="flags", help="extra fairseq-train flags for every configuration, e.g. --fp16")
     p.add_argument("--no-analysis", action="store_true", help="skip timing the Fig. 3 analysis")
     p.add_argument("--no-overhead", action="store_true",
                    help="skip measuring --log-grad-norms' overhead (throughput only)")

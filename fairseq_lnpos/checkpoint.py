@@ -13,6 +13,7 @@ architecture) raises :class:`CheckpointError`, which fairseq's commands print as
 """
 import argparse
 import functools
+import threading
 
 from .errors import LnposError
 
@@ -83,6 +84,58 @@ def guard_state_loading(model, arch):
     return model
 
 
+_loaded = threading.local()  # the model config of the checkpoint fairseq loaded last in this thread
+
+
+def check_same_experiment(saved, current, path):
+    """Refuse to train on from checkpoint ``path`` when its model config ``saved`` defines another
+    experiment than ``current`` (:func:`fairseq_lnpos.models.variant.experiment`); options only one
+    of them holds (a checkpoint of an older plugin) are not compared."""
+    from .models.variant import experiment
+
+    old, new = experiment(saved), experiment(current)
+    differ = [k for k in new if k in old and old[k] != new[k]]
+    if differ:
+        said = "; ".join(f"--{k.replace('_', '-')} {old[k]} there, {new[k]} here" for k in differ[:3])
+        raise CheckpointError(
+            f"{path} is a checkpoint of another experiment ({said}): give another --save-dir (or --restore-file) "
+            "to start this one, or add --reset-optimizer to train from its weights all the same")
+
+
+def guard_resume():
+    """Make fairseq's ``Trainer.load_checkpoint`` (fairseq-train's resume from checkpoint_last.pt and
+    its ``--restore-file``, with any task) refuse a checkpoint of another experiment
+    (:func:`check_same_experiment`), unless ``--reset-optimizer`` (which ``--finetune-from-model``
+    implies) says that training starts over from its weights. Checked after the weights loaded, so
+    that weights of another size keep their own error. Idempotent."""
+    from fairseq import checkpoint_utils
+    from fairseq.trainer import Trainer
+
+    trainer_load = Trainer.load_checkpoint
+    if getattr(trainer_load, "lnpos_guarded", False):
+        return
+    state_load = checkpoint_utils.load_checkpoint_to_cpu
+
+    @functools.wraps(state_load)
+    def load_checkpoint_to_cpu(path, *args, **kwargs):
+        state = state_load(path, *args, **kwargs)
+        cfg = state.get("cfg") if isinstance(state, dict) else None
+        _loaded.model = cfg["model"] if cfg is not None and "model" in cfg else None
+        return state
+
+    @functools.wraps(trainer_load)
+    def load_checkpoint(self, filename, reset_optimizer=False, *args, **kwargs):
+        _loaded.model = None
+        extra_state = trainer_load(self, filename, reset_optimizer, *args, **kwargs)
+        if _loaded.model is not None and not reset_optimizer:  # None: nothing loaded, or another rank loaded it
+            check_same_experiment(_loaded.model, self.cfg.model, filename)
+        return extra_state
+
+    load_checkpoint.lnpos_guarded = True
+    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+    Trainer.load_checkpoint = load_checkpoint
+
+
 def load_checkpoint_file(path):
     """A fairseq checkpoint as saved (``torch.load`` on the CPU, fairseq's Namespace allow-listed as
     for every other load here); :class:`CheckpointError` naming the file when it cannot be read."""
@@ -127,6 +180,9 @@ def average_checkpoints(paths):
         newest = state  # its weights go into ``sums``; what else it holds is kept
         for k, v in model.items():
             v = v.to(torch.float64) if v.is_floating_point() else v
+            if k in sums and sums[k].shape != v.shape:
+                raise CheckpointError(f"{path} holds other weights than {paths[0]} ({k} of shape {list(v.shape)}, "
+                                      f"not {list(sums[k].shape)}): average checkpoints of one run")
             if k in sums:
                 sums[k] += v
             else:
@@ -139,12 +195,12 @@ def average_checkpoints(paths):
 
 
 def write_average(paths, out):
-    """Average ``paths`` (:func:`average_checkpoints`) into the checkpoint file ``out``, atomically."""
-    import os
-
+    """Average ``paths`` (:func:`average_checkpoints`) into the checkpoint file ``out``, atomically
+    (:func:`~fairseq_lnpos.common.replace_file`)."""
     import torch
 
-    tmp = f"{out}.tmp"
-    torch.save(average_checkpoints(paths), tmp)
-    os.replace(tmp, out)
+    from .common import replace_file
+
+    average = average_checkpoints(paths)
+    replace_file(out, lambda f: torch.save(average, f))
     return out

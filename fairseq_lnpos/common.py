@@ -1,8 +1,11 @@
 """Small helpers shared by the plugin and the tooling around it; imports nothing heavy.
 
 - ``USER_DIR``: the folder to pass to fairseq's ``--user-dir``.
-- ``write_text`` / ``write_json``: write to a temporary file beside the target, then rename, so a
-  reader never sees half a file and an interruption leaves the old file (or none).
+- ``write_text`` / ``write_json`` / ``write_figure`` (``replace_file`` under them): write to a
+  temporary file beside the target, then rename, so a reader never sees half a file, an interruption
+  leaves the old file (or none), and a symbolic link at the target is replaced, never written through.
+- ``open_log``: a log file opened to append to; a symbolic link there is refused (``O_NOFOLLOW``).
+- ``plain_name``: a name from a record or an option that becomes part of a file name (no folder in it).
 - ``read_json``: a JSON file that must be readable; a missing or damaged file raises
   :class:`~fairseq_lnpos.errors.StateError` naming the path.
 - ``read_lines``: lines split on ``\\n`` only (as perl and grep do), without the newline.
@@ -11,6 +14,7 @@
 - ``hold_lock`` / ``release_lock``: an exclusive lock (flock) on a file, refused with a message
   while another process holds it (the grid's run folders, the data-prep output folders).
 """
+import errno
 import fcntl
 import json
 import os
@@ -31,20 +35,71 @@ def refuse_folder(path):
         raise LnposError(f"{path} is a folder, not a file: move it away or remove it, then run again")
 
 
-def write_text(path, text):
-    """Atomically replace ``path`` with ``text`` (UTF-8); a folder at ``path`` is an error, and
-    nothing (no temporary file) stays when the write fails."""
+def replace_file(path, write):
+    """Atomically replace ``path`` with what ``write(f)`` writes to ``f``, a new binary file beside it
+    (``.NAME.tmp``, created afresh: a link or file left under that name is removed first, never
+    written through). A symbolic link at ``path`` is replaced by the file, its target left alone; a
+    folder at ``path`` is an error; nothing (no temporary file) stays when the write fails."""
     path = Path(path)
     refuse_folder(path)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def write_text(path, text):
+    """Atomically replace ``path`` with ``text`` (UTF-8), as :func:`replace_file`."""
+    return replace_file(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def write_figure(fig, path, **savefig_kw):
+    """Write matplotlib figure ``fig`` to ``path`` (its format from the suffix), as :func:`replace_file`."""
+    path = Path(path)
+    return replace_file(path, lambda f: fig.savefig(f, format=path.suffix.lstrip(".") or None, **savefig_kw))
+
+
+def refuse_link(path):
+    """A symbolic link where the project writes a file of its own is an error that names it."""
+    if Path(path).is_symlink():
+        raise LnposError(f"{path} is a symbolic link, and the file there is written to: remove the link "
+                         f"(or move it away), then run again")
+
+
+def open_log(path, binary=False):
+    """``path`` opened to append to (created when missing, UTF-8 unless ``binary``). A symbolic link
+    there is refused (:func:`refuse_link`), not followed: the open itself refuses it (``O_NOFOLLOW``)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            refuse_link(path)
+        raise
+    return os.fdopen(fd, "ab") if binary else os.fdopen(fd, "a", encoding="utf-8")
+
+
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+
+
+def is_plain_name(text):
+    """Letters, digits, ``_ . + -``, starting with a letter or digit, no ``..``: a name that becomes
+    part of a file name inside an output folder and cannot lead out of it."""
+    return isinstance(text, str) and bool(PLAIN_NAME.fullmatch(text)) and ".." not in text
+
+
+def plain_name(text, what):
+    """``text`` if :func:`is_plain_name`, else an :class:`LnposError` naming ``what``."""
+    if not is_plain_name(text):
+        raise LnposError(f"{what} {one_line(str(text))!r}: give a plain name (letters, digits, '_', '.', '+', '-'; "
+                         f"no '/', no '..')")
+    return text
 
 
 def write_json(path, obj):

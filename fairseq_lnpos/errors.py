@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import warnings
+from dataclasses import dataclass
 
 USAGE_EXIT = 2        # bad input: the message says what to do
 INTERRUPT_EXIT = 130  # Ctrl-C / SIGTERM: a re-run resumes
@@ -128,9 +129,35 @@ def run_main(prog, main, argv=None):
     return 0 if status is None else status
 
 
+class Flags(argparse.Action):
+    """An option whose value is another command's flags in one string (``--fairseq-args "--fp16"``):
+    with :class:`CommandParser` the word after it is its value even when it starts with ``-``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+
+
 class CommandParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose errors (unknown option, a value that is not a number)
-    are one line ``PROG: error: ...`` and exit 2, like the project's other errors."""
+    are one line ``PROG: error: ...`` and exit 2, like the project's other errors. The value of a
+    :class:`Flags` option may start with ``-`` (argparse alone takes ``--fairseq-args --fp16`` for
+    two options): ``OPTION VALUE`` is read as ``OPTION=VALUE``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", "flags", Flags)
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        flags = {s for a in self._actions if isinstance(a, Flags) for s in a.option_strings}
+        joined = []
+        while args:
+            arg = args.pop(0)
+            if arg == "--":
+                joined += [arg, *args]
+                break
+            joined.append(f"{arg}={args.pop(0)}" if arg in flags and args else arg)
+        return super().parse_known_args(joined, namespace)
 
     def error(self, message):
         self.exit(USAGE_EXIT, f"{self.prog}: error: {message} (see --help)\n")
@@ -147,6 +174,32 @@ def finite_float(text):
     return value
 
 
+@dataclass(frozen=True)
+class Range:
+    """The numbers an option takes, said as the messages say it: "at least 1", "positive", "in [0, 1)"."""
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = True
+
+    def __contains__(self, value):
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    @property
+    def text(self):
+        low, high = (str(v) if isinstance(v, int) else f"{v:g}" for v in (self.low, self.high))
+        if self.high == math.inf:
+            return "positive" if self.low == 0 and self.low_open else f"at least {low}"
+        return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+
+    def check(self, name, value):
+        """``value`` if it is in the range, else an :class:`LnposError`: ``NAME must be ..., got VALUE``."""
+        check(value in self, f"{name} must be {self.text}, got {value}")
+        return value
+
+
 def fraction(name):
     """argparse type of option ``--name``: a number strictly between 0 and 1."""
     def parse(text):
@@ -154,7 +207,7 @@ def fraction(name):
             value = float(text)
         except ValueError:
             value = math.nan
-        if not 0 < value < 1:
+        if value not in Range(0, 1, low_open=True):
             raise argparse.ArgumentTypeError(f"{text}: give a fraction between 0 and 1")
         return value
     parse.__name__ = name
@@ -163,5 +216,4 @@ def fraction(name):
 
 def at_least(minimum, name, value):
     """``value`` if it is >= ``minimum``, else an :class:`LnposError` naming option ``name``."""
-    check(value >= minimum, f"{name} must be at least {minimum}, got {value}")
-    return value
+    return Range(minimum).check(name, value)

@@ -66,6 +66,13 @@ def toy_data(tmp_path_factory):
     return binarize(write_toy_corpus(root / "text"), root / "bin")
 
 
+def two_layers(arch):
+    """Flags for ``arch`` (a plugin arch name) with 2 encoder and 2 decoder layers. Mix-LN's default
+    ratio (0.25) would leave no Post-LN layer in such a stack, which is refused: it gets 0.5."""
+    mixln = arch.startswith("transformer_mixln")
+    return ("--encoder-layers", 2, "--decoder-layers", 2) + (("--mixln-post-ratio", 0.5) if mixln else ())
+
+
 def train_argv(data, arch, *extra):
     return [data, "--user-dir", USER_DIR, "--task", "translation", "-s", "de", "-t", "en", "--arch", arch, *extra]
 

@@ -218,7 +218,7 @@ CASES = [
          setup=toy_copy(), needs=("data",)),
     Case("grid-jobs-0", GRID_RUN + ("--jobs", "0"), r"--jobs: 0 is too small", writes=(), setup=toy_copy(),
          needs=("data",)),
-    Case("grid-set-layers-0", GRID_RUN + ("--set", "layers=0"), r"--set layers=0: must be at least 1", writes=(),
+    Case("grid-set-layers-0", GRID_RUN + ("--set", "layers=0"), r"--set layers must be at least 1, got 0", writes=(),
          setup=toy_copy(), needs=("data",)),
     Case("grid-out-is-a-file", GRID_RUN, r"^grid: error: --out \S*/out is a file",
          setup=lambda s: (toy_copy()(s), file_at("out")(s)), writes=(), needs=("data",)),

@@ -8,14 +8,13 @@ import math
 import pytest
 import torch
 
-from conftest import build_model, same_state, toy_data  # noqa: F401
+from conftest import build_model, same_state, toy_data, two_layers  # noqa: F401
 from fairseq_lnpos.models.deepnorm import deepnorm_coefficients
 from fairseq_lnpos.models.tfixup import tfixup_scales
 from fairseq_lnpos.models.variant import layer_attentions
 from fairseq_lnpos.variants import VARIANTS
 
 # IWSLT width (d 512, FFN 1024) for tight statistics, two layers for speed
-SMALL = ("--encoder-layers", 2, "--decoder-layers", 2)
 D, FFN = 512, 1024
 RTOL = 0.03  # std of >= 262k draws: relative standard error < 0.2 %
 
@@ -44,8 +43,9 @@ def xavier_bound(fan_in, fan_out, gain=1.0):
 
 
 def build(toy_data, variant, init=None, seed=1):
-    extra = SMALL + (() if init is None else ("--lnpos-init", init))
-    model, _, args = build_model(toy_data, f"transformer_{variant}_iwslt_de_en", *extra, seed=seed)
+    arch = f"transformer_{variant}_iwslt_de_en"
+    extra = two_layers(arch) + (() if init is None else ("--lnpos-init", init))
+    model, _, args = build_model(toy_data, arch, *extra, seed=seed)
     return model, args
 
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from conftest import build_model, same_state, toy_data  # noqa: F401
+from fairseq_lnpos.errors import LnposError
 from fairseq_lnpos.variants import SIZES, arch_name
 from test_admin import decode_both_ways
 from test_models import batch
@@ -68,3 +69,11 @@ def test_incremental_decoding_equals_the_full_forward(lns):
     model, task, _ = lns
     full, stepwise = decode_both_ways(model, task)
     assert torch.allclose(stepwise, full, atol=1e-5)
+
+
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_a_stack_of_one_layer_is_refused(toy_data, side):
+    """Its one layer is scaled by 1/sqrt(1): Pre-LN, which would be labelled LN-Scaling."""
+    with pytest.raises(LnposError, match=rf"^transformer_lnscaling_tiny: one {side} layer is scaled by 1/sqrt\(1\) = 1, "
+                                         r"so that stack is Pre-LN, not LN-Scaling"):
+        build_model(toy_data, "transformer_lnscaling_tiny", f"--{side}-layers", 1)

@@ -35,7 +35,7 @@ def test_the_first_quarter_of_each_stack_is_post_ln_by_default(mixln, toy_data, 
     assert "Mix-LN 6-6: Post-LN layers 1 of 6 (encoder), 1 of 6 (decoder), the rest Pre-LN" in caplog.text
 
 
-@pytest.mark.parametrize("ratio,expected", [("0.5", [4, 2]), ("1", [8, 4]), ("0.3", [2, 1])])
+@pytest.mark.parametrize("ratio,expected", [("0.5", [4, 2]), ("0.9", [7, 3]), ("0.3", [2, 1])])
 def test_post_ratio_sets_the_share(toy_data, ratio, expected):
     model, _, _ = build_model(toy_data, "transformer_mixln_tiny", *SMALL, "--mixln-post-ratio", ratio)
     assert [p.count(False) for p in placements(model)] == expected
@@ -48,7 +48,27 @@ def test_a_ratio_outside_0_1_is_an_error(toy_data, ratio):
         build_model(toy_data, "transformer_mixln_tiny", "--mixln-post-ratio", ratio)
 
 
-def test_ratio_0_is_fairseqs_pre_ln_transformer(toy_data):
+@pytest.mark.parametrize("ratio,layers,message", [
+    ("0.25", 2, "--mixln-post-ratio 0.25 makes 0 of the 2 encoder layers Post-LN, so that stack has no Post-LN "
+                "layer and is Pre-LN, not Mix-LN"),
+    ("0", 6, "makes 0 of the 6 encoder layers Post-LN"),
+    ("1", 6, "makes 6 of the 6 encoder layers Post-LN, so that stack has no Pre-LN layer and is Post-LN with a final "
+             "LayerNorm, not Mix-LN")])
+def test_a_stack_of_one_placement_only_is_refused(toy_data, ratio, layers, message):
+    """It would be labelled Mix-LN in every table and map while being another variant."""
+    with pytest.raises(LnposError) as e:
+        build_model(toy_data, "transformer_mixln_tiny", "--encoder-layers", layers, "--mixln-post-ratio", ratio)
+    assert str(e.value).startswith("transformer_mixln_tiny: --mixln-post-ratio ") and message in str(e.value)
+    assert "\n" not in str(e.value)
+    with pytest.raises(LnposError, match="0 of the 3 decoder layers"):  # each stack counts
+        build_model(toy_data, "transformer_mixln_tiny", "--decoder-layers", 3)
+
+
+def test_ratio_0_is_fairseqs_pre_ln_transformer(toy_data, monkeypatch):
+    """The layers are fairseq's own: with the refusal above lifted, ratio 0 gives its Pre-LN model."""
+    from fairseq_lnpos.models.mixln import MixLNTransformerModel
+
+    monkeypatch.setattr(MixLNTransformerModel, "same_as_another", classmethod(lambda cls, args: None))
     ours, task, _ = build_model(toy_data, arch_name("mixln", "iwslt_de_en"), "--mixln-post-ratio", 0, seed=7)
     theirs, _, _ = build_model(toy_data, "transformer_iwslt_de_en", "--encoder-normalize-before",
                                "--decoder-normalize-before", seed=7)

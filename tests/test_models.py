@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import build_model, fairseq_cmd, run, same_state, toy_data  # noqa: F401
+from conftest import build_model, fairseq_cmd, run, same_state, toy_data, two_layers  # noqa: F401
 from fairseq_lnpos.gradnorm import is_inference_copy
 from fairseq_lnpos.variants import VARIANTS, arch_names
 
@@ -21,7 +21,7 @@ def batch(task, bsz=3, src_len=7, tgt_len=5, seed=0):
 
 @pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_every_arch_builds_runs_forward_and_backward(toy_data, arch):
-    small = [] if arch.endswith("_tiny") else ["--encoder-layers", 2, "--decoder-layers", 2]
+    small = [] if arch.endswith("_tiny") else two_layers(arch)
     model, task, args = build_model(toy_data, arch, *small)
     expected_dim = 128 if arch.endswith("_tiny") else 512
     assert args.encoder_embed_dim == expected_dim
@@ -82,7 +82,7 @@ def test_a_reloaded_model_computes_what_the_saved_one_did(toy_data, variant, tas
     # Post-LN encoder layer in eval mode to a fused plain-Post-LN kernel, which must not happen
     # to DeepNorm's scaled skip or Keel's extra LayerNorms, and which fails on padded batches
     # with torch >= 2.0 (fairseq's own Post-LN: avoided by the plugin's task)
-    small = ("--encoder-layers", 2, "--decoder-layers", 2, "--task", task)
+    small = two_layers(f"transformer_{variant}_tiny") + ("--task", task)
     saved, task, _ = build_model(toy_data, f"transformer_{variant}_tiny", *small, seed=3)
     loaded, _, _ = build_model(toy_data, f"transformer_{variant}_tiny", *small, seed=4)
     src, lengths, prev = batch(task)

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Optional, Tuple
 
-from fairseq_lnpos.common import fmt_time, write_json
+from fairseq_lnpos.common import fmt_time, open_log, refuse_link, write_json
 from fairseq_lnpos.errors import CommandParser, LnposError, at_least, check, run_main
 from fairseq_lnpos.launch import config_hash, train_args
 from fairseq_lnpos.options import Options as CommandOptions, option
@@ -73,7 +73,8 @@ class Options(CommandOptions):
     size: str = option("iwslt_de_en", "size of the variants' archs: iwslt_de_en (6+6, d 512, FFN 1024, 4 heads; "
                        "the paper's IWSLT model, default), wmt_en_de, tiny, or base ('' = base)")
     model_args: str = option("", "extra fairseq model options, one quoted string, e.g. "
-                                 "\"--encoder-embed-dim 64 --decoder-embed-dim 64\" (for quick looks and tests)")
+                                 "\"--encoder-embed-dim 64 --decoder-embed-dim 64\" (for quick looks and tests)",
+                             action="flags")
     init: Optional[str] = option(
         choices=INITS, help="the plugin archs' --lnpos-init (default fairseq-0.12, fairseq 0.12's own; "
                             "fairseq-0.8: Xavier FFNs and zero biases, the fairseq of the paper's time)")
@@ -412,6 +413,7 @@ def run(opts, t_start=None):
                          "full": True, "lemma2": False, "checkpoint": opts.checkpoint})
 
     records_path = out / "records.jsonl"
+    refuse_link(records_path)  # appended to below
     done = {}
     if records_path.exists() and not opts.fresh:
         for line in records_path.read_text(encoding="utf-8").splitlines():
@@ -479,7 +481,7 @@ def run(opts, t_start=None):
             rec["lemma2"] = lemma2_stats(model, samples[0])
         dt = time.time() - t0
         rec["seconds"] = round(dt, 2)
-        with open(records_path, "a", encoding="utf-8") as f:
+        with open_log(records_path) as f:
             f.write(json.dumps(rec) + "\n")
         records.append(rec)
         spent_cost += cost

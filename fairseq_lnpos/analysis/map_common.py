@@ -2,6 +2,7 @@
 architectures, number formatting and the figures' setup."""
 import math
 
+from ..common import write_figure
 from ..variants import VARIANTS
 
 
@@ -34,9 +35,9 @@ def pyplot():
 
 
 def save(fig, path, title=None):
-    """Title, lay out, write (dpi 90) and close a figure of the map."""
+    """Title, lay out, write (dpi 90, :func:`~fairseq_lnpos.common.write_figure`) and close a figure of the map."""
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    write_figure(fig, path, dpi=90)
     pyplot().close(fig)

@@ -10,7 +10,7 @@ architectures). ``lemma2.png``: ||x||^2 / d at every LayerNorm input with the le
 import sys
 from pathlib import Path
 
-from fairseq_lnpos.common import read_json
+from fairseq_lnpos.common import read_json, write_figure
 from fairseq_lnpos.errors import CommandParser, run_main
 
 STATS = {"mean_grad": ("mean", "fig3.png", "norm of the gradient averaged over batches (paper)"),
@@ -68,8 +68,7 @@ def plot_fig3(result, out, stat="mean_grad"):
         f"<= {s['tokens']} tokens.\nRows: encoder / decoder (the paper does not say which stack its "
         f"layers are). Data: {s['data_desc']}", fontsize=8)
     fig.subplots_adjust(left=0.05, right=0.99, bottom=0.08, top=0.86, wspace=0.3, hspace=0.45)
-    path = Path(out) / filename
-    fig.savefig(path, dpi=80)
+    path = write_figure(fig, Path(out) / filename, dpi=80)
     plt.close(fig)
     return path
 
@@ -103,8 +102,7 @@ def plot_lemma2(result, out):
                      fontsize=9)
         ax.legend(fontsize=6)
     fig.subplots_adjust(left=0.08, right=0.99, bottom=0.14, top=0.9, wspace=0.25)
-    path = Path(out) / "lemma2.png"
-    fig.savefig(path, dpi=80)
+    path = write_figure(fig, Path(out) / "lemma2.png", dpi=80)
     plt.close(fig)
     return path
 

@@ -13,6 +13,7 @@ import re
 import sys
 from pathlib import Path
 
+from fairseq_lnpos.common import write_figure
 from fairseq_lnpos.errors import CommandParser, LnposError, run_main
 
 
@@ -79,7 +80,7 @@ def plot(path, out, groups_regex=None):
         if lines:
             ax.legend(fontsize=6, ncol=2)
     fig.subplots_adjust(left=0.06, right=0.99, bottom=0.15, top=0.9, wspace=0.25)
-    fig.savefig(out, dpi=80)
+    write_figure(fig, out, dpi=80)
     plt.close(fig)
     return out
 

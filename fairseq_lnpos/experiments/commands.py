@@ -22,6 +22,39 @@ from .options import RunOptions
 LEN_CAP = ("--max-len-a", "1.2", "--max-len-b", "10")
 
 
+# fairseq-train flags that would delete, never write or move a checkpoint the grid still scores,
+# averages or resumes from (it deletes each checkpointN.pt itself once it is scored)
+CHECKPOINT_FLAGS = {
+    "--keep-last-epochs": "deletes epoch checkpoints before they are scored or averaged",
+    "--no-epoch-checkpoints": "writes no epoch checkpoint to score",
+    "--no-save": "writes no checkpoint to score or resume from",
+    "--no-last-checkpoints": "writes no checkpoint_last.pt to resume from",
+    "--save-interval": "writes no checkpoint of the epochs in between (--eval-every N scores fewer of them)",
+    "--save-dir": "moves the checkpoints out of the run folder",
+    "--checkpoint-suffix": "renames the checkpoints the grid looks for",
+}
+
+
+def split_flags(text, option):
+    """Command-line flags in one string, split as a shell does; unbalanced quotes are an error."""
+    try:
+        return shlex.split(text)
+    except ValueError as e:
+        raise LnposError(f"{option} {text}: {e}: quote the flags as a shell does") from None
+
+
+def check_train_flags(flags, option):
+    """Refuse the fairseq-train flags of :data:`CHECKPOINT_FLAGS` (or an abbreviation fairseq would
+    take for one) among ``flags``, which come from ``option``."""
+    for token in flags:
+        name = token.split("=", 1)[0]
+        for flag, effect in CHECKPOINT_FLAGS.items():
+            if name == flag or (len(name) >= 6 and flag.startswith(name)):
+                raise LnposError(f"{option}: {name} {effect}, and the grid needs every checkpoint it has not "
+                                 f"scored yet: drop it (the grid deletes each checkpointN.pt once it is scored; "
+                                 f"--keep-checkpoints keeps them)")
+
+
 def arch_name(run, size):
     """The fairseq arch of ``run`` at ``size`` ("paper": the dataset's own size, or "tiny")."""
     return variant_arch(run.ln, "tiny" if size == "tiny" else R.DATASETS[run.dataset]["arch_size"])
@@ -183,7 +216,7 @@ class Job:
             cmd += ["--distributed-world-size", str(o.world)]
         if o.fp16:
             cmd += ["--fp16"]
-        return cmd + list(r.extra) + shlex.split(o.fairseq_args)
+        return cmd + list(r.extra) + split_flags(o.fairseq_args, "--fairseq-args")
 
     def gen_extra(self):
         """fairseq-generate flags beyond the data, checkpoint, beam and length penalty: decoding is
@@ -191,7 +224,7 @@ class Job:
         in fp32, Transformer-Clinic with --fp16: docs/published.md)."""
         o = self.opts
         cap = [] if o.uncapped_len else list(LEN_CAP)
-        return cap + (["--fp16"] if o.fp16 and self.run.decode_fp16 else []) + shlex.split(o.gen_args)
+        return cap + (["--fp16"] if o.fp16 and self.run.decode_fp16 else []) + split_flags(o.gen_args, "--gen-args")
 
     def generate_argv(self, epoch, manifest, display=False, checkpoint=None):
         """fairseq-generate of epoch ``epoch``'s checkpoint (or of the file ``checkpoint``)."""

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 
+from ..common import open_log
 from ..errors import LnposError
 
 
@@ -93,7 +94,7 @@ class Evaluator:
         for _ in range(self.attempts):
             proc = self.procs[i]
             if proc is None or proc.poll() is not None:
-                log = open(self.log_path, "ab")
+                log = open_log(self.log_path, binary=True)
                 proc = self.procs[i] = self.launch([sys.executable, "-m", "fairseq_lnpos.experiments.evaluator"],
                                                    self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
                 log.close()

@@ -19,7 +19,7 @@ import threading
 from dataclasses import fields
 from pathlib import Path
 
-from ..common import CONTROL, one_line
+from ..common import CONTROL, one_line, refuse_link
 from ..errors import INTERRUPT_EXIT, CommandParser, LnposError, run_main
 from . import runs as R
 from . import slurm, sweep
@@ -97,7 +97,10 @@ def run_grid(opts, runs):
     for j in jobs:
         j.dir.check()  # every state file of the run: a bad one stops the grid before it starts
         j.dir.check_config(j.config_hash())
+        refuse_link(j.dir.log_path)
         batch_plan(j.run, opts.world)
+    for log in ("progress.log", "evaluator.log"):  # appended to while the runs go on
+        refuse_link(Path(opts.out) / log)
     if opts.dry_run:
         print_dry_run(jobs, manifests)
         return 0
@@ -119,7 +122,7 @@ def run_grid(opts, runs):
         return INTERRUPT_EXIT
     summary = "stability map: scripts/stability_map.sh" if isinstance(opts, SweepOptions) \
         else "table: scripts/make_table.sh"
-    grid.say(f"all runs processed; {summary} {opts.out}")
+    grid.say(f"all runs processed; {summary} {shlex.quote(str(opts.out))}")
     return 1 if grid.failed else 0
 
 

@@ -15,7 +15,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import List, Optional
 
 from ..common import one_line
-from ..errors import CommandParser, finite_float
+from ..errors import CommandParser, LnposError, finite_float
 from ..options import Options, option, to_argv  # noqa: F401  (slurm.py imports to_argv from here)
 from .sweep import DEPTH_MAP, DEPTH_MAP_REAL, PRESETS, STABILITY_MAP
 
@@ -84,8 +84,8 @@ class RunFields(Options):
         action="append", metavar="[RUN:]KEY=VALUE",
         help="change a field of the run table (runs.py) for every selected run or one run")
     task: Optional[str] = option(help="fairseq task for every run (e.g. translation_lnpos)")
-    fairseq_args: str = option("", "extra fairseq-train flags, one string")
-    gen_args: str = option("", "extra fairseq-generate flags, one string")
+    fairseq_args: str = option("", "extra fairseq-train flags, one string", action="flags", metavar="FLAGS")
+    gen_args: str = option("", "extra fairseq-generate flags, one string", action="flags", metavar="FLAGS")
     beam: Optional[int] = option(
         type=positive_int(1), help="beam size for every run (default: the run's, 5 for the paper)")
     lenpen: Optional[float] = option(
@@ -176,13 +176,22 @@ class SweepOptions(RunFields, SweepAxes):
         "comma-separated seeds of every cell (default: %s: 3 seeds, 96 runs, about 1.6 x the CPU time of the "
         "earlier one-seed 5 x 3 grid, less with early stopping; the depth map's: %s, 72 runs; with --real %s)"
         % (STABILITY_MAP["seeds"], DEPTH_MAP["seeds"], DEPTH_MAP_REAL["seeds"])))
+    arch_size: str = None  # the preset's; given, it must be the preset's
 
     def __post_init__(self):
+        # the cells' architectures are --archs at the preset's size: an option that would replace them is refused
+        if self.arch is not None:
+            raise LnposError(f"--arch {self.arch}: a sweep trains the architectures of --archs, and --arch would "
+                             f"replace every one of them: drop --arch (give the variants with --archs)")
+        preset = PRESETS["real" if self.real else "laptop"]["arch_size"]
+        if self.arch_size not in (None, preset):
+            raise LnposError(f"--arch-size {self.arch_size}: this sweep's cells are of size {preset} "
+                             f"({'--real' if self.real else 'without --real'}): drop --arch-size")
         defaults = (DEPTH_MAP_REAL if self.real else DEPTH_MAP) if self.depth_map else STABILITY_MAP
         for key, value in defaults.items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
-        self.arch_size = PRESETS["real" if self.real else "laptop"]["arch_size"]
+        self.arch_size = preset
         self.fp16 = self.fp16 or (self.depth_map and self.real)
 
 

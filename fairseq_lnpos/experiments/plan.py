@@ -7,7 +7,7 @@ from pathlib import Path
 from ..data.manifest import read_manifest
 from ..errors import LnposError
 from . import runs as R
-from .commands import Job, arch_name, check_joined_dictionary
+from .commands import Job, arch_name, check_joined_dictionary, check_train_flags, split_flags
 from .rundir import check_out_dir
 
 
@@ -62,7 +62,7 @@ def override(opts, runs):
     for key in OVERRIDES:
         value = getattr(opts, key, None)
         if value is not None:
-            runs = [R.coerce(r, key, str(value)) for r in runs]
+            runs = [R.coerce(r, key, str(value), option="--" + key.replace("_", "-")) for r in runs]
     return runs
 
 
@@ -71,6 +71,8 @@ def make_jobs(opts, runs, dry_run):
     data, seeds = parse_data(opts.data), parse_seeds(opts.seeds)
     out = Path(opts.out)
     check_out_dir(out)
+    check_train_flags(split_flags(opts.fairseq_args, "--fairseq-args"), "--fairseq-args")
+    split_flags(opts.gen_args, "--gen-args")
     jobs, manifests = [], {}
     for r in runs:
         d = data.get(r.dataset, data.get("*", Path(R.DATASETS[r.dataset]["default_data"]))).resolve()
@@ -91,6 +93,7 @@ def make_jobs(opts, runs, dry_run):
             raise LnposError(f"{d} has no dict.{langs[0]}.txt: not a fairseq-preprocess output")
         if m and not dry_run:
             check_joined_dictionary(r, d, langs)
+        check_train_flags(r.extra, f"{r.name}: extra")
         arch = opts.arch or arch_name(r, opts.arch_size)
         for s in seeds:
             jobs.append(Job(r, s, d, out.resolve() / r.name / f"seed{s}", arch, langs, opts))

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from ..analysis.seeds import ESTIMATOR, spread
-from ..common import refuse_folder, write_text
+from ..common import plain_name, refuse_folder, write_figure, write_text
 from ..errors import CommandParser, LnposError, StateError, run_main
 from . import runs as R
 from .rundir import grid_run_dirs, run_dirs
@@ -224,8 +224,7 @@ def figures(rows, out_dir):
                 axes[row][col].grid(alpha=0.3)
             axes[0][col].legend(fontsize=7)
         fig.tight_layout()
-        path = Path(out_dir) / f"fig_{fig_name}.png"
-        fig.savefig(path, dpi=100)
+        path = write_figure(fig, Path(out_dir) / f"fig_{plain_name(fig_name, 'figure')}.png", dpi=100)
         plt.close(fig)
         written.append(path)
     return written

@@ -31,7 +31,7 @@ import os
 import re
 from pathlib import Path
 
-from ..common import hold_lock, read_json, read_lines, write_json, write_text
+from ..common import hold_lock, is_plain_name, read_json, read_lines, write_json, write_text
 from ..errors import LnposError, StateError
 from .runs import LATER_FIELDS, Run
 
@@ -110,6 +110,7 @@ NUMBER = Kind("a number", _number)
 STRING = Kind("a string", lambda v: isinstance(v, str))
 BOOL = Kind("true or false", lambda v: isinstance(v, bool))
 OBJECT = Kind("an object", lambda v: isinstance(v, dict))
+PLAIN_NAME = Kind("a plain name (letters, digits, '_', '.', '+', '-'; no '/', no '..')", is_plain_name)
 
 
 def optional(kind):
@@ -128,6 +129,7 @@ def _run_fields():
         kind = kinds[f.type if isinstance(f.type, str) else f.type.__name__]
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         shape[f.name] = (optional(kind) if f.default is None else kind, required)
+    shape["figure"] = (PLAIN_NAME, False)  # part of a file name (report.py's fig_<figure>.png)
     return shape
 
 
@@ -383,7 +385,7 @@ class RunDir:
         return self.trained_path.exists()
 
     def mark_trained(self):
-        self.trained_path.write_text("")
+        write_text(self.trained_path, "")
 
     # evaluations --------------------------------------------------------------
     def eval_path(self, epoch):

@@ -42,8 +42,9 @@ official code, with their published numbers: docs/published.md lists them and th
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from ..common import plain_name
 from ..data import BIN_DIRS
-from ..errors import LnposError
+from ..errors import LnposError, Range
 from ..variants import DEFAULT_INIT, FURTHER, INITS, VARIANTS
 
 # Dataset-level settings. `batch_tokens` is the effective batch of one update (tokens), the same
@@ -345,18 +346,49 @@ def select(only=None):
     return [r for r in RUNS if r in chosen]
 
 
-# integer fields and their smallest value
-INT_FIELDS = {"max_epoch": 1, "max_tokens": 1, "batch_tokens": 1, "warmup": 0, "decay_epoch": 0,
-              "decay_anchor": 1, "max_update": 0, "layers": 1, "decay_period": 1, "beam": 1, "average_last": 0}
+UNIT = Range(0, 1)  # [0, 1)
+POSITIVE = Range(0, low_open=True)
+# the numbers every number field takes, for --set and for the grid's options that set a field of every
+# run (--max-epoch, --beam, --lenpen, --average-last); the paper's values are free
+RANGES = {
+    "lr": POSITIVE, "decay_factor": POSITIVE, "adam_eps": POSITIVE,
+    "max_epoch": Range(1), "max_tokens": Range(1), "batch_tokens": Range(1), "decay_anchor": Range(1),
+    "layers": Range(1), "decay_period": Range(1), "beam": Range(1),
+    "warmup": Range(0), "decay_epoch": Range(0), "max_update": Range(0), "average_last": Range(0),
+    "weight_decay": Range(0), "clip_norm": Range(0), "warmup_init_lr": Range(0), "end_lr": Range(0),
+    "lenpen": Range(0),
+    "dropout": UNIT, "attention_dropout": UNIT, "activation_dropout": UNIT, "label_smoothing": UNIT,
+    "momentum": UNIT,
+}
+FREE_NUMBERS = ("paper_bleu", "paper_valid_loss")
+INT_FIELDS = ("max_epoch", "max_tokens", "batch_tokens", "warmup", "decay_epoch", "decay_anchor", "max_update",
+              "layers", "decay_period", "beam", "average_last")
 CHOICES = {"ln": VARIANTS, "dataset": DATASETS, "schedule": SCHEDULES, "optimizer": OPTIMIZERS,
            "share_embeddings": SHARES, "init": INITS}
 
 
-def coerce(run, key, value):
-    """Return ``run`` with field ``key`` set from the string ``value`` (for --set key=value)."""
+def adam_betas(text, option):
+    """``text`` if it is fairseq's ``--adam-betas`` as Python reads it, "(b1, b2)" with 0 <= b < 1."""
+    import ast
+
+    try:
+        betas = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        betas = None
+    if not (isinstance(betas, (tuple, list)) and len(betas) == 2
+            and all(isinstance(b, (int, float)) and not isinstance(b, bool) and b in UNIT for b in betas)):
+        raise RunTableError(f"{option} must be two numbers {UNIT.text} written as \"(b1, b2)\", e.g. "
+                            f"\"(0.9, 0.98)\", got {text!r}")
+    return text
+
+
+def coerce(run, key, value, option=None):
+    """Return ``run`` with field ``key`` set from the string ``value`` (for --set key=value, or for
+    the grid's ``option`` that sets that field), range-checked (:data:`RANGES`)."""
     known = {f.name: f for f in fields(Run)}
     if key not in known or key == "name":
         raise RunTableError(f"--set: unknown field {key!r}; fields are {', '.join(sorted(known))}")
+    option = option or f"--set {key}"
     cur = getattr(run, key)
     try:
         if key == "extra":
@@ -376,10 +408,15 @@ def coerce(run, key, value):
         raise RunTableError(f"--set {key}={value}: not a valid value for {key}") from None
     if isinstance(new, float) and not math.isfinite(new):
         raise RunTableError(f"--set {key}={value}: give a finite number")
-    if key in INT_FIELDS and new < INT_FIELDS[key]:
-        raise RunTableError(f"--set {key}={value}: must be at least {INT_FIELDS[key]}")
-    if key in ("lr", "max_tokens") and new is not None and not new > 0:
-        raise RunTableError(f"--set {key}={value}: must be positive")
+    if key in RANGES and new is not None:
+        try:
+            RANGES[key].check(option, new)
+        except LnposError as e:
+            raise RunTableError(str(e)) from None
+    if key == "adam_betas":
+        adam_betas(new, option)
+    if key == "figure":
+        plain_name(new, option)
     if key in CHOICES and new not in CHOICES[key]:
         raise RunTableError(f"--set {key}: one of {', '.join(CHOICES[key])}")
     return replace(run, **{key: new})

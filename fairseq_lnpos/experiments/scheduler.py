@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..common import fmt_time
+from ..common import fmt_time, open_log
 from ..data.manifest import read_manifest
 from ..errors import LnposError, StateError
 from ..launch import child_env
@@ -112,7 +112,7 @@ class Grid:
             tail = ([f"eval queue {queued}"] if queued else []) + [f"ETA {self.eta()}"]
             line = " | ".join(parts + tail) + (f" | {msg}" if msg else "")
             print(terminal_text(brief, tail, msg), flush=True)
-            with open(self.progress_log, "a", encoding="utf-8") as f:
+            with open_log(self.progress_log) as f:
                 f.write(line + "\n")
 
     def eta(self):
@@ -178,7 +178,7 @@ class Grid:
             return
         total = total_updates(job) if job.run.schedule == "linear" else 0
         cmd = job.train_cmd(total)
-        with open(rd.log_path, "ab") as log:
+        with open_log(rd.log_path, binary=True) as log:
             log.write(f"# grid: {shlex.join(cmd)}\n".encode())
             log.flush()
             proc = self.popen(cmd, self.env(slot), stdout=log, stderr=subprocess.STDOUT)
@@ -197,7 +197,7 @@ class Grid:
                     reap.wait(proc)
                     ended = True
                 if ended:
-                    with open(rd.log_path, "a", encoding="utf-8") as log:
+                    with open_log(rd.log_path) as log:
                         log.write(f"\n# fairseq-train ran {time.time() - t_launch:.1f} s{reap.peak_text(proc)}\n")
                     for ep in tail.poll():  # saved just before a diverged run was stopped
                         self._epoch_saved(job, ep)

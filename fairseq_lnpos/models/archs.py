@@ -11,6 +11,7 @@ from fairseq.models import register_model_architecture
 from fairseq.models.transformer import base_architecture, transformer_iwslt_de_en, transformer_wmt_en_de
 
 from ..errors import check
+from .norms import norm_options
 from ..variants import SIZES, TINY, VARIANTS, arch_name
 from . import admin, deepnorm, keel, scalenorm, subln, tfixup, variant  # noqa: F401  (register the models named in variants.VARIANTS)
 from . import b2t, lnscaling, mixln, normformer, periln, residual, rezero  # noqa: F401
@@ -44,6 +45,7 @@ def register_variant(variant, model, normalize_before, norm, options):
             # The variant is what the name says: it overrides --{encoder,decoder}-normalize-before
             # (and --lnpos-norm where it names a normalization, and the fairseq options it turns on).
             args.encoder_normalize_before = args.decoder_normalize_before = normalize_before
+            norm_options(args, fixed=norm, arch=name)
             if norm is not None:
                 args.lnpos_norm = norm
             for option in options:

@@ -53,3 +53,11 @@ class LNScalingTransformerModel(VariantTransformerModel):
 
     encoder_layer_cls = LNScalingEncoderLayer
     decoder_layer_cls = LNScalingDecoderLayer
+
+    @classmethod
+    def same_as_another(cls, args):
+        for side in ("encoder", "decoder"):
+            if getattr(args, f"{side}_layers") == 1:
+                return (f"one {side} layer is scaled by 1/sqrt(1) = 1, so that stack is Pre-LN, not LN-Scaling: "
+                        f"give at least 2 layers, or use a Pre-LN arch")
+        return None

@@ -16,8 +16,9 @@ for every norm type, not Mix-LN's: here fairseq's, as for Post-LN and Pre-LN.
 
 For an encoder-decoder: each stack counts its own layers, so the first ``floor(alpha N)`` encoder
 layers and the first ``floor(alpha M)`` decoder layers are Post-LN (all sublayers of a decoder
-layer, cross-attention included, share the layer's placement). With alpha 0 the model is fairseq's
-Pre-LN transformer, parameter for parameter.
+layer, cross-attention included, share the layer's placement). A stack left with no Post-LN layer (alpha 0, or
+``floor(0.25 x 2) = 0``: fairseq's Pre-LN, parameter for parameter) or no Pre-LN layer is another
+variant, and refused at build time (:meth:`MixLNTransformerModel.same_as_another`).
 """
 import logging
 import math
@@ -32,12 +33,17 @@ logger = logging.getLogger(__name__)
 DEFAULT_POST_RATIO = 0.25
 
 
-def post_ln_layers(cfg, layers):
-    """How many of a stack's ``layers`` (the first ones) are Post-LN."""
+def post_ratio(cfg):
+    """``--mixln-post-ratio``, checked."""
     ratio = getattr(cfg, "mixln_post_ratio", None)
     ratio = DEFAULT_POST_RATIO if ratio is None else ratio
     check(0 <= ratio <= 1, f"--mixln-post-ratio must be between 0 and 1, got {ratio}")
-    return math.floor(ratio * layers + 1e-9)  # 1e-9: 0.29 * 100 is 28.999999999999996
+    return ratio
+
+
+def post_ln_layers(cfg, layers):
+    """How many of a stack's ``layers`` (the first ones) are Post-LN."""
+    return math.floor(post_ratio(cfg) * layers + 1e-9)  # 1e-9: 0.29 * 100 is 28.999999999999996
 
 
 class MixLNEncoderLayer(EncoderLayer):
@@ -65,6 +71,18 @@ class MixLNTransformerModel(VariantTransformerModel):
         parser.add_argument("--mixln-post-ratio", type=float, default=DEFAULT_POST_RATIO, metavar="A",
                             help="share of each stack's layers, from the first, that are Post-LN: "
                                  "floor(A x layers) (default 0.25)")
+
+    @classmethod
+    def same_as_another(cls, args):
+        for side in ("encoder", "decoder"):
+            layers = getattr(args, f"{side}_layers")
+            post = post_ln_layers(args, layers)
+            if post in (0, layers):
+                kind, other = ("Post-LN", "Pre-LN") if post == 0 else ("Pre-LN", "Post-LN with a final LayerNorm")
+                return (f"--mixln-post-ratio {post_ratio(args):g} makes {post} of the {layers} {side} layers "
+                        f"Post-LN, so that stack has no {kind} layer and is {other}, not Mix-LN: give a ratio "
+                        f"that leaves both kinds in every stack, or more layers")
+        return None
 
     @classmethod
     def build_model(cls, args, task):

@@ -28,11 +28,33 @@ model changes: with ``layernorm`` the model is the one fairseq builds, parameter
 import torch
 from torch import nn
 
-from ..errors import LnposError, check
+from ..errors import LnposError, Range, check
 
 NORMS = ("layernorm", "rmsnorm", "dyt", "derf", "scalenorm")
 DEFAULT_NORM = "layernorm"
 DEFAULT_ALPHA = 0.5
+ALPHA_NORMS = ("dyt", "derf")  # the normalizations that have an alpha
+# up to half precision's largest number: the parameter fits float32 and --fp16 alike
+ALPHA_RANGE = Range(0, float(torch.finfo(torch.float16).max), low_open=True, high_open=False)
+
+
+def norm_options(cfg, fixed=None, arch=None):
+    """``(kind, alpha)`` of ``--lnpos-norm`` and ``--lnpos-norm-alpha``, checked: an arch that
+    ``fixed`` its normalization refuses another ``--lnpos-norm``, an alpha is in :data:`ALPHA_RANGE`
+    and refused where the normalization has none (it would change nothing)."""
+    arch = arch or getattr(cfg, "arch", None) or "this arch"
+    kind = getattr(cfg, "lnpos_norm", None) or DEFAULT_NORM
+    check(kind in NORMS, f"--lnpos-norm {kind!r}: one of {', '.join(NORMS)}")
+    check(fixed is None or kind in (DEFAULT_NORM, fixed),
+          f"--lnpos-norm {kind}: {arch} has its own normalization ({fixed}), which the option would not "
+          f"change: drop --lnpos-norm, or give it with a Pre-LN arch")
+    kind = fixed or kind
+    alpha = getattr(cfg, "lnpos_norm_alpha", None)
+    if alpha is None:
+        return kind, DEFAULT_ALPHA
+    check(kind in ALPHA_NORMS, f"--lnpos-norm-alpha {alpha:g}: {arch} normalizes with {kind}, which has no alpha "
+          f"(only {' and '.join(ALPHA_NORMS)} have one): drop --lnpos-norm-alpha")
+    return kind, ALPHA_RANGE.check("--lnpos-norm-alpha", alpha)
 
 
 class DyT(nn.Module):
@@ -88,11 +110,7 @@ def build_norm(kind, ln, alpha):
 
 def replace_norms(module, cfg):
     """Replace every LayerNorm inside ``module`` as ``cfg.lnpos_norm`` says; returns how many."""
-    kind = getattr(cfg, "lnpos_norm", None) or DEFAULT_NORM
-    check(kind in NORMS, f"--lnpos-norm {kind!r}: one of {', '.join(NORMS)}")
-    alpha = getattr(cfg, "lnpos_norm_alpha", None)
-    alpha = DEFAULT_ALPHA if alpha is None else alpha
-    check(0 < alpha < float("inf"), f"--lnpos-norm-alpha must be a positive number, got {alpha}")
+    kind, alpha = norm_options(cfg)
     if kind == DEFAULT_NORM:
         return 0
     found = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()

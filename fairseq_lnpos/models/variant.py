@@ -24,10 +24,12 @@ padding row zero), the output projection (normal, std d^-1/2) and LayerNorm (1, 
 A layer applies the chosen initialization right after fairseq built it, before a variant's own
 initialization (DeepNorm's, T-Fixup's; Admin's profiling comes later still), as those papers did.
 """
+import argparse
+import functools
 import logging
 
 from fairseq.distributed import fsdp_wrap
-from fairseq.models import register_model
+from fairseq.models import ARCH_MODEL_REGISTRY, register_model
 from fairseq.models.transformer import (
     TransformerConfig,
     TransformerDecoderBase,
@@ -166,7 +168,16 @@ class VariantTransformerModel(TransformerModel):
         return None
 
     @classmethod
+    def same_as_another(cls, args):
+        """Why ``args`` make this variant another one (a Mix-LN stack without Post-LN layers is Pre-LN),
+        as the end of one line, or None. Such a model is refused: it would be labelled with a
+        variant it is not."""
+        return None
+
+    @classmethod
     def build_model(cls, args, task):
+        why = cls.same_as_another(args)
+        check(why is None, f"{args.arch}: {why}")
         line = cls.coefficients(args)
         if line:
             logger.info(line)
@@ -194,3 +205,41 @@ class LnposTransformerModel(VariantTransformerModel):
     """Post-LN and Pre-LN: fairseq's transformer and its layers, plus ``--lnpos-init``. With the
     default initialization its parameters equal those of fairseq's ``transformer`` built with the
     same seed and options."""
+
+
+def _dests(add_args):
+    parser = argparse.ArgumentParser(add_help=False)
+    add_args(parser)
+    return [action.dest for action in parser._actions]
+
+
+@functools.lru_cache(maxsize=None)
+def own_options(model_cls):
+    """The options a plugin model adds to fairseq's transformer (``lnpos_init``, ``lnpos_norm``,
+    ``mixln_post_ratio`` ...), as attribute names."""
+    fairseq = set(_dests(TransformerModel.add_args))
+    return tuple(d for d in _dests(model_cls.add_args) if d not in fairseq)
+
+
+ABSENT = object()
+
+
+def _option(cfg, key):
+    if hasattr(cfg, "keys"):  # a DictConfig (a checkpoint's cfg.model) or a dict
+        return cfg[key] if key in cfg else ABSENT
+    return getattr(cfg, key, ABSENT)  # an argparse Namespace (fairseq-train's cfg.model)
+
+
+def experiment(model_cfg):
+    """What defines the experiment of a model configuration (fairseq's ``cfg.model``, which fairseq
+    saves in every checkpoint): its ``--arch``, where its LayerNorms sit (``--*-normalize-before``)
+    and, for a plugin arch, every option of the plugin's model (:func:`own_options`: the
+    initialization, the normalization, the variant's own constants). A dict of the options the
+    configuration holds; sizes are not in it (weights of other sizes do not load anyway)."""
+    arch = _option(model_cfg, "arch")
+    keys = ["arch", "encoder_normalize_before", "decoder_normalize_before"]
+    model_cls = ARCH_MODEL_REGISTRY.get(arch) if isinstance(arch, str) else None
+    if model_cls is not None and issubclass(model_cls, VariantTransformerModel):
+        keys += own_options(model_cls)
+    found = {k: _option(model_cfg, k) for k in keys}
+    return {k: v for k, v in found.items() if v is not ABSENT}

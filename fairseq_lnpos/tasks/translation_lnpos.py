@@ -32,7 +32,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
 from fairseq_lnpos.checkpoint import guard_checkpoint_loading, guard_state_loading
-from fairseq_lnpos.common import GRAD_NORMS_JSONL
+from fairseq_lnpos.common import GRAD_NORMS_JSONL, open_log
 from fairseq_lnpos.data.bindir import check_data_dir
 from fairseq_lnpos.data.download import DataError
 from fairseq_lnpos.errors import LnposError, check
@@ -144,7 +144,7 @@ class GradNormLogger:
                 pass
         rec["norms"] = {g: finite_or_none(v) for g, v in groups.items()}
         os.makedirs(os.path.dirname(self.jsonl_path) or ".", exist_ok=True)
-        with open(self.jsonl_path, "a", encoding="utf-8") as f:
+        with open_log(self.jsonl_path) as f:
             f.write(json.dumps(rec) + "\n")
 
 
