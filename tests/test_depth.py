@@ -173,7 +173,8 @@ def test_peak_resident_set_of_a_child():
     proc = subprocess.Popen([sys.executable, "-c", "b = bytearray(300 * 2 ** 20); b[::4096] = b'x' * len(b[::4096])"])
     assert reap.wait(proc) == 0 and proc.poll() == 0
     assert 300 < proc.peak_rss_mb < 1000
-    assert reap.peak_text(proc) == f", peak resident set {proc.peak_rss_mb:.1f} MB"
+    assert 0 < proc.cpu_seconds < 60
+    assert reap.usage_text(proc) == f", CPU {proc.cpu_seconds:.1f} s, peak resident set {proc.peak_rss_mb:.1f} MB"
     proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
     os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # until it has exited, without reaping it
     assert reap.poll(proc) == 3 and proc.returncode == 3 and proc.peak_rss_mb > 0
@@ -181,10 +182,12 @@ def test_peak_resident_set_of_a_child():
 
 def test_peak_memory_from_the_log():
     st = LogState()
-    st.feed("# fairseq-train ran 12.5 s, peak resident set 812.3 MB")
-    st.feed("# fairseq-train ran 3.0 s, peak resident set 640.0 MB")
-    st.feed("# fairseq-train ran 1.0 s")  # a launch of an older grid: no peak
-    assert (st.train_seconds, st.peak_rss_mb, st.cuda_peak_mb) == (16.5, 812.3, None)
+    st.feed("# fairseq-train ran 12.5 s, peak resident set 812.3 MB")  # an older grid: no CPU time
+    assert st.train_cpu_seconds is None
+    st.feed("# fairseq-train ran 3.0 s, CPU 2.5 s, peak resident set 640.0 MB")
+    st.feed("# fairseq-train ran 9.0 s, CPU 8.25 s, peak resident set 700.0 MB")
+    st.feed("# fairseq-train ran 1.0 s")  # no usage known: no peak, no CPU time
+    assert (st.train_seconds, st.train_cpu_seconds, st.peak_rss_mb, st.cuda_peak_mb) == (25.5, 10.8, 812.3, None)
     st.feed("2026-12-01 10:00:00 | INFO | fairseq.utils | rank   0: capabilities =  9.0  ; total memory = 139.812 GB "
             "; name = NVIDIA H200                             ")
     for free in ("137.1", "136.6", "137.0"):

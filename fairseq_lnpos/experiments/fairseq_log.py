@@ -27,6 +27,7 @@ SAVED = re.compile(r"Saved checkpoint (.*?checkpoint\d+\.pt) \(epoch (\d+) @ (\d
 LOADED = re.compile(r"Loaded checkpoint .+ \(epoch (\d+) @ (\d+) updates\)")
 RAN = re.compile(r"^# fairseq-train ran ([0-9.]+) s")  # written by the scheduler after each launch
 PEAK_RSS = re.compile(r"peak resident set ([0-9.]+) MB")  # ... with fairseq-train's peak (reap.py)
+CPU = re.compile(r", CPU ([0-9.]+) s")  # ... and its CPU time
 CUDA_TOTAL = re.compile(r"rank +0: capabilities = .* total memory = ([0-9.]+) GB")  # fairseq's CUDA environment
 FATAL_FP = re.compile(r"FloatingPointError|Minimum loss scale reached|gradients are Nan/Inf")
 BLEU4 = re.compile(r"BLEU4 = ([0-9.]+)")  # fairseq's BLEU scorer: fairseq-generate's last line, fairseq-score
@@ -61,6 +62,7 @@ class LogState:
         self.patience, self.above, self.above_since = patience, 0, None
         self.train_seconds = 0.0  # wall time of the launches of fairseq-train that ended
         self.peak_rss_mb = None   # largest peak resident set of those launches
+        self.train_cpu_seconds = None  # CPU time of those launches (None: none recorded it)
         self.cuda_total_gb, self.min_gb_free = None, None
 
     @classmethod
@@ -102,6 +104,9 @@ class LogState:
                 peak = PEAK_RSS.search(line)
                 if peak:
                     self.peak_rss_mb = max(self.peak_rss_mb or 0.0, float(peak.group(1)))
+                cpu = CPU.search(line)
+                if cpu:
+                    self.train_cpu_seconds = round((self.train_cpu_seconds or 0.0) + float(cpu.group(1)), 1)
             self.fatal_fp |= bool(FATAL_FP.search(line))
             return None
         name, msg = m.groups()

@@ -1,5 +1,7 @@
 """Waiting for a ``subprocess.Popen`` child with ``os.wait4``, which also gives the child's resource
-usage: its peak resident set (``ru_maxrss``, kilobytes on Linux) becomes ``proc.peak_rss_mb``.
+usage: its peak resident set (``ru_maxrss``, kilobytes on Linux) becomes ``proc.peak_rss_mb``, its
+CPU time (user + system, its reaped children's included) ``proc.cpu_seconds``: on shared cores the
+wall time says little about a run's cost.
 
 ``Popen.poll``/``wait`` reap with ``waitpid`` and drop that usage; these set ``proc.returncode``
 themselves, after which Popen's own methods return it without waiting again. The peak is the
@@ -13,11 +15,12 @@ def _reaped(proc, pid, status, usage):
     if pid:
         proc.returncode = os.waitstatus_to_exitcode(status)
         proc.peak_rss_mb = usage.ru_maxrss / 1024
+        proc.cpu_seconds = usage.ru_utime + usage.ru_stime
     return proc.returncode
 
 
 def poll(proc):
-    """``proc.poll()`` that records the peak resident set."""
+    """``proc.poll()`` that records the peak resident set and the CPU time."""
     if proc.returncode is not None:
         return proc.returncode
     try:
@@ -27,7 +30,7 @@ def poll(proc):
 
 
 def wait(proc):
-    """``proc.wait()`` that records the peak resident set."""
+    """``proc.wait()`` that records the peak resident set and the CPU time."""
     if proc.returncode is not None:
         return proc.returncode
     try:
@@ -36,7 +39,7 @@ def wait(proc):
         return proc.wait()
 
 
-def peak_text(proc):
-    """", peak resident set N MB" for the scheduler's log line, or "" when it is not known."""
+def usage_text(proc):
+    """", CPU T s, peak resident set N MB" for the scheduler's log line, or "" when it is not known."""
     peak = getattr(proc, "peak_rss_mb", None)
-    return "" if peak is None else f", peak resident set {peak:.1f} MB"
+    return "" if peak is None else f", CPU {proc.cpu_seconds:.1f} s, peak resident set {peak:.1f} MB"

@@ -11,6 +11,7 @@
                       a finished or diverged run is never redone, a failed one is retried; also
                       the first training loss, updates, training time, final validation loss and
                       peak memory (peak_rss_mb, cuda_peak_mb: absent in older runs, null unknown)
+                      and training CPU time (train_cpu_seconds: likewise)
     .lock             held (flock) while a grid works on the run
 
 Every JSON file is written atomically. Every state file is checked for shape where it is read,
@@ -139,7 +140,8 @@ SHAPES = {
     "run": _run_fields(),
     "DONE.json": {"status": (STRING, True), "diverged_at": (optional(INT), False), "epochs": (list_of(INT), False),
                   "initial_loss": (optional(NUMBER), False), "updates": (INT, False),
-                  "train_seconds": (NUMBER, False), "final_valid_loss": (optional(NUMBER), False),
+                  "train_seconds": (NUMBER, False), "train_cpu_seconds": (optional(NUMBER), False),
+                  "final_valid_loss": (optional(NUMBER), False),
                   "peak_rss_mb": (optional(NUMBER), False), "cuda_peak_mb": (optional(NUMBER), False)},
     "epochN.json": {"epoch": (INT, True), "num_updates": (optional(INT), False),
                     **{k: (optional(NUMBER), False) for k in ("valid_loss", "valid_nll_loss", "train_loss", "lr",

@@ -177,7 +177,7 @@ class Grid:
                     ended = True
                 if ended:
                     with open(rd.log_path, "a", encoding="utf-8") as log:
-                        log.write(f"\n# fairseq-train ran {time.time() - t_launch:.1f} s{reap.peak_text(proc)}\n")
+                        log.write(f"\n# fairseq-train ran {time.time() - t_launch:.1f} s{reap.usage_text(proc)}\n")
                     for ep in tail.poll():  # saved just before a diverged run was stopped
                         self._epoch_saved(job, ep)
                     break
@@ -326,6 +326,7 @@ class Grid:
             rd.write_done({"status": status, "diverged_at": diverged, "epochs": sorted(st.saved),
                            "initial_loss": st.first_loss, "updates": st.updates,
                            "train_seconds": round(st.train_seconds, 1),
+                           "train_cpu_seconds": st.train_cpu_seconds,
                            "final_valid_loss": st.final_valid_loss,
                            "peak_rss_mb": st.peak_rss_mb, "cuda_peak_mb": st.cuda_peak_mb})
             job.state, job.status = "done", status
