@@ -2,6 +2,13 @@
 
     python -m fairseq_lnpos.demo [--out demo-out] [--seeds 1,2] [--with-keel] [--with-admin]
                                  [--with-tfixup] [--with-<further variant>] [--quick]
+    python -m fairseq_lnpos.demo --data multi30k [--orig DIR | --bin DIR]      # `make demo-real`
+
+``--data multi30k`` runs the same steps on real German-English text: Multi30k task 1 prepared by
+data-prep/prepare-multi30k.sh's code into OUT/data (downloaded, or from ``--orig DIR``; ``--bin DIR``
+takes a data dir prepared before), the `real-*` rows of experiments/runs.py (Post-LN without and
+with warm-up, Pre-LN without warm-up, sized for two CPU cores), tokenized BLEU and sacreBLEU on
+test2016 (docs/results.md, "Real text on a CPU").
 
 Steps (each resumes; a finished demo re-runs in seconds):
  1. the synthetic corpus (data-prep/make-synthetic.sh: 4500 training pairs, 300 valid, 300 test);
@@ -28,12 +35,14 @@ from pathlib import Path
 
 from .common import GRAD_NORMS_JSONL
 from .errors import check, run_main
-from .experiments.runs import BY_NAME
+from .experiments.runs import BY_NAME, DEMO_OPTIONAL, DEMO_ROWS
 from .variants import FURTHER
 
-RUNS = ["demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu", "demo-deepnorm-nowu"]
-# --with-keel, --with-admin, --with-tfixup, --with-dyt, --with-periln, ...: demo-<name>-nowu
+RUNS = list(DEMO_ROWS["synthetic"])
+# --with-keel, --with-admin, --with-tfixup, --with-dyt, --with-periln, ...: demo-<name>-nowu (real-<name>-nowu)
 OPTIONAL = ("keel", "admin", "tfixup") + FURTHER
+DATA = {"synthetic": "synthetic corpus", "multi30k": "Multi30k De-En (real text)"}  # --data: step 1's label
+MULTI30K_BPE = 8000  # joint sentencepiece pieces of `--data multi30k` (docs/results.md, "Real text on a CPU")
 FIRST_UPDATES = 100  # updates shown in the gradient-norm figure
 
 
@@ -41,7 +50,10 @@ def log(msg):
     print(f"[demo] {msg}", flush=True)
 
 
-def make_data(out, quick):
+def make_data(out, quick, data="synthetic", orig=None, prepared=None):
+    """The demo's binarized data dir: the generated corpus, or Multi30k (:func:`multi30k_data`)."""
+    if data == "multi30k":
+        return multi30k_data(out, orig, prepared)
     from .data import synthetic
 
     sizes = dict(train=600, valid=100, test=100) if quick else dict(train=4500, valid=300, test=300)
@@ -49,13 +61,39 @@ def make_data(out, quick):
     return out / "data" / "bin"
 
 
-def run_grid(out, data, runs, seeds, jobs, quick):
-    from .experiments import grid, options, plan
+def multi30k_data(out, orig=None, prepared=None):
+    """``prepared`` (a data dir of data-prep/prepare-multi30k.sh, checked by its manifest), or Multi30k
+    prepared into OUT/data from ``orig`` (the six published files) or downloaded; resumes, and a
+    prepared folder is reused."""
+    from .data import multi30k
+    from .data.manifest import read_manifest
 
-    opts = options.RunOptions(only=",".join(runs), data=[str(data)], out=str(out / "grid"), arch_size="tiny",
-                           seeds=seeds, jobs=jobs, task="translation_lnpos",
-                           fairseq_args="--log-grad-norms --grad-norm-interval 1",
-                           max_epoch=1 if quick else None)
+    if prepared:
+        check(not orig, "give --orig (prepare the data) or --bin (a prepared data dir), not both")
+        dataset = read_manifest(prepared).get("dataset")
+        check(dataset == "multi30k.de-en", f"--bin {prepared}: a data dir of {dataset}, not Multi30k: pass the "
+                                           f"--bin folder of data-prep/prepare-multi30k.sh")
+        return Path(prepared)
+    multi30k.prepare(out / "data" / "text", out / "data" / "bin", orig=orig, workers=2, bpe_size=MULTI30K_BPE)
+    return out / "data" / "bin"
+
+
+def grid_options(out, data, runs, seeds, jobs, quick, dry_run=False):
+    """The demo's grid (``scripts/grid.sh run`` options) of ``runs`` on the data dir ``data``."""
+    from .experiments import options
+
+    # --quick: one epoch of the generated corpus; a few updates of Multi30k's
+    quick_set = ["max_update=20"] if quick and BY_NAME[runs[0]].dataset == "multi30k_cpu" else None
+    return options.RunOptions(only=",".join(runs), data=[str(data)], out=str(out / "grid"), arch_size="tiny",
+                              seeds=seeds, jobs=jobs, task="translation_lnpos",
+                              fairseq_args="--log-grad-norms --grad-norm-interval 1",
+                              max_epoch=1 if quick else None, set=quick_set, dry_run=dry_run)
+
+
+def run_grid(out, data, runs, seeds, jobs, quick):
+    from .experiments import grid, plan
+
+    opts = grid_options(out, data, runs, seeds, jobs, quick)
     status = grid.run_grid(opts, plan.select_runs(opts))
     check(status == 0, f"the grid stopped with status {status} (message above); `make demo` resumes it")
 
@@ -137,9 +175,9 @@ def summarize(rows):
     return out
 
 
-def verdict(summary):
-    """Does Post-LN without warm-up come out clearly worse than both references?"""
-    need = ("demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu")
+def verdict(summary, need=tuple(RUNS[:3])):
+    """Does Post-LN without warm-up come out clearly worse than both references? ``need``: the rows of
+    Post-LN without warm-up, Post-LN with warm-up and Pre-LN without warm-up (DEMO_ROWS)."""
     if not all("best_bleu_tok" in summary.get(r, {}) for r in need):
         return "the effect cannot be judged: some of the three core runs have no BLEU yet"
     bad, wu, pre = (summary[r]["best_bleu_tok"] for r in need)
@@ -154,29 +192,45 @@ def main(argv=None):
 
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     p = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="demo-out", help="output folder (default demo-out/)")
+    p.add_argument("--data", choices=tuple(DATA), default="synthetic",
+                   help="synthetic: the generated corpus (default); multi30k: real German-English text "
+                        "(`make demo-real`)")
+    p.add_argument("--orig", help="--data multi30k: the folder of the six published .gz files (no download)")
+    p.add_argument("--bin", help="--data multi30k: a data dir data-prep/prepare-multi30k.sh prepared (no preparation)")
+    p.add_argument("--out", help="output folder (default demo-out/, with --data multi30k demo-real-out/)")
     p.add_argument("--seeds", default="1,2", help="seeds, comma-separated (default 1,2)")
     for name in OPTIONAL:
         p.add_argument(f"--with-{name.replace('_', '-')}", action="store_true",
                        help=f"add demo-{name}-nowu (about 2 more minutes)")
     p.add_argument("--jobs", type=int, default=2, help="runs side by side on the CPU (default 2)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the grid's fairseq commands (rows x seeds) and exit; prepares no data, trains nothing")
     p.add_argument("--quick", action="store_true",
                    help="CI check: 600 training pairs, one epoch, small Fig. 3 (shows no effect)")
     args = p.parse_args(argv)
+    if args.data != "multi30k" and (args.orig or args.bin):
+        p.error("--orig and --bin are options of --data multi30k")
     t0 = time.time()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out or {"synthetic": "demo-out", "multi30k": "demo-real-out"}[args.data])
     extra = [name for name in OPTIONAL if getattr(args, f"with_{name}")]
-    runs = RUNS + [f"demo-{name}-nowu" for name in extra]
-    archs = ["postln", "preln", "deepnorm"] + extra
+    core = list(DEMO_ROWS[args.data])
+    runs = core + [DEMO_OPTIONAL[args.data].format(name) for name in extra if DEMO_OPTIONAL[args.data].format(name) not in core]
+    if args.dry_run:
+        from .experiments import grid, plan
+
+        opts = grid_options(out, Path(args.bin) if args.bin else out / "data" / "bin", runs, args.seeds, args.jobs,
+                            args.quick, dry_run=True)
+        return grid.run_grid(opts, plan.select_runs(opts))
+    out.mkdir(parents=True, exist_ok=True)
+    archs = list(dict.fromkeys(BY_NAME[r].ln for r in runs))
     inits = sorted({BY_NAME[r].init for r in runs})
-    steps = ["synthetic corpus", f"grid of {len(runs)} runs x seeds {args.seeds} (initialization "
+    steps = [DATA[args.data], f"grid of {len(runs)} runs x seeds {args.seeds} (initialization "
              f"{', '.join(inits)})", "results table",
              "gradient norms of the first updates", "Fig. 3 at initialization (tiny size)"]
     say = lambda i: log(f"step {i}/{len(steps)}: {steps[i - 1]} (elapsed {time.time() - t0:.0f} s)")  # noqa: E731
 
     say(1)
-    data = make_data(out, args.quick)
+    data = make_data(out, args.quick, args.data, args.orig, args.bin)
     say(2)
     run_grid(out, data, runs, args.seeds, args.jobs, args.quick)
     say(3)
@@ -198,8 +252,9 @@ def main(argv=None):
         print(f"| {run} | {s.get('seeds', 0)} | {fmt('best_bleu_tok')} | {fmt('best_valid_loss')} | "
               f"{', '.join(s.get('status', []))} |")
     print()
-    log(verdict(summary))
-    log("this is a CPU-scale illustration on a generated task, not the paper's IWSLT14 numbers; "
+    log(verdict(summary, tuple(core[:3])))
+    what = "a generated task" if args.data == "synthetic" else "real text (Multi30k test2016, the tiny model)"
+    log(f"this is a CPU-scale illustration on {what}, not the paper's IWSLT14 numbers; "
         "see README.md for how it relates to them")
     log(f"table: {out / 'results.md'} and {out / 'results.csv'} (per seed)")
     log(f"figures: {out / 'grid' / 'fig_demo.png'} (BLEU and validation loss per epoch), {grad_png}, "

@@ -316,6 +316,15 @@ RUNS = [
     _real("real-preln-wu100", "preln", warmup=100),
 ]
 
+# The demos' rows, per corpus: `make demo` (the generated corpus) and `make demo-real` (Multi30k). The
+# first three are the verdict's: Post-LN without warm-up, Post-LN with warm-up, Pre-LN without warm-up.
+# ``--with-<variant>`` adds the corpus's row of that variant without warm-up (DEMO_OPTIONAL).
+DEMO_ROWS = {
+    "synthetic": ("demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu", "demo-deepnorm-nowu"),
+    "multi30k": ("real-postln-nowu", "real-postln-wu100", "real-preln-nowu"),
+}
+DEMO_OPTIONAL = {"synthetic": "demo-{}-nowu", "multi30k": "real-{}-nowu"}
+
 BY_NAME = {r.name: r for r in RUNS}
 assert len(BY_NAME) == len(RUNS), "duplicate run names"
 
