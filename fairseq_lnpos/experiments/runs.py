@@ -63,7 +63,7 @@ DATASETS = {
     # in updates, all embeddings shared (one joined dictionary), beam 5 on test2016
     "multi30k_cpu": dict(
         arch_size="tiny", default_data=BIN_DIRS["multi30k"], source_lang="de", target_lang="en",
-        max_tokens=1024, batch_tokens=1024, max_epoch=1, dropout=0.1,
+        max_tokens=1024, batch_tokens=1024, max_epoch=2, dropout=0.1,
     ),
     # `make demo`: the generated corpus (data-prep/make-synthetic.sh) on the `_tiny` archs, on a CPU.
     # Small batches and 3 short epochs (~100 updates each with --train 4500) keep a run near 2 minutes
