@@ -156,6 +156,7 @@ def record_grid(root, bleu):
                 rd.write_eval(epoch, {"epoch": epoch, "valid_loss": 9.0 - b / 10, "bleu_tok": b, "sacrebleu": b,
                                       "sacrebleu_signature": "nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:2.6.0"})
             rd.write_done({"status": "finished", "epochs": list(range(1, len(curve) + 1)), "updates": 1012,
+                           "initial_loss": 13.86, "final_valid_loss": 9.0 - curve[-1] / 10,
                            "train_seconds": 400.0, "train_cpu_seconds": 390.0})
     return root
 
@@ -206,3 +207,19 @@ def test_real_preset_end_to_end_on_a_multi30k_format_fixture(tmp_path):
     assert "[demo] effect" in res.stdout and "real text (Multi30k test2016" in res.stdout
     assert (out / "grad_norms_first_updates.png").stat().st_size > 10_000
     assert not (out / "data").exists()  # --bin: the prepared data dir is used as it is
+
+
+def test_stability_map_reads_the_real_text_comparison(tmp_path, capsys):
+    """The `real-*` rows differ only in the map's axes (variant, warm-up), so the stability map
+    reads their grid folder: one cell per variant and warm-up, the seeds pooled."""
+    from fairseq_lnpos.analysis import stability
+
+    recorded = dict(MEASURED, **{"real-deepnorm-nowu": {1: [15.0, 25.0], 2: [14.0, 24.0]},
+                                 "real-preln-wu100": {1: [18.0, 27.0], 2: [18.5, 27.5]}})
+    out = record_grid(tmp_path, recorded) / "grid"
+    assert stability.main([str(out), "--no-figures"]) == 0
+    with open(out / "stability.csv", newline="") as f:
+        cells = {(c["variant"], c["warmup"]): c for c in csv.DictReader(f)}
+    assert sorted(cells) == [("deepnorm", "0"), ("postln", "0"), ("postln", "100"), ("preln", "0"), ("preln", "100")]
+    assert {c["seeds"] for c in cells.values()} == {"2"}
+    assert float(cells["postln", "0"]["bleu"]) == 0.0 and float(cells["preln", "0"]["bleu"]) > 0
