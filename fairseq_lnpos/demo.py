@@ -201,7 +201,7 @@ def main(argv=None):
     p.add_argument("--seeds", default="1,2", help="seeds, comma-separated (default 1,2)")
     for name in OPTIONAL:
         p.add_argument(f"--with-{name.replace('_', '-')}", action="store_true",
-                       help=f"add demo-{name}-nowu (about 2 more minutes)")
+                       help=f"add demo-{name}-nowu, about 2 more minutes (--data multi30k: real-{name}-nowu)")
     p.add_argument("--jobs", type=int, default=2, help="runs side by side on the CPU (default 2)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the grid's fairseq commands (rows x seeds) and exit; prepares no data, trains nothing")
