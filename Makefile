@@ -1,4 +1,5 @@
-# Set-up commands: `make demo` (the main job) and `make test` (the full test suite);
+# Set-up commands: `make demo` (the main job), `make demo-real` (the same on real Multi30k text;
+# DEMO_ARGS="--orig DIR" for a local copy of its six files) and `make test` (the full test suite);
 # `make test-fast` is the fast loop (tests not marked slow). All create the virtualenv .venv if missing.
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +12,7 @@ VENV_FLAGS ?=
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: venv demo test test-fast bench clean-venv
+.PHONY: venv demo demo-real test test-fast bench clean-venv
 
 venv: $(VENV)/.installed
 
@@ -25,6 +26,9 @@ $(VENV)/.installed: setup.py
 
 demo: venv
 	$(PY) -m fairseq_lnpos.demo $(DEMO_ARGS)
+
+demo-real: venv
+	$(PY) -m fairseq_lnpos.demo --data multi30k $(DEMO_ARGS)
 
 test: venv
 	$(PY) -m pytest tests $(PYTEST_ARGS)

@@ -2,6 +2,13 @@
 
     python -m fairseq_lnpos.demo [--out demo-out] [--seeds 1,2] [--with-keel] [--with-admin]
                                  [--with-tfixup] [--with-<further variant>] [--quick]
+    python -m fairseq_lnpos.demo --data multi30k [--orig DIR | --bin DIR]      # `make demo-real`
+
+``--data multi30k`` runs the same steps on real German-English text: Multi30k task 1 prepared by
+data-prep/prepare-multi30k.sh's code into OUT/data (downloaded, or from ``--orig DIR``; ``--bin DIR``
+takes a data dir prepared before), the `real-*` rows of experiments/runs.py (Post-LN without and
+with warm-up, Pre-LN without warm-up, sized for two CPU cores), tokenized BLEU and sacreBLEU on
+test2016 (docs/results.md, "Real text on a CPU").
 
 Steps (each resumes; a finished demo re-runs in seconds):
  1. the synthetic corpus (data-prep/make-synthetic.sh: 4500 training pairs, 300 valid, 300 test);
@@ -33,12 +40,14 @@ from pathlib import Path
 from .analysis.seeds import ESTIMATOR, spread
 from .common import GRAD_NORMS_JSONL, write_json, write_text
 from .errors import check, run_main
-from .experiments.runs import BY_NAME
+from .experiments.runs import BY_NAME, DEMO_OPTIONAL, DEMO_ROWS
 from .variants import FURTHER, VARIANTS
 
-RUNS = ["demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu", "demo-deepnorm-nowu"]
-# --with-keel, --with-admin, --with-tfixup, --with-dyt, --with-periln, ...: demo-<name>-nowu
+RUNS = list(DEMO_ROWS["synthetic"])
+# --with-keel, --with-admin, --with-tfixup, --with-dyt, --with-periln, ...: demo-<name>-nowu (real-<name>-nowu)
 OPTIONAL = ("keel", "admin", "tfixup") + FURTHER
+DATA = {"synthetic": "synthetic corpus", "multi30k": "Multi30k De-En (real text)"}  # --data: step 1's label
+MULTI30K_BPE = 8000  # joint sentencepiece pieces of `--data multi30k` (docs/results.md, "Real text on a CPU")
 FIRST_UPDATES = 100  # updates shown in the gradient-norm figure
 CONTROLS = ("demo-postln-wu100", "demo-preln-nowu")  # must learn for the verdict to mean anything
 LEARNED_BLEU = 20.0  # a control has learned when every seed reaches this tok BLEU (full demo: 79-99)
@@ -52,7 +61,10 @@ def log(msg):
     print(f"[demo] {msg}", flush=True)
 
 
-def make_data(out, quick):
+def make_data(out, quick, data="synthetic", orig=None, prepared=None):
+    """The demo's binarized data dir: the generated corpus, or Multi30k (:func:`multi30k_data`)."""
+    if data == "multi30k":
+        return multi30k_data(out, orig, prepared)
     from .data import synthetic
 
     sizes = dict(train=600, valid=100, test=100) if quick else dict(train=4500, valid=300, test=300)
@@ -60,13 +72,39 @@ def make_data(out, quick):
     return out / "data" / "bin"
 
 
-def run_grid(out, data, runs, seeds, jobs, quick):
-    from .experiments import grid, options, plan
+def multi30k_data(out, orig=None, prepared=None):
+    """``prepared`` (a data dir of data-prep/prepare-multi30k.sh, checked by its manifest), or Multi30k
+    prepared into OUT/data from ``orig`` (the six published files) or downloaded; resumes, and a
+    prepared folder is reused."""
+    from .data import multi30k
+    from .data.manifest import read_manifest
 
-    opts = options.RunOptions(only=",".join(runs), data=[str(data)], out=str(out / "grid"), arch_size="tiny",
-                           seeds=seeds, jobs=jobs, task="translation_lnpos",
-                           fairseq_args="--log-grad-norms --grad-norm-interval 1",
-                           max_epoch=1 if quick else None)
+    if prepared:
+        check(not orig, "give --orig (prepare the data) or --bin (a prepared data dir), not both")
+        dataset = read_manifest(prepared).get("dataset")
+        check(dataset == "multi30k.de-en", f"--bin {prepared}: a data dir of {dataset}, not Multi30k: pass the "
+                                           f"--bin folder of data-prep/prepare-multi30k.sh")
+        return Path(prepared)
+    multi30k.prepare(out / "data" / "text", out / "data" / "bin", orig=orig, workers=2, bpe_size=MULTI30K_BPE)
+    return out / "data" / "bin"
+
+
+def grid_options(out, data, runs, seeds, jobs, quick, dry_run=False):
+    """The demo's grid (``scripts/grid.sh run`` options) of ``runs`` on the data dir ``data``."""
+    from .experiments import options
+
+    # --quick: one epoch of the generated corpus; a few updates of Multi30k's
+    quick_set = ["max_update=20"] if quick and BY_NAME[runs[0]].dataset == "multi30k_cpu" else None
+    return options.RunOptions(only=",".join(runs), data=[str(data)], out=str(out / "grid"), arch_size="tiny",
+                              seeds=seeds, jobs=jobs, task="translation_lnpos",
+                              fairseq_args="--log-grad-norms --grad-norm-interval 1",
+                              max_epoch=1 if quick else None, set=quick_set, dry_run=dry_run)
+
+
+def run_grid(out, data, runs, seeds, jobs, quick):
+    from .experiments import grid, plan
+
+    opts = grid_options(out, data, runs, seeds, jobs, quick)
     status = grid.run_grid(opts, plan.select_runs(opts))
     check(status == 0, f"the grid stopped with status {status} (message above); `make demo` resumes it")
 
@@ -151,11 +189,11 @@ def summarize(rows):
             for run, rs in by_run.items()}
 
 
-def verdict(summary):
-    """(shown: True, False or None when it cannot be judged, the verdict in words). Shown: both
-    controls learned (every seed at tok BLEU >= LEARNED_BLEU) and the best seed of Post-LN without
-    warm-up reaches at most half the BLEU of the worst seed of each control."""
-    need = ("demo-postln-nowu",) + CONTROLS
+def verdict(summary, need=tuple(RUNS[:3])):
+    """(shown: True, False or None when it cannot be judged, the verdict in words). ``need``: the rows of
+    Post-LN without warm-up and of the two controls, Post-LN with warm-up and Pre-LN without it
+    (DEMO_ROWS). Shown: both controls learned (every seed at tok BLEU >= LEARNED_BLEU) and the best
+    seed of Post-LN without warm-up reaches at most half the BLEU of the worst seed of each control."""
     if not all((summary.get(r) or {}).get("best_bleu_tok") for r in need):
         return None, "the effect cannot be judged: some of the three core runs have no BLEU yet"
     bad, wu, pre = (summary[r]["best_bleu_tok"] for r in need)
@@ -202,7 +240,7 @@ def next_steps(out, seed):
             "  ran), docs/results.md (every measurement)"]
 
 
-def write_summary(out, summary, runs, shown_text, figures, seconds, seed):
+def write_summary(out, summary, runs, shown_text, figures, seconds, seed, controls=CONTROLS, what="a generated task"):
     """summary.md and summary.json in ``out``; returns the Markdown's lines."""
     shown, text = shown_text
     train, score = seconds
@@ -211,7 +249,7 @@ def write_summary(out, summary, runs, shown_text, figures, seconds, seed):
           *wrap(f"Verdict: {text}."), "",
           *wrap(f"The rule: the controls (Post-LN with warm-up, Pre-LN without) must learn the task (tok BLEU >= "
                 f"{LEARNED_BLEU:g} in every seed), and the best seed of Post-LN without warm-up must reach at most "
-                "half the BLEU of the worst seed of each control. A CPU-scale illustration on a generated task, "
+                f"half the BLEU of the worst seed of each control. A CPU-scale illustration on {what}, "
                 "not the paper's IWSLT14 numbers (README.md)."), "",
           *wrap("Figures: " + ", ".join(str(f) for f in figures)), ""]
     if train:
@@ -221,7 +259,7 @@ def write_summary(out, summary, runs, shown_text, figures, seconds, seed):
     write_text(out / "summary.md", "\n".join(md) + "\n")
     write_json(out / "summary.json", {
         "estimator": ESTIMATOR, "verdict": {"shown": shown, "text": text, "learned_bleu": LEARNED_BLEU,
-                                             "controls": list(CONTROLS)},
+                                             "controls": list(controls)},
         "runs": {run: {**s, **{k: s[k].as_dict() if s.get(k) else None for k in ("best_bleu_tok", "best_valid_loss")}}
                  for run, s in summary.items()},
         "seconds": {"training_summed_over_runs": train, "scoring_summed_over_runs": score},
@@ -231,23 +269,39 @@ def write_summary(out, summary, runs, shown_text, figures, seconds, seed):
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="demo-out", help="output folder (default demo-out/)")
+    p.add_argument("--data", choices=tuple(DATA), default="synthetic",
+                   help="synthetic: the generated corpus (default); multi30k: real German-English text "
+                        "(`make demo-real`)")
+    p.add_argument("--orig", help="--data multi30k: the folder of the six published .gz files (no download)")
+    p.add_argument("--bin", help="--data multi30k: a data dir data-prep/prepare-multi30k.sh prepared (no preparation)")
+    p.add_argument("--out", help="output folder (default demo-out/, with --data multi30k demo-real-out/)")
     p.add_argument("--seeds", default="1,2", help="seeds, comma-separated (default 1,2)")
     for name in OPTIONAL:
         p.add_argument(f"--with-{name.replace('_', '-')}", action="store_true",
-                       help=f"add demo-{name}-nowu (about 2 more minutes)")
+                       help=f"add demo-{name}-nowu, about 2 more minutes (--data multi30k: real-{name}-nowu)")
     p.add_argument("--jobs", type=int, default=2, help="runs side by side on the CPU (default 2)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the grid's fairseq commands (rows x seeds) and exit; prepares no data, trains nothing")
     p.add_argument("--quick", action="store_true",
                    help="CI check: 600 training pairs, one epoch, small Fig. 3 (shows no effect)")
     args = p.parse_args(argv)
+    if args.data != "multi30k" and (args.orig or args.bin):
+        p.error("--orig and --bin are options of --data multi30k")
     t0 = time.time()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out or {"synthetic": "demo-out", "multi30k": "demo-real-out"}[args.data])
     extra = [name for name in OPTIONAL if getattr(args, f"with_{name}")]
-    runs = RUNS + [f"demo-{name}-nowu" for name in extra]
-    archs = ["postln", "preln", "deepnorm"] + extra
+    core = list(DEMO_ROWS[args.data])
+    runs = core + [DEMO_OPTIONAL[args.data].format(name) for name in extra if DEMO_OPTIONAL[args.data].format(name) not in core]
+    if args.dry_run:
+        from .experiments import grid, plan
+
+        opts = grid_options(out, Path(args.bin) if args.bin else out / "data" / "bin", runs, args.seeds, args.jobs,
+                            args.quick, dry_run=True)
+        return grid.run_grid(opts, plan.select_runs(opts))
+    out.mkdir(parents=True, exist_ok=True)
+    archs = list(dict.fromkeys(BY_NAME[r].ln for r in runs))
     inits = sorted({BY_NAME[r].init for r in runs})
-    steps = ["synthetic corpus", f"grid of {len(runs)} runs x seeds {args.seeds} (initialization "
+    steps = [DATA[args.data], f"grid of {len(runs)} runs x seeds {args.seeds} (initialization "
              f"{', '.join(inits)})", "results table",
              "gradient norms of the first updates", "Fig. 3 at initialization (tiny size)"]
     say = lambda i: log(f"step {i}/{len(steps)}: {steps[i - 1]} (elapsed {time.time() - t0:.0f} s)")  # noqa: E731
@@ -255,7 +309,7 @@ def main(argv=None):
     log(f"expected time: {EXPECTED_QUICK if args.quick else EXPECTED} (docs/results.md); the same "
         "command resumes after an interruption")
     say(1)
-    data = make_data(out, args.quick)
+    data = make_data(out, args.quick, args.data, args.orig, args.bin)
     say(2)
     run_grid(out, data, runs, args.seeds, args.jobs, args.quick)
     say(3)
@@ -268,8 +322,9 @@ def main(argv=None):
     figures += [fig3_dir / "fig3.png", fig3_dir / "lemma2.png"]
 
     summary = summarize(rows)
-    shown_text = verdict(summary)
-    md = write_summary(out, summary, runs, shown_text, figures, time_split(rows), first_seed)
+    shown_text = verdict(summary, tuple(core[:3]))
+    what = "a generated task" if args.data == "synthetic" else "real text (Multi30k test2016, the tiny model)"
+    md = write_summary(out, summary, runs, shown_text, figures, time_split(rows), first_seed, core[1:3], what)
     print()
     verdict_at = md.index(next(line for line in md if line.startswith("Verdict: ")))
     end = md.index("", verdict_at)

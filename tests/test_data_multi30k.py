@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.error
 from pathlib import Path
 
 import pytest
@@ -114,19 +115,29 @@ def test_bpe_decodes_to_the_tokenized_text(text):
             assert [decode_pieces(l) for l in lines(out / "bpe" / f"{split}.{lang}")] == lines(out / "tok" / f"{split}.{lang}")
 
 
-def test_downloads_the_six_files_at_the_pinned_commit(orig, tmp_path, monkeypatch):
-    folder, sums = orig
-    asked = []
-
-    def opener(req):  # serves the fixture's bytes for the file the address names
+def serve(monkeypatch, folder, asked, corrupt=None, offline=False):
+    """Downloads answered from ``folder`` (the file the address names), their addresses appended to
+    ``asked``; the file ``corrupt`` served with one byte changed; ``offline``: no network."""
+    def opener(req):
         asked.append(req.full_url)
-        data = (folder / req.full_url.rsplit("/", 1)[1]).read_bytes()
-        resp = io.BytesIO(data)
+        if offline:
+            raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+        name = req.full_url.rsplit("/", 1)[1]
+        data = bytearray((folder / name).read_bytes())
+        if name == corrupt:
+            data[len(data) // 2] ^= 0x01
+        resp = io.BytesIO(bytes(data))
         resp.status, resp.headers = 200, {"Content-Length": str(len(data))}
         return resp
 
     real = download.download
-    monkeypatch.setattr(multi30k, "download", lambda url, dest, name, log: real(url, dest, name, log=log, opener=opener))
+    monkeypatch.setattr(multi30k, "download", lambda *a, **kw: real(*a, **kw, opener=opener))
+
+
+def test_downloads_the_six_files_at_the_pinned_commit(orig, tmp_path, monkeypatch):
+    folder, sums = orig
+    asked = []
+    serve(monkeypatch, folder, asked)
     out = tmp_path / "text"
     with recorded(sums), contextlib.redirect_stdout(io.StringIO()):
         files = multi30k.locate_files(None, out)
@@ -135,6 +146,33 @@ def test_downloads_the_six_files_at_the_pinned_commit(orig, tmp_path, monkeypatc
                      for n in multi30k.FILES]
     assert {n: p for n, (p, _) in files.items()} == {n: out / "orig" / n for n in multi30k.FILES}
     assert all(p.read_bytes() == (folder / n).read_bytes() for n, (p, _) in files.items())
+
+
+def test_download_without_network_says_where_the_files_are_and_how_to_pass_them(orig, tmp_path, monkeypatch, capsys):
+    folder, sums = orig
+    serve(monkeypatch, folder, asked := [], offline=True)
+    with recorded(sums):
+        msg = one_line_error(["--out", str(tmp_path / "o"), "--bin", str(tmp_path / "b")], capsys)
+    assert msg.startswith(f"prepare-multi30k.sh: error: cannot download {multi30k.URL}train.de.gz (")
+    assert f"download the six files {', '.join(multi30k.FILES)} of {multi30k.URL} yourself and pass their " \
+           f"folder with --orig" in msg
+    assert len(asked) == 1 and not (tmp_path / "o" / "raw").exists() and not (tmp_path / "b").exists()
+
+
+def test_corrupt_download_is_kept_aside_and_the_next_run_fetches_only_it(orig, tmp_path, monkeypatch, capsys):
+    folder, sums = orig
+    out = tmp_path / "o"
+    serve(monkeypatch, folder, asked := [], corrupt="val.en.gz")
+    with recorded(sums):
+        msg = one_line_error(["--out", str(out), "--bin", str(tmp_path / "b")], capsys)
+    assert f"{multi30k.URL}val.en.gz: downloaded file's sha256 does not match the recorded one" in msg
+    assert (out / "orig" / "val.en.gz.part.bad").is_file() and not (out / "orig" / "val.en.gz").exists()
+    assert sorted(p.name for p in (out / "orig").glob("*.gz")) == ["train.de.gz", "train.en.gz", "val.de.gz"]
+    assert not (out / "raw").exists()
+    serve(monkeypatch, folder, again := [])  # the next run: the three verified files are not fetched again
+    with recorded(sums), contextlib.redirect_stdout(io.StringIO()):
+        multi30k.locate_files(None, out)
+    assert again == [multi30k.URL + n for n in multi30k.FILES[3:]]
 
 
 def one_line_error(argv, capsys):
@@ -236,6 +274,13 @@ def check_manifest(out, bin_dir, counts):
 
 
 # ---------------------------------------------------------------- the real task 1 files
+
+@needs_real
+def test_recorded_checksums_are_those_of_the_published_files():
+    """SHA256SUMS holds the hashes of the six files of multi30k/dataset at COMMIT (the real-data
+    folder's copies are byte-identical to them)."""
+    assert {n: download.recorded_sha256(n) for n in multi30k.FILES} == {n: download.sha256_of(REAL / n) for n in multi30k.FILES}
+
 
 @needs_real
 def test_real_checksum_refused_with_one_line(tmp_path, capsys):

@@ -140,3 +140,154 @@ def test_every_demo_option_names_a_demo_row():
     for name in OPTIONAL:
         row = BY_NAME[f"demo-{name}-nowu"]
         assert (row.ln, row.dataset, row.warmup) == (name, "synthetic", 0)
+
+
+# ---------------------------------------------------------------- `make demo-real`: Multi30k
+
+from fairseq_lnpos import demo  # noqa: E402
+from fairseq_lnpos.experiments.runs import BY_NAME, DATASETS, DEMO_ROWS  # noqa: E402
+
+REAL_ROWS = DEMO_ROWS["multi30k"]
+
+
+def dry_run(capsys, *argv):
+    assert demo.main(["--data", "multi30k", *argv]) == 0
+    blocks = [b.splitlines() for b in capsys.readouterr().out.strip().split("\n\n")]
+    return [(b[0], b[1].split()) for b in blocks]  # (header, fairseq-train argv) per run x seed
+
+
+def value(argv, name):
+    assert name in argv, name
+    return argv[argv.index(name) + 1]
+
+
+def test_real_preset_plan_rows_seeds_and_sizes(tmp_path, capsys):
+    plan = dry_run(capsys, "--dry-run", "--out", str(tmp_path / "o"), "--bin", str(tmp_path / "b"))
+    assert not (tmp_path / "o").exists()  # a dry run writes nothing
+    heads = [h.split("] ")[1].split(" ->")[0] for h, _ in plan]
+    assert sorted(heads) == sorted(f"{r} seed {s}" for r in REAL_ROWS for s in (1, 2))  # default seeds 1,2
+    assert set(REAL_ROWS) == {"real-postln-nowu", "real-postln-wu100", "real-preln-nowu"}
+    ds = DATASETS["multi30k_cpu"]
+    for head, argv in plan:
+        run = BY_NAME[head.split("] ")[1].split(" seed")[0]]
+        assert argv[1] == str(tmp_path / "b")
+        assert value(argv, "--arch") == f"transformer_{run.ln}_tiny"
+        assert (value(argv, "--max-tokens"), value(argv, "--update-freq")) == (str(ds["max_tokens"]), "1")
+        assert value(argv, "--max-epoch") == str(ds["max_epoch"])
+        assert (value(argv, "--lr"), value(argv, "--lr-scheduler")) == ("0.001", "warmup_inverse_sqrt")
+        assert value(argv, "--warmup-updates") == ("100" if run.name == "real-postln-wu100" else "1")
+        assert "--share-all-embeddings" in argv and "--log-grad-norms" in argv
+    # the three rows differ in their variant and warm-up only
+    same = [{k: v for k, v in BY_NAME[r].as_dict().items() if k not in ("name", "ln", "warmup")} for r in REAL_ROWS]
+    assert all(s == same[0] for s in same)
+
+
+def test_real_preset_options_refused_with_one_line(tmp_path, capsys):
+    from fairseq_lnpos.errors import run_main
+
+    from fairseq_lnpos.data.manifest import write_manifest
+
+    (tmp_path / "bin").mkdir()
+    write_manifest(tmp_path / "bin", dataset="synthetic", source_lang="de", target_lang="en",
+                   post_process="sentencepiece", refs={})
+    rc = run_main("demo", demo.main, ["--data", "multi30k", "--bin", str(tmp_path / "bin"), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "not Multi30k" in err[0], err
+    with pytest.raises(SystemExit) as e:
+        demo.main(["--orig", str(tmp_path), "--out", str(tmp_path / "o")])  # --orig without --data multi30k
+    assert e.value.code == 2 and "options of --data multi30k" in capsys.readouterr().err
+
+
+# Measured: `make demo-real` on the real Multi30k, seed 1 (docs/results.md, "Real text on a CPU"):
+# test2016 tok BLEU per row, seed and epoch
+MEASURED = {"real-postln-nowu": {1: [2.29, 2.41]},
+            "real-postln-wu100": {1: [7.96, 11.51]},
+            "real-preln-nowu": {1: [17.62, 28.29]}}
+
+
+def record_grid(root, bleu):
+    """The demo's grid folder as the grid records it: config, per-epoch evals, DONE.json."""
+    from fairseq_lnpos.experiments.commands import Job
+    from fairseq_lnpos.experiments.rundir import RunDir
+
+    opts = demo.grid_options(root, root / "data" / "bin", list(REAL_ROWS), "1,2", 1, False)
+    for name, seeds in bleu.items():
+        for seed, curve in seeds.items():
+            run = BY_NAME[name].with_defaults()
+            job = Job(run, seed, root / "data" / "bin", root / "grid" / name / f"seed{seed}",
+                      f"transformer_{run.ln}_tiny", ("de", "en"), opts)
+            rd = RunDir(job.run_dir)
+            rd.claim(job.config(), job.config_hash())
+            for epoch, b in enumerate(curve, 1):
+                rd.write_eval(epoch, {"epoch": epoch, "valid_loss": 9.0 - b / 10, "bleu_tok": b, "sacrebleu": b,
+                                      "sacrebleu_signature": "nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:2.6.0"})
+            rd.write_done({"status": "finished", "epochs": list(range(1, len(curve) + 1)), "updates": 1012,
+                           "initial_loss": 13.86, "final_valid_loss": 9.0 - curve[-1] / 10,
+                           "train_seconds": 400.0, "train_cpu_seconds": 390.0})
+    return root
+
+
+def test_real_verdict_on_recorded_results(tmp_path):
+    rows = demo.make_table(record_grid(tmp_path, MEASURED))
+    assert sorted({r["run"] for r in rows}) == sorted(REAL_ROWS) and len(rows) == 3
+    summary = demo.summarize(rows)
+    best = {run: max(max(c) for c in seeds.values()) for run, seeds in MEASURED.items()}
+    assert summary["real-preln-nowu"]["best_bleu_tok"][2] == best["real-preln-nowu"]
+    text = demo.verdict(summary, REAL_ROWS)
+    assert text == ("effect SHOWN: Post-LN without warm-up reaches tokenized BLEU 2.4 (best seed 2.4); with warm-up "
+                    "11.5 (worst seed 11.5); Pre-LN without warm-up 28.3 (worst seed 28.3)")
+    assert "sacreBLEU signature: nrefs:1|case:lc" in (tmp_path / "results.md").read_text()
+    # the synthetic demo's rows are not these: judged on them, the verdict cannot be given
+    assert demo.verdict(summary).startswith("the effect cannot be judged")
+
+
+def test_real_verdict_not_shown_when_one_no_warmup_seed_learns(tmp_path):
+    learned = dict(MEASURED, **{"real-postln-nowu": {1: [2.29, 2.41], 2: [4.0, 6.0]}})  # 6.0 > 11.51 / 2
+    summary = demo.summarize(demo.make_table(record_grid(tmp_path, learned)))
+    assert demo.verdict(summary, REAL_ROWS).startswith("effect NOT shown")
+
+
+@pytest.mark.slow
+def test_real_preset_end_to_end_on_a_multi30k_format_fixture(tmp_path):
+    """`make demo-real --quick` on the six .gz files in the published format (generated captions),
+    prepared with prepare-multi30k.sh's code: the three rows trained and scored with both BLEUs."""
+    import contextlib
+    import io
+
+    from fairseq_lnpos.data import multi30k
+    from test_data_multi30k import make_orig, recorded, sums_for
+
+    folder = make_orig(tmp_path / "orig")
+    with recorded(sums_for(folder, tmp_path / "SHA256SUMS")), contextlib.redirect_stdout(io.StringIO()):
+        multi30k.prepare(tmp_path / "text", tmp_path / "bin", orig=folder, bpe_size=200)
+    out = tmp_path / "demo-real-out"
+    cmd = [sys.executable, "-m", "fairseq_lnpos.demo", "--data", "multi30k", "--bin", str(tmp_path / "bin"),
+           "--quick", "--seeds", "1", "--out", str(out)]
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["run"] for r in rows] == ["real-postln-nowu", "real-preln-nowu", "real-postln-wu100"]
+    assert [r["arch"] for r in rows] == [f"transformer_{v}_tiny" for v in ("postln", "preln", "postln")]
+    assert all(r["status"] == "finished" and r["best_bleu_tok"] != "" and r["sacrebleu"] != "" for r in rows)
+    assert "sacreBLEU signature: nrefs:1|case:lc|" in (out / "results.md").read_text()
+    assert "[demo] effect" in res.stdout and "real text (Multi30k test2016" in res.stdout
+    assert (out / "grad_norms_first_updates.png").stat().st_size > 10_000
+    assert not (out / "data").exists()  # --bin: the prepared data dir is used as it is
+
+
+def test_stability_map_reads_the_real_text_comparison(tmp_path, capsys):
+    """The `real-*` rows differ only in the map's axes (variant, warm-up), so the stability map
+    reads their grid folder: one cell per variant and warm-up, the seeds pooled."""
+    from fairseq_lnpos.analysis import stability
+
+    recorded = dict(MEASURED, **{"real-deepnorm-nowu": {1: [15.0, 25.0]}, "real-preln-wu100": {1: [18.0, 27.0]}},
+                    **{"real-postln-nowu": {1: [2.29, 2.41], 2: [2.0, 2.2]}})
+    out = record_grid(tmp_path, recorded) / "grid"
+    assert stability.main([str(out), "--no-figures"]) == 0
+    with open(out / "stability.csv", newline="") as f:
+        cells = {(c["variant"], c["warmup"]): c for c in csv.DictReader(f)}
+    assert sorted(cells) == [("deepnorm", "0"), ("postln", "0"), ("postln", "100"), ("preln", "0"), ("preln", "100")]
+    assert cells["postln", "0"]["seeds"] == "2" and {c["seeds"] for k, c in cells.items() if k != ("postln", "0")} == {"1"}
+    assert float(cells["postln", "0"]["bleu"]) == pytest.approx((2.41 + 2.2) / 2)  # the last epoch, seeds averaged
+    assert float(cells["preln", "0"]["bleu"]) == 28.29

@@ -196,8 +196,9 @@ def test_peak_memory_from_the_log():
     st = LogState()
     st.feed("# fairseq-train ran 12.5 s, peak resident set 812.3 MB, 11.0 CPU s")
     st.feed("# fairseq-train ran 3.0 s, peak resident set 640.0 MB")  # an older grid: no CPU time
+    st.feed("# fairseq-train ran 9.0 s, CPU 8.25 s, peak resident set 700.0 MB")  # the other spelling
     st.feed("# fairseq-train ran 1.0 s")  # an older grid still: no peak
-    assert (st.train_seconds, st.peak_rss_mb, st.cuda_peak_mb, st.cpu_seconds) == (16.5, 812.3, None, 11.0)
+    assert (st.train_seconds, st.peak_rss_mb, st.cuda_peak_mb, st.cpu_seconds) == (25.5, 812.3, None, 19.25)
     st.feed("2026-12-01 10:00:00 | INFO | fairseq.utils | rank   0: capabilities =  9.0  ; total memory = 139.812 GB "
             "; name = NVIDIA H200                             ")
     for free in ("137.1", "136.6", "137.0"):

@@ -326,3 +326,30 @@ def test_fields_added_later_keep_older_run_folders_resumable():
     assert not set(R.LATER_FIELDS) & set(d) and set(d) | set(R.LATER_FIELDS) == {f.name for f in fields(R.Run)}
     assert replace(row, compound_split_bleu=True).as_dict()["compound_split_bleu"] is True
     assert {k: RUN_DEFAULTS[k] for k in R.LATER_FIELDS} == R.LATER_FIELDS
+
+
+def test_every_architecture_on_real_text_plan(tmp_path, capsys):
+    """The real-text comparison, `grid.sh run --only 'real-*' --seeds 1,2` (dry run): every variant
+    without warm-up and the Post-LN and Pre-LN warm-up controls, at the tiny size on Multi30k, the
+    commands alike but for the arch, the warm-up and the seed."""
+    import re
+
+    from fairseq_lnpos.experiments import grid
+    from fairseq_lnpos.variants import VARIANTS
+
+    assert grid.main(["run", "--dry-run", "--only", "real-*", "--seeds", "1,2", "--data", str(tmp_path / "bin"),
+                      "--out", str(tmp_path / "out")]) == 0
+    blocks = [b.splitlines() for b in capsys.readouterr().out.strip().split("\n\n")]
+    runs = [re.match(r"# \[\d+/\d+\] (\S+) seed (\d)", b[0]).groups() for b in blocks]
+    want = [f"real-{v}-nowu" for v in VARIANTS] + ["real-postln-wu100", "real-preln-wu100"]
+    assert sorted(runs) == sorted((r, s) for r in want for s in "12") and len(runs) == 2 * (len(VARIANTS) + 2)
+    generic = set()
+    for (name, seed), block in zip(runs, blocks):
+        argv = block[1].split()
+        ln, warm = R.BY_NAME[name].ln, "100" if name.endswith("wu100") else "1"
+        assert (flag(argv, "--arch"), flag(argv, "--warmup-updates"), flag(argv, "--seed")) == (
+            f"transformer_{ln}_tiny", warm, seed)
+        assert argv[1] == str(tmp_path / "bin")
+        generic.add(" ".join(block[1].replace(f"transformer_{ln}_tiny", "ARCH").replace(f"{name}/seed{seed}", "DIR")
+                             .replace(f"--warmup-updates {warm} ", "").replace(f"--seed {seed} ", "").split()))
+    assert len(generic) == 1  # nothing else differs

@@ -63,10 +63,14 @@ def verify(path, name=None, expected=None, log=print):
     return actual
 
 
-def download(url, dest, name=None, log=print, opener=urllib.request.urlopen):
+OFFLINE = "download it yourself and pass the file with --archive / the folder with --orig"
+
+
+def download(url, dest, name=None, log=print, opener=urllib.request.urlopen, offline=OFFLINE):
     """Fetch ``url`` to ``dest`` (resuming ``dest.part``), verify it, return ``dest``.
 
-    Does nothing but verify when ``dest`` already exists.
+    Does nothing but verify when ``dest`` already exists. ``offline``: what the error of a failed
+    download tells the user to do instead.
     """
     dest = Path(dest)
     if dest.is_file():
@@ -83,8 +87,7 @@ def download(url, dest, name=None, log=print, opener=urllib.request.urlopen):
         if start and getattr(e, "code", None) == 416:  # the .part file is already complete
             resp = None
         else:
-            raise DataError(f"cannot download {url} ({e}): check the network, or download it yourself "
-                            f"and pass the file with --archive / the folder with --orig") from e
+            raise DataError(f"cannot download {url} ({e}): check the network, or {offline}") from e
     if resp is not None:
         with resp:
             status = getattr(resp, "status", 200)

@@ -43,7 +43,8 @@ from fairseq_lnpos.data.pipeline import (
 )
 
 REPOSITORY = "multi30k/dataset"
-COMMIT = "a3d2e0d26b56f3846f66a952536ffed4e401d05a"  # the files are unchanged since their first commit (2018)
+# the six files were added in c9be912 (2018-01-17) and are unchanged since (checked with `git log`)
+COMMIT = "a3d2e0d26b56f3846f66a952536ffed4e401d05a"
 URL = f"https://raw.githubusercontent.com/{REPOSITORY}/{COMMIT}/data/task1/raw/"
 SRC, TGT = "de", "en"
 SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}  # our split -> the dataset's file stem
@@ -60,7 +61,8 @@ def locate_files(orig, out):
         require_files(paths.values(), f"--orig should hold the six files {', '.join(FILES)} "
                                       f"of data/task1/raw/ in the {REPOSITORY} repository")
         return {name: (path, verify(path, name, log=log)) for name, path in paths.items()}
-    paths = {name: download(URL + name, out / "orig" / name, name, log=log) for name in FILES}
+    offline = (f"download the six files {', '.join(FILES)} of {URL} yourself and pass their folder with --orig")
+    paths = {name: download(URL + name, out / "orig" / name, name, log=log, offline=offline) for name in FILES}
     return {name: (path, sha256_of(path)) for name, path in paths.items()}
 
 

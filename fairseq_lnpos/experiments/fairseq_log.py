@@ -30,7 +30,7 @@ SAVED = re.compile(r"Saved checkpoint (.*?checkpoint\d+\.pt) \(epoch (\d+) @ (\d
 LOADED = re.compile(r"Loaded checkpoint .+ \(epoch (\d+) @ (\d+) updates\)")
 RAN = re.compile(r"^# fairseq-train ran ([0-9.]+) s")  # written by the scheduler after each launch
 PEAK_RSS = re.compile(r"peak resident set ([0-9.]+) MB")  # ... with fairseq-train's peak (reap.py)
-CPU_SECONDS = re.compile(r"([0-9.]+) CPU s")  # ... and its CPU time
+CPU_SECONDS = re.compile(r"([0-9.]+) CPU s|, CPU ([0-9.]+) s")  # ... and its CPU time (both spellings)
 CUDA_TOTAL = re.compile(r"rank +0: capabilities = .* total memory = ([0-9.]+) GB")  # fairseq's CUDA environment
 FATAL_FP = re.compile(r"FloatingPointError|Minimum loss scale reached|gradients are Nan/Inf")
 BLEU4 = re.compile(r"BLEU4 = ([0-9.]+)")  # fairseq's BLEU scorer: fairseq-generate's last line, fairseq-score
@@ -109,7 +109,7 @@ class LogState:
                 self.train_seconds += float(ran.group(1))
                 cpu = CPU_SECONDS.search(line)
                 if cpu:
-                    self.cpu_seconds = (self.cpu_seconds or 0.0) + float(cpu.group(1))
+                    self.cpu_seconds = (self.cpu_seconds or 0.0) + float(cpu.group(1) or cpu.group(2))
                 peak = PEAK_RSS.search(line)
                 if peak:
                     self.peak_rss_mb = max(self.peak_rss_mb or 0.0, float(peak.group(1)))

@@ -20,7 +20,7 @@ def _reaped(proc, pid, status, usage):
 
 
 def poll(proc):
-    """``proc.poll()`` that records the peak resident set."""
+    """``proc.poll()`` that records the peak resident set and the CPU time."""
     if proc.returncode is not None:
         return proc.returncode
     try:
@@ -30,7 +30,7 @@ def poll(proc):
 
 
 def wait(proc):
-    """``proc.wait()`` that records the peak resident set."""
+    """``proc.wait()`` that records the peak resident set and the CPU time."""
     if proc.returncode is not None:
         return proc.returncode
     try:

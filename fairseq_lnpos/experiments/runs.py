@@ -60,6 +60,13 @@ DATASETS = {
         arch_size="iwslt_de_en", default_data=BIN_DIRS["multi30k"], source_lang="de",
         target_lang="en", max_tokens=4096, batch_tokens=4096, max_epoch=12, dropout=0.1,
     ),
+    # `make demo-real` (demo.py --data multi30k): the same Multi30k data dir on the `_tiny` archs on a
+    # CPU, sized by the timed runs of docs/results.md ("Real text on a CPU"): small batches, a budget
+    # in updates, all embeddings shared (one joined dictionary), beam 5 on test2016
+    "multi30k_cpu": dict(
+        arch_size="tiny", default_data=BIN_DIRS["multi30k"], source_lang="de", target_lang="en",
+        max_tokens=1024, batch_tokens=1024, max_epoch=2, dropout=0.1,
+    ),
     # `make demo`: the generated corpus (data-prep/make-synthetic.sh) on the `_tiny` archs, on a CPU.
     # Small batches and 3 short epochs (~100 updates each with --train 4500) keep a run near 2 minutes
     # on 2 cores; see fairseq_lnpos/demo.py for the settings.
@@ -179,6 +186,12 @@ def _demo(name, ln, warmup=0):
     # constant lr 1e-3 after the warm-up: no decay inside the demo's ~300 updates
     return Run(name=name, dataset="synthetic", ln=ln, optimizer="adam", lr=1e-3, warmup=warmup,
                decay_anchor=100000, figure="demo", paper_note="CPU demo (synthetic corpus)")
+
+
+def _real(name, ln, warmup=0):
+    # the demo's schedule on real text: constant lr 1e-3 after the warm-up
+    return Run(name=name, dataset="multi30k_cpu", ln=ln, optimizer="adam", lr=1e-3, warmup=warmup,
+               decay_anchor=100000, share_embeddings="all", figure="real", paper_note="CPU demo (Multi30k)")
 
 
 def _m30k(name, ln, opt, lr, **kw):
@@ -319,7 +332,20 @@ RUNS = [
     _demo("demo-admin-nowu", "admin"),
     _demo("demo-tfixup-nowu", "tfixup"),
     *[_demo(f"demo-{ln}-nowu", ln) for ln in FURTHER],
+    # --- `make demo-real` (Multi30k, _tiny archs, CPU) and every architecture on real text -------------
+    *[_real(f"real-{ln}-nowu", ln) for ln in VARIANTS],
+    _real("real-postln-wu100", "postln", warmup=100),
+    _real("real-preln-wu100", "preln", warmup=100),
 ]
+
+# The demos' rows, per corpus: `make demo` (the generated corpus) and `make demo-real` (Multi30k). The
+# first three are the verdict's: Post-LN without warm-up, Post-LN with warm-up, Pre-LN without warm-up.
+# ``--with-<variant>`` adds the corpus's row of that variant without warm-up (DEMO_OPTIONAL).
+DEMO_ROWS = {
+    "synthetic": ("demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu", "demo-deepnorm-nowu"),
+    "multi30k": ("real-postln-nowu", "real-postln-wu100", "real-preln-nowu"),
+}
+DEMO_OPTIONAL = {"synthetic": "demo-{}-nowu", "multi30k": "real-{}-nowu"}
 
 BY_NAME = {r.name: r for r in RUNS}
 assert len(BY_NAME) == len(RUNS), "duplicate run names"
