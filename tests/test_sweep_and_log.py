@@ -101,7 +101,7 @@ def test_sweep_expansion_is_deterministic_complete_and_unique():
 
 def test_sweep_dry_run_names_and_budget(capsys, tmp_path):
     argv = ["sweep", "--dry-run", "--archs", "postln,preln", "--lr", "1e-3,1e-2", "--warmup", "1,100",
-            "--layers", "6,12", "--max-update", "300", "--out", str(tmp_path / "s")]
+            "--layers", "6,12", "--max-update", "300", "--seeds", "1", "--out", str(tmp_path / "s")]
     assert run_main("grid", G.main, argv) == 0
     out = capsys.readouterr().out
     trains = [line for line in out.splitlines() if line.startswith("fairseq-train ")]
