@@ -14,7 +14,7 @@
     GPU 0 (12 epochs), and the aggregate words/s of step 5 against it (target >= 2.5);
  7. with MULTI30K_ORIG=DIR: the depth map's GPU preset (``grid.sh sweep --depth-map --real``: six
     archs x depths 6, 18, 36, 60, 100 x lr 5e-4, 1e-3, 600 updates, fp16; 60 runs, $RUNS_PER_GPU
-    side by side) and its map: wall time, largest trainable depth, gradient ratios, CUDA peaks.
+    side by side) and its map: wall time, largest good depth, gradient ratios, CUDA peaks.
     Estimated 1.5-3.5 hours on an H200 (docs/grid.md), not measured: run it alone, resumable.
 
     [MULTI30K_ORIG=DIR] [RUNS_PER_GPU=K] [EVALUATORS=N] scripts/gpu_check.sh OUT_DIR [STEP ...]

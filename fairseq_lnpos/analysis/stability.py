@@ -15,7 +15,7 @@ Writes OUT/stability.csv (one row per cell), OUT/stability.md (printed too),
 OUT/stability_heatmaps.png (rows: depth, columns: architecture), OUT/stability_overview.png (every
 architecture in one heatmap per depth), OUT/loss_vs_lr.png (error bars: the seeds' min-max) and
 OUT/sensitivity_vs_depth.png;
-a map of more than one depth also the largest trainable depth (OUT/largest_depth.csv) and
+a map of more than one depth also the largest good depth (OUT/largest_depth.csv) and
 OUT/depth_loss.png (:mod:`.depth`). Gradient-norm ratios and peak memory are shown where the runs
 recorded them.
 
