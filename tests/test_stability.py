@@ -351,3 +351,14 @@ def test_a_results_csv_of_an_earlier_version_is_replaced_a_foreign_one_is_not(tm
     with pytest.raises(Exception, match="was not written by make_table.sh"):
         report.make_table(tmp_path, with_figures=False)
     assert (tmp_path / "results.csv").read_text() == "my,own,notes\n"
+
+
+def test_the_map_states_its_training_time_in_cpu_seconds_where_recorded(tmp_path):
+    for seed, cpu in ((1, 30.0), (2, None)):
+        d = write_run(tmp_path, "preln", 1e-3, 0, seed, final=1.5)
+        done = json.loads((d / "DONE.json").read_text())
+        (d / "DONE.json").write_text(json.dumps({**done, "train_seconds": 100.0,
+                                                 **({"train_cpu_seconds": cpu} if cpu else {})}))
+    assert S.cpu_line(S.load_records(tmp_path)) == (
+        "Training time of the 2 counted runs: 200 s wall (fairseq-train, summed over runs); CPU time recorded by "
+        "1 of them: 30 s, 30.0 s a run (DONE.json train_cpu_seconds).")

@@ -68,6 +68,7 @@ class Record:
     peak_rss_mb: float = None
     cuda_peak_mb: float = None
     train_seconds: float = None
+    train_cpu_seconds: float = None  # fairseq-train's CPU time (absent in runs of older grids)
 
 
 AXES = "architecture, depth, warm-up, learning rate, seed"
@@ -144,7 +145,8 @@ def load_record(rd):
     if rec.done is None or rec.status is Status.UNFINISHED:
         return Record(status="unfinished", **key)
     key.update(grad_ratio=depth.grad_ratios(rd.save_dir, key["layers"]), peak_rss_mb=rec.done.get("peak_rss_mb"),
-               cuda_peak_mb=rec.done.get("cuda_peak_mb"), train_seconds=rec.done.get("train_seconds"))
+               cuda_peak_mb=rec.done.get("cuda_peak_mb"), train_seconds=rec.done.get("train_seconds"),
+               train_cpu_seconds=rec.done.get("train_cpu_seconds"))
     final, status = rec.final_valid_loss, rec.status.value
     if rec.status is Status.FINISHED and final is not None and not math.isfinite(final):
         status = Status.DIVERGED.value  # a NaN/inf final loss: diverged, though training ran to its end
@@ -556,6 +558,18 @@ def _with_bests(table, cells):
     return out
 
 
+def cpu_line(records):
+    """The training time of the counted runs: CPU seconds where recorded, and wall seconds."""
+    counted = [r for r in records if r.status in COUNTED]
+    cpu = [r.train_cpu_seconds for r in counted if r.train_cpu_seconds is not None]
+    wall = sum(r.train_seconds or 0.0 for r in counted)
+    text = f"Training time of the {len(counted)} counted runs: {wall:.0f} s wall (fairseq-train, summed over runs)"
+    if cpu:
+        text += (f"; CPU time recorded by {len(cpu)} of them: {sum(cpu):.0f} s, {sum(cpu) / len(cpu):.1f} s a run "
+                 f"(DONE.json train_cpu_seconds)")
+    return text + "."
+
+
 def markdown(out, records, cells, rules):
     """The map's Markdown; ``rules`` (:class:`.verdict.Rules`; a number: the --ratio of the default rules)."""
     rules = rules if isinstance(rules, Rules) else Rules(ratio=rules)
@@ -566,7 +580,7 @@ def markdown(out, records, cells, rules):
              f"{len(records)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + ". Unfinished and "
              "failed runs are not counted. Losses in bits (fairseq's base 2), label smoothing included. "
              f"Initialization: {_init_of(records)} (--lnpos-init). {_seed_counts(cells)}; seeds: {ESTIMATOR}.", "",
-             rules.describe(noise), ""]
+             rules.describe(noise), "", cpu_line(records), ""]
     for (variant, layers), group_cells in group(cells, lambda c: (c.variant, c.layers)).items():
         m = heatmap(cells, variant, layers)
         sel = {(c.warmup, c.lr): c for c in group_cells}
