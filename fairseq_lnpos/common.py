@@ -73,11 +73,13 @@ def refuse_link(path):
                          f"(or move it away), then run again")
 
 
-def open_log(path, binary=False):
-    """``path`` opened to append to (created when missing, UTF-8 unless ``binary``). A symbolic link
-    there is refused (:func:`refuse_link`), not followed: the open itself refuses it (``O_NOFOLLOW``)."""
+def open_log(path, binary=False, truncate=False):
+    """``path`` opened to append to (created when missing, UTF-8 unless ``binary``; emptied first with
+    ``truncate``). A symbolic link there is refused (:func:`refuse_link`), not followed: the open
+    itself refuses it (``O_NOFOLLOW``)."""
+    mode = os.O_TRUNC if truncate else os.O_APPEND
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        fd = os.open(path, os.O_WRONLY | mode | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     except OSError as e:
         if e.errno == errno.ELOOP:
             refuse_link(path)

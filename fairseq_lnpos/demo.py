@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from .analysis.seeds import ESTIMATOR, spread
-from .common import GRAD_NORMS_JSONL, write_json, write_text
+from .common import GRAD_NORMS_JSONL, write_figure, write_json, write_text
 from .errors import check, run_main
 from .experiments.runs import BY_NAME, DEMO_OPTIONAL, DEMO_ROWS
 from .variants import FURTHER, VARIANTS
@@ -166,7 +166,7 @@ def grad_norm_figure(out, rows, runs, seed):
     fig.suptitle(f"per-layer gradient norms of the mean loss, first {FIRST_UPDATES} updates (seed {seed})")
     fig.tight_layout()
     path = out / "grad_norms_first_updates.png"
-    fig.savefig(path, dpi=90)
+    write_figure(fig, path, dpi=90)  # a link there is replaced, not written through
     plt.close(fig)
     return path
 

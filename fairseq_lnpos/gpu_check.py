@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import GRAD_NORMS_JSONL
+from .common import GRAD_NORMS_JSONL, open_log
 from .errors import CommandParser, LnposError, check, run_main
 from .experiments import runs as R
 from .experiments.fairseq_log import LogState
@@ -260,7 +260,7 @@ def execute(cmd):
 def run(cmd):
     """Start ``cmd`` and wait; its exit status."""
     if cmd.log is not None:
-        with open(cmd.log, "w") as f:
+        with open_log(cmd.log, truncate=True) as f:
             return subprocess.run(cmd.argv, stdout=f, stderr=subprocess.STDOUT).returncode
     if cmd.show is not None:
         done = subprocess.run(cmd.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT if cmd.merge else None,

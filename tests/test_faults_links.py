@@ -144,6 +144,25 @@ def test_open_log_appends_and_refuses_a_link(tmp_path):
     assert target.read_bytes() == VICTIM
 
 
+def test_a_log_written_afresh_empties_its_file_and_refuses_a_link(tmp_path):
+    """The GPU check's and the synthetic check's logs are written afresh (truncate), through the same open."""
+    from fairseq_lnpos.data import synthetic_check
+    from fairseq_lnpos import gpu_check
+
+    log = tmp_path / "step.log"
+    log.write_text("an earlier run's log\n")
+    with open_log(log, truncate=True) as f:
+        f.write("new\n")
+    assert log.read_text() == "new\n"
+    target = victim(tmp_path)
+    (tmp_path / "check.log").symlink_to(target)
+    with pytest.raises(LnposError, match=r"check\.log is a symbolic link"):
+        synthetic_check.run(["true"], None, tmp_path / "check.log")
+    with pytest.raises(LnposError, match=r"check\.log is a symbolic link"):
+        gpu_check.run(gpu_check.Command(["true"], log=tmp_path / "check.log"))
+    assert target.read_bytes() == VICTIM
+
+
 # ---------------------------------------------------------------- the grid's closing hint
 
 def test_the_closing_hint_quotes_the_folder_as_a_shell_needs_it(tmp_path, capsys):

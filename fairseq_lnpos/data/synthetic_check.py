@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from fairseq_lnpos.common import open_log
 from fairseq_lnpos.data.manifest import read_manifest
 from fairseq_lnpos.errors import CommandParser, LnposError, at_least, check, run_main
 from fairseq_lnpos.experiments.fairseq_log import LogState, bleu4, number
@@ -20,7 +21,7 @@ from fairseq_lnpos.launch import adam, child_env, generate_cmd, train_cmd
 
 def run(cmd, env, log_path):
     t0 = time.time()
-    with open(log_path, "w") as log:
+    with open_log(log_path, truncate=True) as log:
         res = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     if res.returncode != 0:
         raise LnposError(f"{Path(cmd[0]).name} failed (exit {res.returncode}): see {log_path}")
