@@ -269,7 +269,7 @@ def generated_bleu(out):
     against the project's scorer (evaluate.tok_bleu) on the hypotheses and references fairseq printed:
     every sentence read has its reference, and the two scores agree to fairseq's two decimals."""
     from fairseq_lnpos.experiments.evaluate import parse_generate, tok_bleu
-    from fairseq_lnpos.experiments.fairseq_log import bleu4
+    from fairseq_lnpos.fairseq_log import bleu4
 
     bleu = bleu4(out)
     assert bleu is not None and 0 <= bleu <= 100, out[-2000:]
