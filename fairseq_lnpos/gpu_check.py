@@ -35,7 +35,7 @@ from pathlib import Path
 from .common import GRAD_NORMS_JSONL, open_log
 from .errors import CommandParser, LnposError, check, run_main
 from .experiments import runs as R
-from .experiments.fairseq_log import LogState
+from .fairseq_log import LogState
 from .launch import NO_WARMUP, adam, train_cmd
 from .variants import VARIANTS, arch_name
 

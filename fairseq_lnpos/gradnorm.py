@@ -165,10 +165,5 @@ def float32_norms(tensors):
         return torch._foreach_norm([t.float() for t in tensors], 2)
 
 
-def grad_norms_by_layer(model, scale=1.0):
-    """One-shot convenience: ``{group: norm}`` of ``model``'s current gradients."""
-    return GradNormPlan(model).compute(scale)[0]
-
-
 def finite_or_none(x):
     return x if math.isfinite(x) else None

@@ -13,7 +13,7 @@ Imports nothing heavy.
 - :func:`config_hash`: a short stable hash of a JSON-able configuration (run folders, data-prep
   stages, the Fig. 3 analysis's records).
 
-fairseq's logs are read by :mod:`fairseq_lnpos.experiments.fairseq_log` (training logs, the BLEU
+fairseq's logs are read by :mod:`fairseq_lnpos.fairseq_log` (training logs, the BLEU
 line of fairseq-generate).
 """
 import hashlib

@@ -6,21 +6,13 @@ import re
 import pytest
 import torch
 
-from conftest import USER_DIR, build_model, fairseq_cmd, run, toy_data  # noqa: F401
+from conftest import build_model, toy_data  # noqa: F401
 from fairseq_lnpos.errors import LnposError
 from fairseq_lnpos.variants import SIZES, arch_name
+from helpers import decode_both_ways, fairseq_generate, fairseq_train, ffn, tokens
 
 NO_DROPOUT = ("--dropout", 0, "--attention-dropout", 0, "--activation-dropout", 0)
 SMALL = ("--encoder-layers", 2, "--decoder-layers", 3)
-
-
-def ffn(layer, x):
-    return layer.fc2(layer.activation_fn(layer.fc1(x)))
-
-
-def tokens(task, bsz, length, seed):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(task.source_dictionary.nspecial, len(task.source_dictionary), (bsz, length), generator=g)
 
 
 def fixed_batch(task, seed=0):
@@ -210,16 +202,6 @@ def test_decoder_layer_is_ln_of_w_x_plus_sublayer_for_all_three_sublayers(admin)
     assert torch.allclose(got, expected, atol=1e-5)
 
 
-def decode_both_ways(model, task, src_len=6, tgt_len=5):
-    """The decoder's output for a batch, teacher-forced at once and step by step with its incremental state."""
-    src, prev = tokens(task, 2, src_len, 11), tokens(task, 2, tgt_len, 12)
-    with torch.no_grad():
-        enc = model.encoder(src, src_lengths=torch.full((2,), src_len))
-        state = {}
-        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0] for t in range(tgt_len)]
-        return model.decoder(prev, encoder_out=enc)[0], torch.cat(steps, 1)
-
-
 def test_incremental_decoding_equals_the_full_forward(admin):
     model, task, _ = admin
     profile_once(model, fixed_batch(task))
@@ -240,46 +222,6 @@ def test_a_reloaded_model_keeps_w_and_never_profiles_again(admin, toy_data, capl
     assert all(torch.equal(a, b) for la, lb in zip(skips(saved), skips(loaded)) for a, b in zip(la, lb))
     with torch.no_grad():
         assert torch.equal(saved(*batch)[0], loaded(*batch)[0])
-
-
-def fairseq_train(data, save_dir, arch, updates=2):
-    """fairseq-train to ``updates`` updates (resuming from ``save_dir`` if it holds a checkpoint): its log."""
-    train = run(fairseq_cmd(
-        "fairseq-train", data, "--user-dir", USER_DIR, "--cpu", "--arch", arch, "--optimizer", "adam",
-        "--lr", "5e-4", "--max-tokens", "1000", "--max-update", updates, "--save-dir", save_dir,
-        "--no-progress-bar", "--log-interval", "1", "--disable-validation",
-    ))
-    log = train.stdout + train.stderr
-    assert train.returncode == 0, log[-3000:]
-    return log
-
-
-def fairseq_generate(data, save_dir):
-    """fairseq-generate with the last checkpoint in ``save_dir``: its output."""
-    gen = run(fairseq_cmd("fairseq-generate", data, "--user-dir", USER_DIR, "--cpu", "--path",
-                          save_dir / "checkpoint_last.pt", "--beam", "2", "--max-len-a", "1", "--max-len-b", "3",
-                          "--batch-size", "64"))
-    assert gen.returncode == 0, gen.stderr[-3000:]
-    generated_bleu(gen.stdout)
-    return gen.stdout + gen.stderr
-
-
-def generated_bleu(out):
-    """fairseq-generate's BLEU as the project's log parser reads it from ``out`` (its stdout), checked
-    against the project's scorer (evaluate.tok_bleu) on the hypotheses and references fairseq printed:
-    every sentence read has its reference, and the two scores agree to fairseq's two decimals."""
-    from fairseq_lnpos.experiments.evaluate import parse_generate, tok_bleu
-    from fairseq_lnpos.experiments.fairseq_log import bleu4
-
-    bleu = bleu4(out)
-    assert bleu is not None and 0 <= bleu <= 100, out[-2000:]
-    seen, hyps = parse_generate(out)
-    refs = dict(line[2:].split("\t", 1) for line in out.splitlines() if line.startswith("T-"))
-    refs = {int(i): ref for i, ref in refs.items()}
-    assert seen and set(refs) == seen  # a sentence without a hypothesis scores as an empty output
-    ids = sorted(seen)
-    assert round(tok_bleu([hyps.get(i, "") for i in ids], [refs[i] for i in ids]), 2) == bleu
-    return bleu
 
 
 @pytest.mark.slow

@@ -7,8 +7,7 @@ import torch
 from conftest import build_model, toy_data  # noqa: F401
 from fairseq_lnpos.models.b2t import b2t_scale
 from fairseq_lnpos.variants import SIZES, arch_name
-from test_admin import decode_both_ways, ffn
-from test_periln import CAUSAL, cross_attn, randomize_norms, self_attn
+from helpers import CAUSAL, cross_attn, decode_both_ways, ffn, randomize_norms, self_attn
 
 SMALL = ("--encoder-layers", 3, "--decoder-layers", 2)
 

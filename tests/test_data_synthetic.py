@@ -115,7 +115,7 @@ TRAIN = ('2026-11-30 22:09:03 | INFO | train | {"epoch": %d, "train_loss": "5.57
 
 def test_check_reports_from_fairseq_logs():
     from fairseq_lnpos.data.synthetic_check import report
-    from fairseq_lnpos.experiments.fairseq_log import LogState
+    from fairseq_lnpos.fairseq_log import LogState
 
     log = "\n".join([VALID % (1, "5.1", 100), TRAIN % (1, 100, 20), "other line", VALID % (2, "4.2", 150),
                      TRAIN % (2, 150, 10)])
@@ -129,7 +129,7 @@ def test_check_reports_from_fairseq_logs():
 @pytest.mark.slow
 def test_check_trains_translates_every_test_sentence_and_reports(made, tmp_path, capsys):
     from fairseq_lnpos.data import synthetic_check
-    from fairseq_lnpos.experiments.fairseq_log import bleu4
+    from fairseq_lnpos.fairseq_log import bleu4
 
     _, bin_dir, _ = made
     work = tmp_path / "work"

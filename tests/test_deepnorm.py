@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from conftest import build_model, toy_data  # noqa: F401
 from fairseq_lnpos.errors import LnposError
 from fairseq_lnpos.models.deepnorm import deepnorm_coefficients
+from helpers import ffn
 
 
 def test_coefficients_for_6_6_match_the_paper():
@@ -34,10 +35,6 @@ def test_alpha_beta_follow_the_actual_layer_counts(toy_data):
     c = deepnorm_coefficients(4, 2)
     assert model.encoder.layers[0].alpha == pytest.approx(c["encoder"][0])
     assert model.decoder.layers[1].alpha == pytest.approx(c["decoder"][0])
-
-
-def ffn(layer, x):
-    return layer.fc2(layer.activation_fn(layer.fc1(x)))
 
 
 def test_encoder_layer_is_ln_of_alpha_x_plus_sublayer(toy_data):

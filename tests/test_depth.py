@@ -18,7 +18,7 @@ from fairseq_lnpos.experiments import grid as G
 from fairseq_lnpos.experiments import reap
 from fairseq_lnpos.experiments import sweep as W
 from fairseq_lnpos.experiments.commands import Job
-from fairseq_lnpos.experiments.fairseq_log import LogState
+from fairseq_lnpos.fairseq_log import LogState
 from fairseq_lnpos.experiments.options import RunOptions
 from fairseq_lnpos.experiments.rundir import RunDir
 

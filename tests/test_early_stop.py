@@ -9,7 +9,7 @@ import pytest
 from fairseq_lnpos.experiments import grid as G
 from fairseq_lnpos.experiments.commands import Job
 from fairseq_lnpos.experiments.early_stop import StopRule, first_stop
-from fairseq_lnpos.experiments.fairseq_log import LogState
+from fairseq_lnpos.fairseq_log import LogState
 from fairseq_lnpos.experiments.rundir import RunDir, Status, outcome
 from test_faults_state import fake_data
 

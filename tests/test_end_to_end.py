@@ -53,7 +53,7 @@ def test_checkpoint_needs_only_argparse_namespace_beyond_torch_safe_globals(trai
 
 @pytest.mark.slow
 def test_generate_loads_plugin_checkpoint_and_prints_bleu(toy_data, trained):
-    from test_admin import generated_bleu
+    from helpers import generated_bleu
 
     save, _ = trained
     result = run(fairseq_cmd(
@@ -99,7 +99,7 @@ def test_bad_input_is_a_one_line_error(toy_data, tmp_path, extra, message):
 @pytest.mark.parametrize("variant", PLACEMENTS)
 @pytest.mark.slow
 def test_each_further_placement_trains_and_generates(toy_data, tmp_path, variant):
-    from test_admin import fairseq_generate, fairseq_train
+    from helpers import fairseq_generate, fairseq_train
 
     log = fairseq_train(toy_data, tmp_path, arch_name(variant, "tiny"))
     losses = [float(x) for x in re.findall(r" loss=([^,]+), .*num_updates=\d+", log)]

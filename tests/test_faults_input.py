@@ -142,7 +142,7 @@ def test_the_provenance_comment_stays_one_line(tmp_path, capsys, monkeypatch):
 # ---------------------------------------------------------------- fairseq's log: paths with spaces
 
 def test_saved_and_loaded_checkpoints_are_read_from_paths_with_spaces():
-    from fairseq_lnpos.experiments.fairseq_log import LogState
+    from fairseq_lnpos.fairseq_log import LogState
 
     st = LogState()
     prefix = "2026-11-30 22:09:03 | INFO | fairseq.checkpoint_utils | "

@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO
 
 LIGHT = ["fairseq_lnpos", "fairseq_lnpos.common", "fairseq_lnpos.errors", "fairseq_lnpos.variants",
-         "fairseq_lnpos.fairseq_build", "fairseq_lnpos.checkpoint"]
+         "fairseq_lnpos.fairseq_build", "fairseq_lnpos.checkpoint", "fairseq_lnpos.fairseq_log"]
 LIGHT += sorted(f"fairseq_lnpos.{p.parent.name}.{p.stem}" for d in ("data", "analysis", "experiments")
                 for p in (REPO / "fairseq_lnpos" / d).glob("*.py") if p.stem != "__init__")
 # these need torch (and fairseq) themselves: building models, in-memory corpora
@@ -72,6 +72,14 @@ def test_no_import_cycle_in_the_package():
     graph = import_graph(REPO / "fairseq_lnpos")
     assert "fairseq_lnpos.experiments.plan" in graph["fairseq_lnpos.experiments.slurm"]
     assert cycles(graph) == []
+
+
+def test_the_data_modules_import_nothing_of_the_experiments():
+    graph = import_graph(REPO / "fairseq_lnpos")
+    upward = {m: sorted(d for d in deps if d.startswith("fairseq_lnpos.experiments"))
+              for m, deps in graph.items() if m.startswith("fairseq_lnpos.data")}
+    assert "fairseq_lnpos.fairseq_log" in graph["fairseq_lnpos.data.synthetic_check"]
+    assert {m: d for m, d in upward.items() if d} == {}
 
 
 def test_the_cycle_check_sees_a_cycle_hidden_in_a_function(tmp_path):

@@ -5,11 +5,7 @@ import pytest
 import torch
 
 from conftest import USER_DIR, build_model, fairseq_cmd, run, toy_data  # noqa: F401
-from test_admin import decode_both_ways, generated_bleu
-
-
-def ffn(layer, x):
-    return layer.fc2(layer.activation_fn(layer.fc1.__class__.forward(layer.fc1, x)))  # fc1 without its hook
+from helpers import decode_both_ways, ffn, generated_bleu
 
 
 def attn(module, q, kv, **kw):

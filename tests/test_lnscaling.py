@@ -7,9 +7,8 @@ import torch
 from conftest import build_model, same_state, toy_data  # noqa: F401
 from fairseq_lnpos.errors import LnposError
 from fairseq_lnpos.variants import SIZES, arch_name
-from test_admin import decode_both_ways
+from helpers import CAUSAL, cross_attn, decode_both_ways, ffn, randomize_norms, self_attn
 from test_models import batch
-from test_periln import CAUSAL, cross_attn, ffn, randomize_norms, self_attn
 
 SMALL = ("--encoder-layers", 4, "--decoder-layers", 3)
 

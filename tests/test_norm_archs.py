@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from conftest import USER_DIR, build_model, fairseq_cmd, run, toy_data  # noqa: F401
 from fairseq_lnpos.models.norms import ScaleNorm
 from fairseq_lnpos.models.subln import subln_gammas
-from test_admin import decode_both_ways, generated_bleu
+from helpers import decode_both_ways, generated_bleu
 
 NO_DROPOUT = ("--dropout", 0, "--attention-dropout", 0, "--activation-dropout", 0)
 NEW_ARCHS = ["scalenorm", "subln", "dyt", "derf", "preln_rmsnorm"]

@@ -4,37 +4,9 @@ import torch
 
 from conftest import build_model, toy_data  # noqa: F401
 from fairseq_lnpos.variants import SIZES, arch_name
-from test_admin import decode_both_ways
+from helpers import CAUSAL, cross_attn, decode_both_ways, ffn, randomize_norms, self_attn
 
 SMALL = ("--encoder-layers", 2, "--decoder-layers", 3)
-CAUSAL = torch.triu(torch.full((5, 5), float("-inf")), 1)
-
-
-def randomize_norms(model, seed=0):
-    """Every normalization's weight and bias random, so that a formula using the wrong one fails."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1 + 0.5 * torch.randn(p.shape, generator=g) if name.endswith("weight")
-                        else 0.5 * torch.randn(p.shape, generator=g))
-
-
-def bare(module, *args, **kwargs):
-    """The module's own forward, without the hooks a variant put on it."""
-    return type(module).forward(module, *args, **kwargs)
-
-
-def self_attn(layer, x, **kw):
-    return bare(layer.self_attn, query=x, key=x, value=x, need_weights=False, **kw)[0]
-
-
-def cross_attn(layer, x, enc):
-    return bare(layer.encoder_attn, query=x, key=enc, value=enc, static_kv=True, need_weights=False)[0]
-
-
-def ffn(layer, x):
-    return bare(layer.fc2, layer.activation_fn(bare(layer.fc1, x)))
 
 
 @pytest.fixture(scope="module")

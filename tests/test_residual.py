@@ -9,8 +9,7 @@ from conftest import build_model, toy_data  # noqa: F401
 from fairseq_lnpos.errors import LnposError
 from fairseq_lnpos.models.residual import DUAL_NORM_EPS, DualStreamOutput, dual_scale
 from fairseq_lnpos.variants import SIZES, arch_name
-from test_admin import decode_both_ways, tokens
-from test_periln import CAUSAL, cross_attn, ffn, randomize_norms, self_attn
+from helpers import CAUSAL, cross_attn, decode_both_ways, ffn, randomize_norms, self_attn, tokens
 
 SMALL = ("--encoder-layers", 3, "--decoder-layers", 2)
 D = 128

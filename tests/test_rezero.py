@@ -5,8 +5,7 @@ import torch
 from conftest import build_model, toy_data  # noqa: F401
 from fairseq_lnpos.errors import LnposError
 from fairseq_lnpos.variants import SIZES, arch_name
-from test_admin import decode_both_ways, ffn
-from test_periln import CAUSAL, cross_attn, randomize_norms, self_attn
+from helpers import CAUSAL, cross_attn, decode_both_ways, ffn, randomize_norms, self_attn
 from test_tfixup import is_layernorm
 
 SMALL = ("--encoder-layers", 3, "--decoder-layers", 2)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fairseq_lnpos.experiments import evaluate as E
-from fairseq_lnpos.experiments.fairseq_log import bleu4
+from fairseq_lnpos.fairseq_log import bleu4
 
 BIN = Path(sys.executable).parent
 REFS = [

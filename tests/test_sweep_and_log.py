@@ -5,7 +5,7 @@ import pytest
 from fairseq_lnpos.errors import LnposError, run_main
 from fairseq_lnpos.experiments import grid as G
 from fairseq_lnpos.experiments import sweep as S
-from fairseq_lnpos.experiments.fairseq_log import LogState, LogTail, bleu4
+from fairseq_lnpos.fairseq_log import LogState, LogTail, bleu4
 
 # lines as fairseq-train 0.12 writes them with --log-format json (tiny model, synthetic corpus)
 T = ('2026-11-30 22:08:59 | INFO | train_inner | {"epoch": 1, "update": 0.125, "loss": "%s", "nll_loss": "6.409", '

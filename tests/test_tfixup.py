@@ -8,7 +8,7 @@ from conftest import build_model, toy_data  # noqa: F401
 from fairseq_lnpos.errors import LnposError
 from fairseq_lnpos.models.tfixup import tfixup_scales
 from fairseq_lnpos.variants import SIZES, arch_name
-from test_admin import decode_both_ways, fairseq_generate, fairseq_train, ffn
+from helpers import decode_both_ways, fairseq_generate, fairseq_train, ffn
 
 
 def test_scales_for_6_6_and_other_depths_follow_the_paper():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..errors import CommandParser, LnposError, fraction, run_main
 from ..experiments.early_stop import DEFAULT_RULE, StopRule, first_stop
-from ..experiments.fairseq_log import LogState
+from ..fairseq_log import LogState
 from . import stability as S
 from .verdict import DEFAULT_RATIO
 

@@ -5,7 +5,7 @@
   last word of a line (``... the U.S.`` -> ``... the U.S .``); sacremoses keeps it on abbreviations.
 - ``normalize_punctuation`` / ``remove_non_printing``: normalize-punctuation.perl and
   remove-non-printing-char.perl (WMT).
-- ``clean_pairs``: clean-corpus-n.perl (whitespace squeezed; pairs with an empty side, a side
+- ``squeeze`` / ``keep_pair``: clean-corpus-n.perl (whitespace squeezed; pairs with an empty side, a side
   outside [min, max] tokens, a length ratio above ``ratio``, or a word over 1000 characters dropped).
 - ``lowercase``: lowercase.perl (Perl's ``lc``; Python's ``str.lower`` agrees on German and English).
 """
@@ -15,7 +15,6 @@ import unicodedata
 from functools import lru_cache
 
 _WS = re.compile(r"\s+")
-_FINAL_ABBREV = re.compile(r"(\S)\.$")
 
 
 @lru_cache(maxsize=None)

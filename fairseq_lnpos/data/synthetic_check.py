@@ -15,7 +15,7 @@ from pathlib import Path
 from fairseq_lnpos.common import open_log
 from fairseq_lnpos.data.manifest import read_manifest
 from fairseq_lnpos.errors import CommandParser, LnposError, at_least, check, run_main
-from fairseq_lnpos.experiments.fairseq_log import LogState, bleu4, number
+from fairseq_lnpos.fairseq_log import LogState, bleu4, number
 from fairseq_lnpos.launch import adam, child_env, generate_cmd, train_cmd
 
 

@@ -158,7 +158,8 @@ class SweepAxes(Options):
     checkpoint_activations: bool = option(
         False, "fairseq's --checkpoint-activations for every cell (less memory; activations are "
                "recomputed in the backward pass)")
-    no_bleu: bool = option(True, "also score test BLEU (the last epoch)", flag="--bleu")
+    # the default (no BLEU) is SweepOptions'
+    no_bleu: bool = option(help="also score test BLEU (the last epoch)", flag="--bleu", action="store_false")
     early_stop: bool = option(
         True, "run every cell to its budget: do not stop runs whose training loss has stalled "
               "(early_stop.py; docs/results.md has its calibration)", flag="--no-early-stop")

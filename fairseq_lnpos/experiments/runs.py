@@ -85,7 +85,6 @@ DATASETS = {
 # polynomial_decay --power 1 (warm-up from 0, then down to end_lr at the last update)
 SCHEDULES = ("inverse_sqrt", "fairseq_inverse_sqrt", "inverse_sqrt_nowarmup", "step_decay", "linear", "fixed")
 SHARES = ("none", "decoder", "all")  # --share-decoder-input-output-embed, --share-all-embeddings
-# --lnpos-init (models/variant.py): fairseq 0.12's init (the default), or that of an older fairseq
 OPTIMIZERS = ("adam", "sgd", "radam")
 LN_KINDS = tuple(VARIANTS)
 

@@ -26,7 +26,7 @@ from . import reap
 from .commands import total_updates
 from .early_stop import DEFAULT_RULE
 from .evaluator import Evaluator, Stopped
-from .fairseq_log import LogState, LogTail, number
+from ..fairseq_log import LogState, LogTail, number
 from .rundir import outcome
 
 # children get SIGTERM when the thread that started them dies, also when the grid is SIGKILLed

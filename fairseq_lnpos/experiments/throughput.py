@@ -13,7 +13,7 @@ the grid waits for.
 """
 import sys
 from ..errors import CommandParser, LnposError, check, run_main
-from .fairseq_log import LogState, number
+from ..fairseq_log import LogState, number
 from . import rundir
 
 

@@ -14,8 +14,8 @@ Divergence: a non-finite training or validation loss, fairseq's own floating-poi
 (``FloatingPointError``, minimum loss scale reached), or, when ``patience`` is set, a training
 loss above the first logged loss for ``patience`` consecutive logged updates.
 
-Early stopping: with a ``stop_rule`` (:class:`~.early_stop.StopRule`), ``stopped`` is the rule's
-``(update, why)`` once the training loss has stalled (a status of its own, not divergence).
+Early stopping: with a ``stop_rule`` (:class:`~.experiments.early_stop.StopRule`), ``stopped`` is the
+rule's ``(update, why)`` once the training loss has stalled (a status of its own, not divergence).
 """
 import json
 import math
