@@ -336,6 +336,11 @@ def test_the_overview_of_every_architecture(sweep, tmp_path):
     assert m["cells"][1][0] is None and m["cells"][0][1].final_valid_loss == pytest.approx(4.1)
     assert S.cell_mark(m["cells"][0][1]) == "4.10 G n2" and S.cell_mark(m["cells"][0][2]) == "12.00 - n2"
     assert S.cell_mark(drawn[12]["cells"][0][1]) == "x n1"
+    assert S.overview_text(m["cells"][0][1]) == "4.10 [4.00-4.20] n2 G"
+    assert S.overview_text(m["cells"][0][2]) == "12.00 n2 - x1"  # one seed diverged, the other finished above 0.6 x
+    table = S.overview_table(cells)
+    assert table[2] == "| architecture | wu none, lr 0.0001 | wu none, lr 0.001 | wu none, lr 0.01 | wu 1000, lr 0.001 | wu 1000, lr 0.01 |"
+    assert table[4].startswith("| Post-LN | 5.10 [5.00-5.20] n2 p | 4.10 [4.00-4.20] n2 G | 12.00 n2 - x1 |")
     assert (tmp_path / "o.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

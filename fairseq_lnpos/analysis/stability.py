@@ -426,6 +426,30 @@ def plot_overview(cells, path):
     return drawn
 
 
+def overview_table(cells):
+    """The overview (:func:`overview`) as Markdown, one table per depth: mean [min-max] n, verdict."""
+    lines = []
+    for d in sorted({c.layers for c in cells}):
+        m = overview(cells, d)
+        lines += [f"## Overview, {d} layers: final validation loss, mean [min-max] over the seeds", "",
+                  "| architecture | " + " | ".join(f"wu {warmup_label(w)}, lr {lr:g}" for w, lr in m["cols"]) + " |",
+                  "|---" * (len(m["cols"]) + 1) + "|"]
+        for v, row in zip(m["variants"], m["cells"]):
+            lines.append(f"| {VARIANTS[v].label} | " + " | ".join("" if c is None else overview_text(c) for c in row) + " |")
+        lines.append("")
+    return lines
+
+
+def overview_text(c):
+    """A cell of the overview table: ``1.58 [1.49-1.65] n3 G`` (G good, p poor, - no-train; ? disagree)."""
+    if c.finished == 0:
+        return cell_mark(c)
+    span = f" [{c.loss_min:.2f}-{c.loss_max:.2f}]" if c.finished > 1 else ""
+    mark = VERDICT_MARK.get(c.verdict(), "") + ("?" if c.disagree else "")
+    stops = "".join(f" {m}{k}" for m, k in (("x", c.diverged), ("s", c.stopped)) if k)
+    return f"{c.final_valid_loss:.2f}{span} n{c.seeds} {mark}{stops}"
+
+
 def cell_mark(c):
     """A cell's text in the overview: the mean loss (or x / s), its verdict mark and n."""
     if c.finished == 0:
@@ -581,6 +605,7 @@ def markdown(out, records, cells, rules):
              "failed runs are not counted. Losses in bits (fairseq's base 2), label smoothing included. "
              f"Initialization: {_init_of(records)} (--lnpos-init). {_seed_counts(cells)}; seeds: {ESTIMATOR}.", "",
              rules.describe(noise), "", cpu_line(records), ""]
+    lines += overview_table(cells)
     for (variant, layers), group_cells in group(cells, lambda c: (c.variant, c.layers)).items():
         m = heatmap(cells, variant, layers)
         sel = {(c.warmup, c.lr): c for c in group_cells}
