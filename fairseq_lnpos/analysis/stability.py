@@ -421,7 +421,7 @@ def plot_overview(cells, path):
         ax.set_title(f"{d} layers", fontsize=9)
         fig.colorbar(im, ax=ax, fraction=0.03)
     save(fig, path, "Final validation loss (bits), mean over seeds; n seeds\nG good (white frame; against the "
-                    "architecture's own best), p poor, - does not train, ? seeds disagree (orange), x diverged, "
+                    "architecture's own best), p poor, - does not train\n? seeds disagree (orange), x diverged, "
                     "s stopped early")
     return drawn
 
