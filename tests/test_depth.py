@@ -219,7 +219,7 @@ def test_an_interrupted_depth_sweep_resumes(tmp_path):
 
     data, out = make_toy_data(tmp_path / "toy"), tmp_path / "depth"
     argv = [str(REPO / "scripts" / "grid.sh"), "sweep", "--depth-map", "--archs", "postln", "--lr", "1e-3",
-            "--layers", "1,2", "--width", "16", "--max-update", "12", "--jobs", "1", "--data", str(data),
+            "--layers", "1,2", "--width", "16", "--max-update", "12", "--seeds", "1", "--jobs", "1", "--data", str(data),
             "--out", str(out), "--set", "max_tokens=512", "--set", "batch_tokens=512"]
     env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1")
     held = dict(env, LNPOS_TEST_HOLD_AFTER_EPOCH="1",

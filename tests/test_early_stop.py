@@ -92,7 +92,7 @@ def test_the_sweep_stops_a_stalled_run_and_records_it(tmp_path, monkeypatch, cap
     # --no-early-stop: the stand-in ends by itself after its 200 updates (blocking, it would wait for a stop)
     script = STALL.replace("signal.pause()", "sys.exit(0)") if flag else STALL
     monkeypatch.setattr(Job, "train_cmd", lambda job, *a, **k: [sys.executable, "-c", script, "200"])
-    code = G.main(["sweep", "--archs", "postln", "--lr", "1e-3", "--warmup", "1", "--layers", "2",
+    code = G.main(["sweep", "--archs", "postln", "--lr", "1e-3", "--warmup", "1", "--layers", "2", "--seeds", "1",
                    "--max-update", "200", "--data", str(data), "--out", str(out), *flag])
     run = out / "sweep-postln-L2-lr0.001-wu1" / "seed1"
     done = json.loads((run / "DONE.json").read_text())
@@ -104,7 +104,7 @@ def test_the_sweep_stops_a_stalled_run_and_records_it(tmp_path, monkeypatch, cap
                                   "9.00; +0.00 over the last 20 updates) at 60% of the budget")
         assert done["stopped_at"] == 120 and "stopped early at update 120" in capsys.readouterr().out
         assert "# fairseq-train ran" in (run / "train.log").read_text()
-        again = G.main(["sweep", "--archs", "postln", "--lr", "1e-3", "--warmup", "1", "--layers", "2",
+        again = G.main(["sweep", "--archs", "postln", "--lr", "1e-3", "--warmup", "1", "--layers", "2", "--seeds", "1",
                         "--max-update", "200", "--data", str(data), "--out", str(out)])
         assert again == 0 and "already stopped early at update 120" in capsys.readouterr().out  # never redone
 

@@ -149,7 +149,7 @@ def test_an_interrupted_sweep_resumes_and_records_divergence(tmp_path):
     repo = Path(__file__).resolve().parents[1]
     data, out = make_toy_data(tmp_path / "toy"), tmp_path / "sweep"
     argv = [str(repo / "scripts" / "grid.sh"), "sweep", "--archs", "postln,preln", "--lr", "1e-3,1e30",
-            "--warmup", "1", "--layers", "2", "--max-update", "30", "--patience", "5", "--jobs", "1",
+            "--warmup", "1", "--layers", "2", "--max-update", "30", "--patience", "5", "--seeds", "1", "--jobs", "1",
             "--data", str(data), "--out", str(out), "--set", "max_tokens=512", "--set", "batch_tokens=512"]
     env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1")
     first = out / "sweep-postln-L2-lr0.001-wu1" / "seed1" / "DONE.json"
