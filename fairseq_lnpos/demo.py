@@ -341,6 +341,7 @@ def main(argv=None):
     print("\n".join(md[2:verdict_at] + md[end + 1:]))  # the verdict comes last
     print()
     log(shown_text[1])
+    log(f"a CPU-scale illustration on {what}, not the paper's IWSLT14 numbers (README.md)")
     log(f"written: {out / 'summary.md'}, {out / 'summary.json'}, {out / 'results.md'} and "
         f"{out / 'results.csv'} (per seed); total wall time {time.time() - t0:.0f} s")
     return 0
