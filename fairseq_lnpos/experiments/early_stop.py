@@ -38,8 +38,12 @@ class StopRule:
         width = max(5, round(self.window * budget))
         if u < self.after * budget or u < 2 * width or not first > 0:
             return None
-        recent = [loss for v, loss in losses if u - width < v <= u]
-        before = [loss for v, loss in losses if u - 2 * width < v <= u - width]
+        recent, before = [], []
+        for v, loss in reversed(losses):  # the last two windows only: a check costs O(window), not O(run)
+            if v <= u - 2 * width:
+                break
+            if v <= u:
+                (recent if v > u - width else before).append(loss)
         if not recent or not before:
             return None
         now, then = sum(recent) / len(recent), sum(before) / len(before)
