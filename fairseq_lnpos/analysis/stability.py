@@ -38,8 +38,8 @@ from . import depth
 from .map_common import group, num
 from .map_figures import (VERDICT_MARK, cell_mark, heatmap, loss_curves, overview,  # noqa: F401  (S.plot_* in tests)
                           plot_heatmaps, plot_loss_vs_lr, plot_overview, plot_sensitivity)
-from .seeds import ESTIMATOR, spread
-from .verdict import DEFAULT_NEAR, DEFAULT_NOISE_K, DEFAULT_RATIO, Rules, map_noise, seeds_disagree, threshold, trains
+from .seeds import ESTIMATOR, pooled_sd, spread
+from .verdict import DEFAULT_NEAR, DEFAULT_NOISE_K, DEFAULT_RATIO, Rules, seeds_disagree, threshold, trains
 
 DEFAULT_LAYERS = 6  # "layers" absent or null: the arch's default depth (6 for every size)
 SENSITIVITY = ("LR sensitivity (Wortsman et al. 2023, \"Small-scale proxies for large-scale Transformer "
@@ -229,11 +229,13 @@ def make_cells(records, ratio=DEFAULT_RATIO, rules=None):
 
 
 def noise_of(cells, records):
-    """The map's seed noise (:func:`.verdict.map_noise`): over the cells that train, each seed's final loss."""
+    """The map's seed noise, (pooled sd, degrees of freedom) over the final losses of the seeds of the
+    cells that train (:func:`.seeds.pooled_sd`); None when no such cell has two seeds."""
     keep = {(c.variant, c.layers, c.warmup, c.lr) for c in cells if c.trains}
     by_cell = group([r for r in records if r.status == "finished" and (r.variant, r.layers, r.warmup, r.lr) in keep],
                     lambda r: (r.variant, r.layers, r.warmup, r.lr))
-    return map_noise([[r.final_valid_loss for r in g] for g in by_cell.values()])
+    s, df = pooled_sd([r.final_valid_loss for r in g] for g in by_cell.values())
+    return None if s is None else (s, df)
 
 
 def _best(cells):

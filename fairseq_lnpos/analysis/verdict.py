@@ -21,8 +21,6 @@ cell near 4.1 bits, which the relative floor (0.41 bit there) absorbs.
 import math
 from dataclasses import dataclass
 
-from .seeds import pooled_sd
-
 DEFAULT_RATIO = 0.6
 DEFAULT_NEAR = 0.10
 DEFAULT_NOISE_K = 2.0
@@ -51,13 +49,6 @@ def trains(final, initial, diverged, ratio):
     if diverged or final is None or initial is None or not math.isfinite(final):
         return False
     return final <= ratio * initial
-
-
-def map_noise(cells_seeds):
-    """(pooled seed sd, degrees of freedom) over ``cells_seeds``: the per-seed final losses of the
-    cells that train; None when no cell has two seeds."""
-    s, df = pooled_sd(cells_seeds)
-    return None if s is None else (s, df)
 
 
 def threshold(best, n_best, n, rules, noise):
