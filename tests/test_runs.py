@@ -353,3 +353,21 @@ def test_every_architecture_on_real_text_plan(tmp_path, capsys):
         generic.add(" ".join(block[1].replace(f"transformer_{ln}_tiny", "ARCH").replace(f"{name}/seed{seed}", "DIR")
                              .replace(f"--warmup-updates {warm} ", "").replace(f"--seed {seed} ", "").split()))
     assert len(generic) == 1  # nothing else differs
+
+
+@pytest.mark.parametrize("name, seed, arch, options, pinned", [
+    ("iwslt-postln-adam-lr5e-4-wu4000", 1, None, {}, "220f7b146773eeec"),
+    ("ref-iwslt-tfixup", 1, None, {}, "5ce39473d0c783d9"),
+    ("demo-postln-nowu", 1, None, {}, "21b01437d6390c0d"),
+    ("sweep", 2, "transformer_postln_tiny", {"fp16": True, "fairseq_args": "--foo 1"}, "22c63a668da4c0f5"),
+])
+def test_config_hashes_stay_what_existing_run_folders_hold(name, seed, arch, options, pinned):
+    """A run folder resumes only when its config hash is computed again to the same value: these were
+    computed by an earlier version and must not change."""
+    from fairseq_lnpos.experiments import sweep
+
+    run = (sweep.expand(["postln"], [1e-3], [1], [6], 200)[0] if name == "sweep" else R.BY_NAME[name]).with_defaults()
+    ds = R.DATASETS[run.dataset]
+    job = C.Job(run, seed, Path("/data"), Path("/out") / run.name / f"seed{seed}", arch or C.arch_name(run, "paper"),
+                (ds["source_lang"], ds["target_lang"]), RunOptions(**options))
+    assert job.config_hash() == pinned
