@@ -131,8 +131,8 @@ def make_table(out):
 def time_split(rows):
     """(seconds fairseq-train ran, seconds the evaluator spent scoring) over the demo's runs."""
     records = [r["record"] for r in rows if "record" in r]
-    train = sum((rec.done or {}).get("train_seconds") or 0.0 for rec in records)
-    score = sum(e.get("eval_seconds") or 0.0 for rec in records for e in rec.evals)
+    train = sum((rec.done.train_seconds if rec.done else None) or 0.0 for rec in records)
+    score = sum(e.eval_seconds or 0.0 for rec in records for e in rec.evals)
     return train, score
 
 

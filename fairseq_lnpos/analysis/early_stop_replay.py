@@ -33,7 +33,7 @@ def outcomes(out):
     cells = {(c.variant, c.layers, c.warmup, c.lr): c for c in S.make_cells(records)}
     rows = []
     for r in records:
-        if r.status != "finished":
+        if r.outcome != "finished":
             continue
         budget = dict(r.settings).get("max_update")
         log = Path(r.path) / "train.log"

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from ..common import write_text
 from ..errors import CommandParser, LnposError, StateError, fraction, run_main
-from ..experiments.rundir import Status, grid_run_dirs
+from ..experiments.records import Outcome
+from ..experiments.rundir import grid_run_dirs
 from ..experiments.runs import warmup_label, warmup_updates
 from ..variants import DEFAULT_INIT, VARIANTS, arch_names
 from . import depth
@@ -58,7 +59,7 @@ class Record:
     lr: float
     warmup: int          # 0 = none (runs.warmup_updates)
     seed: int
-    status: str          # finished | diverged | stopped early | failed | unfinished (a Status's value; not
+    outcome: str         # finished | diverged | stopped early | failed | unfinished (an Outcome's value; not
     #                      started: unfinished)
     diverged_at: int = None
     stopped_at: int = None   # stopped early at this update (experiments/early_stop.py)
@@ -140,20 +141,21 @@ def load_record(rd):
     """The map's :class:`Record` of a run folder (:class:`~fairseq_lnpos.experiments.rundir.RunDir`)."""
     rec = rd.record()
     run = rec.run
-    key = dict(path=str(rd.path), variant=run["ln"], layers=run["layers"] or DEFAULT_LAYERS, lr=float(run["lr"]),
-               warmup=warmup_updates(run["warmup"] or 0), seed=rec.seed, settings=settings(rec.config))
+    key = dict(path=str(rd.path), variant=run.ln, layers=run.layers or DEFAULT_LAYERS, lr=float(run.lr),
+               warmup=warmup_updates(run.warmup or 0), seed=rec.seed, settings=settings(rec.config))
     if key["variant"] not in VARIANTS:
         raise StateError(f"{rd.config_path}: unknown architecture {key['variant']!r} (known: {', '.join(VARIANTS)})")
-    if rec.done is None or rec.status is Status.UNFINISHED:
-        return Record(status="unfinished", **key)
-    key.update(grad_ratio=depth.grad_ratios(rd.save_dir, key["layers"]), peak_rss_mb=rec.done.get("peak_rss_mb"),
-               cuda_peak_mb=rec.done.get("cuda_peak_mb"), train_seconds=rec.done.get("train_seconds"),
-               train_cpu_seconds=rec.done.get("train_cpu_seconds"))
-    final, status = rec.final_valid_loss, rec.status.value
-    if rec.status is Status.FINISHED and final is not None and not math.isfinite(final):
-        status = Status.DIVERGED.value  # a NaN/inf final loss: diverged, though training ran to its end
-    return Record(status=status, diverged_at=rec.done.get("diverged_at"), stopped_at=rec.done.get("stopped_at"),
-                  initial_loss=rec.done.get("initial_loss"),
+    done = rec.done
+    if done is None or rec.outcome is Outcome.UNFINISHED:
+        return Record(outcome=Outcome.UNFINISHED.value, **key)
+    key.update(grad_ratio=depth.grad_ratios(rd.save_dir, key["layers"]), peak_rss_mb=done.peak_rss_mb,
+               cuda_peak_mb=done.cuda_peak_mb, train_seconds=done.train_seconds,
+               train_cpu_seconds=done.train_cpu_seconds)
+    final, outcome = rec.final_valid_loss, rec.outcome.value
+    if rec.outcome is Outcome.FINISHED and final is not None and not math.isfinite(final):
+        outcome = Outcome.DIVERGED.value  # a NaN/inf final loss: diverged, though training ran to its end
+    return Record(outcome=outcome, diverged_at=done.diverged_at, stopped_at=done.stopped_at,
+                  initial_loss=done.initial_loss,
                   final_valid_loss=final, bleu=rec.last("bleu_tok"), **key)
 
 
@@ -191,11 +193,11 @@ def make_cells(records, ratio=DEFAULT_RATIO, rules=None):
     """Cells of the runs that finished, diverged or were stopped early, with their seeds' spread and
     both verdicts (:mod:`.verdict`; ``rules`` default to ``Rules(ratio)``)."""
     rules = rules or Rules(ratio=ratio)
-    counted = [r for r in records if r.status in COUNTED]
+    counted = [r for r in records if r.outcome in COUNTED]
     cells, finals = [], {}
     for (variant, layers, warmup, lr), runs in group(counted, lambda r: (r.variant, r.layers, r.warmup, r.lr)).items():
-        ok = [r for r in runs if r.status == "finished"]
-        stopped = sum(r.status == "stopped early" for r in runs)
+        ok = [r for r in runs if r.outcome == "finished"]
+        stopped = sum(r.outcome == "stopped early" for r in runs)
         ratios = [r.grad_ratio for r in runs if r.grad_ratio]
         loss, bleu = spread(r.final_valid_loss for r in ok), spread(r.bleu for r in ok)
         finals[variant, layers, warmup, lr] = runs
@@ -221,7 +223,7 @@ def make_cells(records, ratio=DEFAULT_RATIO, rules=None):
             continue
         limit = threshold(b.final_valid_loss, b.finished, c.finished, rules, noise)
         runs = finals[c.variant, c.layers, c.warmup, c.lr]
-        disagree = c.trains and seeds_disagree([r.final_valid_loss if r.status == "finished" else None for r in runs],
+        disagree = c.trains and seeds_disagree([r.final_valid_loss if r.outcome == "finished" else None for r in runs],
                                                [r.initial_loss for r in runs], limit, rules.ratio)
         near = c.final_valid_loss <= limit
         judged.append(replace(c, good_limit=limit, near_best=near, good=c.trains and near, disagree=disagree))
@@ -232,7 +234,7 @@ def noise_of(cells, records):
     """The map's seed noise, (pooled sd, degrees of freedom) over the final losses of the seeds of the
     cells that train (:func:`.seeds.pooled_sd`); None when no such cell has two seeds."""
     keep = {(c.variant, c.layers, c.warmup, c.lr) for c in cells if c.trains}
-    by_cell = group([r for r in records if r.status == "finished" and (r.variant, r.layers, r.warmup, r.lr) in keep],
+    by_cell = group([r for r in records if r.outcome == "finished" and (r.variant, r.layers, r.warmup, r.lr) in keep],
                     lambda r: (r.variant, r.layers, r.warmup, r.lr))
     s, df = pooled_sd([r.final_valid_loss for r in g] for g in by_cell.values())
     return None if s is None else (s, df)
@@ -270,13 +272,13 @@ def best_loss(cells):
 def lr_sensitivity(records):
     """{(variant, layers, warmup): Wortsman et al.'s LR sensitivity over the learning rates run, or None
     where a run of the group lacks its initial loss}; see SENSITIVITY."""
-    counted = [r for r in records if r.status in COUNTED]
+    counted = [r for r in records if r.outcome in COUNTED]
     result = {}
     for key, runs in group(counted, lambda r: (r.variant, r.layers, r.warmup)).items():
-        if any(r.initial_loss is None or (r.status == "finished" and r.final_valid_loss is None) for r in runs):
+        if any(r.initial_loss is None or (r.outcome == "finished" and r.final_valid_loss is None) for r in runs):
             result[key] = None
             continue
-        final = {id(r): r.initial_loss if r.status == "diverged" or r.final_valid_loss is None else r.final_valid_loss
+        final = {id(r): r.initial_loss if r.outcome == "diverged" or r.final_valid_loss is None else r.final_valid_loss
                  for r in runs}
         by_lr = group(runs, lambda r: r.lr).values()
         clipped = [sum(min(final[id(r)], r.initial_loss) for r in g) / len(g) for g in by_lr]
@@ -391,7 +393,7 @@ def _with_bests(table, cells):
 
 def cpu_line(records):
     """The training time of the counted runs: CPU seconds where recorded, and wall seconds."""
-    counted = [r for r in records if r.status in COUNTED]
+    counted = [r for r in records if r.outcome in COUNTED]
     cpu = [r.train_cpu_seconds for r in counted if r.train_cpu_seconds is not None]
     wall = sum(r.train_seconds or 0.0 for r in counted)
     text = f"Training time of the {len(counted)} counted runs: {wall:.0f} s wall (fairseq-train, summed over runs)"
@@ -404,8 +406,8 @@ def cpu_line(records):
 def markdown(out, records, cells, rules):
     """The map's Markdown; ``rules`` (:class:`.verdict.Rules`; a number: the --ratio of the default rules)."""
     rules = rules if isinstance(rules, Rules) else Rules(ratio=rules)
-    statuses = ("finished", "diverged", "stopped early", "failed", "unfinished")
-    counts = {s: sum(r.status == s for r in records) for s in statuses}
+    outcomes = ("finished", "diverged", "stopped early", "failed", "unfinished")
+    counts = {s: sum(r.outcome == s for r in records) for s in outcomes}
     noise = noise_of(cells, records)
     lines = [f"# Stability map of {out}", "",
              f"{len(records)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + ". Unfinished and "
@@ -450,9 +452,9 @@ def markdown(out, records, cells, rules):
         lines += _table({k: (s, grids[k]) for k, s in sens.items()},
                         lambda v: ("initial loss not recorded" if v[0] is None else f"{v[0]:.3f}") + f" (lr {v[1]})")
     lines += depth.markdown(cells)
-    left = [r for r in records if r.status in ("failed", "unfinished")]
+    left = [r for r in records if r.outcome in ("failed", "unfinished")]
     if left:
-        lines += ["", "## Not counted", ""] + [f"- {r.status}: {r.path}" for r in left]
+        lines += ["", "## Not counted", ""] + [f"- {r.outcome}: {r.path}" for r in left]
     return "\n".join(lines) + "\n"
 
 

@@ -1,11 +1,11 @@
 """A run of the table (runs.py) as fairseq command lines, and everything that determines its results.
 
-:class:`Job` is one run x seed: its fairseq-train argv (``train_cmd``), its fairseq-generate argv
-(``generate_argv``), its config and config hash. Nothing here starts a process.
+:class:`Job` is the plan of one run x seed: its fairseq-train argv (``train_cmd``), its fairseq-generate
+argv (``generate_argv``), its config and config hash. Nothing here starts a process.
 """
 import math
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LnposError
@@ -150,8 +150,10 @@ def budget_args(run):
     return ["--max-epoch", str(run.max_epoch)] + (["--max-update", str(run.max_update)] if run.max_update else [])
 
 
-@dataclass
+@dataclass(frozen=True)
 class Job:
+    """The plan of one run x seed; what the grid does with it and how far it got is the scheduler's
+    (scheduler.Progress)."""
     run: R.Run
     seed: int
     data: Path
@@ -159,24 +161,7 @@ class Job:
     arch: str
     langs: tuple
     opts: RunOptions  # the grid's options (or SweepOptions, SlurmOptions)
-    index: int = 0
-    # progress, written by the run's worker and read by the progress line
-    state: str = "pending"
-    epoch: int = 0
-    updates: int = 0
-    loss: str = ""
-    status: str = ""
-    pace: tuple = None  # (seconds, updates) fairseq-train ran in this grid, for the ETA
-    # while the scheduler works on it
-    manifest: dict = None
-    log_state: object = None
-    evaluator: object = None
-    pending: set = field(default_factory=set)  # epochs being scored
-    lock_fd: int = None
-    released: bool = True                      # the run folder's lock is not held
-    diverged: int = None                       # the update at which it diverged
-    stopped: tuple = None                      # (update, why): stopped early (early_stop.py)
-    error: str = None                          # why scoring failed
+    index: int = 0    # its place among the grid's jobs, from 1
 
     @property
     def label(self):

@@ -27,6 +27,7 @@ from pathlib import Path
 from ..common import read_lines, write_text
 from ..errors import CommandParser, LnposError, finite_float, run_main
 from ..launch import generate_cmd
+from .records import Scores
 
 COMPOUND = re.compile(r"(\S)-(\S)")  # fairseq examples/translation/compound_split_bleu.sh
 
@@ -92,7 +93,8 @@ def parse_generate(text):
 
 def score_hyps(hyps, manifest, subset="test", seen=None, compound_split=False):
     """Both BLEUs of tokenized hypotheses, with the settings the manifest prescribes, and with
-    ``compound_split`` the tokenized BLEU of compound-split hypotheses and references (``bleu_tok_cs``).
+    ``compound_split`` the tokenized BLEU of compound-split hypotheses and references (``bleu_tok_cs``);
+    a :class:`~.records.Scores`.
 
     ``hyps`` is a list in sentence order or a dict {sentence id: hypothesis} (missing ids score as
     empty outputs); ``seen`` the sentence ids fairseq-generate read."""
@@ -108,16 +110,20 @@ def score_hyps(hyps, manifest, subset="test", seen=None, compound_split=False):
         missing = len(refs_tok) - len(hyps)
         hyps = [hyps.get(i, "") for i in range(len(refs_tok))]
     lc, cs = bool(manifest.get("lowercase")), bool(manifest.get("compound_split"))
-    out = {"bleu_tok": round(tok_bleu(hyps, refs_tok, lc, cs), 2), "n_sentences": len(hyps),
-           "bleu_tok_settings": f"fairseq bleu, lowercase={lc}, compound_split={cs}",
-           "no_hypothesis": missing}
+    bleu = round(tok_bleu(hyps, refs_tok, lc, cs), 2)
+    split = None
     if compound_split:
-        out["bleu_tok_cs"] = out["bleu_tok"] if cs else round(tok_bleu(hyps, refs_tok, lc, True), 2)
+        split = bleu if cs else round(tok_bleu(hyps, refs_tok, lc, True), 2)
     raw = manifest["refs"].get("raw", {}).get(subset)
-    if raw:
-        score, sig = sacre_bleu(detokenize(hyps, manifest["target_lang"]), read_lines(raw), lc)
-        out.update(sacrebleu=round(score, 2), sacrebleu_signature=sig)
-    return out
+    return Scores(bleu_tok=bleu, n_sentences=len(hyps), bleu_tok_settings=f"fairseq bleu, lowercase={lc}, "
+                  f"compound_split={cs}", no_hypothesis=missing, bleu_tok_cs=split,
+                  **(_sacre(hyps, read_lines(raw), manifest["target_lang"], lc) if raw else {}))
+
+
+def _sacre(tok_hyps, raw_refs, lang, lowercase):
+    """sacrebleu and sacrebleu_signature (of :class:`~.records.Scores`) of tokenized hypotheses."""
+    score, sig = sacre_bleu(detokenize(tok_hyps, lang), raw_refs, lowercase)
+    return {"sacrebleu": round(score, 2), "sacrebleu_signature": sig}
 
 
 def run_generate(argv):
@@ -168,7 +174,7 @@ def _generation_config(argv, options):
 
 
 def evaluate_checkpoint(data_dir, checkpoint, manifest, beam=5, lenpen=1.2, extra=(), hyp_out=None):
-    """Generate with ``checkpoint`` on the test set and score it; returns a dict (see score_hyps)."""
+    """Generate with ``checkpoint`` on the test set and score it (:class:`~.records.Scores`, see score_hyps)."""
     if not Path(checkpoint).is_file():
         raise LnposError(f"checkpoint {checkpoint} not found")
     cmd = generate_cmd(data_dir, checkpoint, manifest, beam, lenpen, extra=extra)
@@ -210,14 +216,11 @@ def command(argv=None):
                                       hyp_out=a.hyp_out)
         else:
             hyps = read_lines(a.hyp)
-            res = {"bleu_tok": round(tok_bleu(hyps, read_lines(a.ref_tok), a.lowercase,
-                                              a.compound_split), 2)}
-            if a.ref_raw:
-                score, sig = sacre_bleu(detokenize(hyps, a.lang), read_lines(a.ref_raw), a.lowercase)
-                res.update(sacrebleu=round(score, 2), sacrebleu_signature=sig)
+            res = Scores(bleu_tok=round(tok_bleu(hyps, read_lines(a.ref_tok), a.lowercase, a.compound_split), 2),
+                         **(_sacre(hyps, read_lines(a.ref_raw), a.lang, a.lowercase) if a.ref_raw else {}))
     except OSError as e:
         raise LnposError(str(e)) from None
-    print(json.dumps(res, indent=1))
+    print(json.dumps(res.to_json(), indent=1))
     return 0
 
 

@@ -4,7 +4,8 @@ A new ``fairseq-generate`` per epoch spends most of its time importing fairseq a
 process imports fairseq once and then, for each request, runs fairseq-generate's own ``main()``
 (evaluate.run_generate: fairseq's SequenceGenerator, the same batches and options as the command)
 and scores the hypotheses (evaluate.score_hyps). The grid starts one per device (one on a CPU)
-and talks to it through JSON lines: a request on stdin, the result on stdout; fairseq's logging
+and talks to it through JSON lines: a request on stdin (records.ScoreRequest), the result on stdout
+(records.Scores); fairseq's logging
 goes to stderr (the grid's ``evaluator.log``).
 
 :class:`Evaluator` is the grid's side: a queue served by one thread per process (``--evaluators N``
@@ -19,9 +20,11 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 from ..common import open_log
 from ..errors import LnposError
+from .records import ScoreRequest
 
 
 class Stopped(Exception):
@@ -49,10 +52,9 @@ class Evaluator:
             t.start()
 
     def submit(self, request, callback):
-        """Score ``request`` (dict: argv, data, hyp_out, checkpoint; with ``average``, a list of
-        checkpoints, their parameter average is first written to ``checkpoint``; with ``compound_split``,
-        also the compound-split tok BLEU) when its turn comes; then
-        ``callback(result_dict, None)`` or ``callback(None, exception)``."""
+        """Score ``request`` (:class:`~.records.ScoreRequest`) when its turn comes; then
+        ``callback(result, None)`` (the answer's JSON object, :class:`~.records.Scores` of it) or
+        ``callback(None, exception)``."""
         with self.lock:
             self.busy += 1
         self.requests.put((request, callback))
@@ -99,7 +101,7 @@ class Evaluator:
                                                    self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
                 log.close()
             try:
-                proc.stdin.write((json.dumps(request) + "\n").encode())
+                proc.stdin.write((json.dumps(request.to_json()) + "\n").encode())
                 proc.stdin.flush()
                 line = proc.stdout.readline()
             except (BrokenPipeError, OSError):
@@ -110,10 +112,10 @@ class Evaluator:
             if self.stopping():
                 raise Stopped()
             if code >= 0:  # it exited by itself: scoring again would fail the same way
-                raise EvalFailed(f"the evaluator exited ({code}) while scoring {request['checkpoint']}; "
+                raise EvalFailed(f"the evaluator exited ({code}) while scoring {request.checkpoint}; "
                                  f"see {self.log_path}")
         else:
-            raise EvalFailed(f"the evaluator was killed (signal {-code}) while scoring {request['checkpoint']}, "
+            raise EvalFailed(f"the evaluator was killed (signal {-code}) while scoring {request.checkpoint}, "
                              f"{self.attempts} times (out of memory?); see {self.log_path}")
         answer = json.loads(line)
         if "error" in answer:
@@ -127,18 +129,17 @@ def serve(requests, answers):
     from .evaluate import generate_and_score
 
     for line in requests:
-        req = json.loads(line)
+        req = ScoreRequest.from_json(json.loads(line), "the grid's request", "a request", "see the grid's log")
         t0 = time.time()
         try:
-            if req.get("average"):  # score the parameter average of these checkpoints, written first
+            if req.average:  # score the parameter average of these checkpoints, written first
                 from ..checkpoint import write_average
 
-                write_average(req["average"], req["checkpoint"])
-            result = generate_and_score(req["argv"], read_manifest(req["data"]), req["hyp_out"],
-                                        req.get("compound_split", False))
-            answer = {"result": {**result, "eval_seconds": round(time.time() - t0, 2)}}
+                write_average(list(req.average), req.checkpoint)
+            scores = generate_and_score(list(req.argv), read_manifest(req.data), req.hyp_out, req.compound_split)
+            answer = {"result": replace(scores, eval_seconds=round(time.time() - t0, 2)).to_json()}
         except (LnposError, OSError, RuntimeError, SystemExit) as e:
-            answer = {"error": f"scoring {req['checkpoint']} failed: {str(e).strip() or type(e).__name__}"}
+            answer = {"error": f"scoring {req.checkpoint} failed: {str(e).strip() or type(e).__name__}"}
         answers.write(json.dumps(answer) + "\n")
         answers.flush()
 

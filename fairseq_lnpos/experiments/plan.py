@@ -96,9 +96,7 @@ def make_jobs(opts, runs, dry_run):
         check_train_flags(r.extra, f"{r.name}: extra")
         arch = opts.arch or arch_name(r, opts.arch_size)
         for s in seeds:
-            jobs.append(Job(r, s, d, out.resolve() / r.name / f"seed{s}", arch, langs, opts))
-    for i, j in enumerate(jobs, 1):
-        j.index = i
+            jobs.append(Job(r, s, d, out.resolve() / r.name / f"seed{s}", arch, langs, opts, index=len(jobs) + 1))
     return jobs, manifests
 
 

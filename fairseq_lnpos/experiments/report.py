@@ -45,8 +45,9 @@ NOTE = ("tok BLEU: fairseq's BLEU scorer on the data's Moses tokens (lowercased 
 def collect(run_dirs):
     """One dict per run folder of ``run_dirs`` (from :class:`~.rundir.RunRecord`), in the order of the run table.
 
-    A run folder with a file that cannot be read gives a row with status ``unreadable: ...``
-    (the path and what to do) and ``unreadable`` set; nothing is skipped silently."""
+    A row's ``status`` is its outcome in words (the column users see), ``outcome`` the
+    :class:`~.records.Outcome`'s value. A run folder with a file that cannot be read gives a row with
+    status ``unreadable: ...`` (the path and what to do) and ``unreadable`` set; nothing is skipped silently."""
     order = {r.name: i for i, r in enumerate(R.RUNS)}
     rows = []
     for rd in run_dirs:
@@ -54,7 +55,7 @@ def collect(run_dirs):
             row = _row(rd.record())
         except StateError as e:
             row = {"run": rd.path.parent.name, "seed": rd.path.name[4:], "status": f"unreadable: {e}",
-                   "kind": "unreadable", "unreadable": str(e), "curve": [], "epochs": 0, "figure": "misc"}
+                   "outcome": "unreadable", "unreadable": str(e), "curve": [], "epochs": 0, "figure": "misc"}
         rows.append(row)
     rows.sort(key=lambda r: (order.get(r["run"], len(order)), r["run"], str(r["seed"])))
     return rows
@@ -62,22 +63,22 @@ def collect(run_dirs):
 
 def _row(rec):
     run = rec.run
-    row = {"run": run["name"], "arch": rec.config["arch"], "optimizer": run["optimizer"], "lr": run["lr"],
-           "warmup": run["warmup"], "schedule": run["schedule"], "seed": rec.seed, "status": rec.state,
-           "kind": rec.status.value, "paper_bleu": run.get("paper_bleu"), "paper_valid_loss": run.get("paper_valid_loss"),
-           "paper_note": run.get("paper_note", ""), "figure": run.get("figure", "misc"),
-           "ln": run["ln"], "max_epoch": run["max_epoch"], "curve": rec.evals, "epochs": len(rec.evals),
-           "source": run.get("source", ""), "record": rec}
+    row = {"run": run.name, "arch": rec.config["arch"], "optimizer": run.optimizer, "lr": run.lr,
+           "warmup": run.warmup, "schedule": run.schedule, "seed": rec.seed, "status": rec.outcome_text,
+           "outcome": rec.outcome.value, "paper_bleu": run.paper_bleu, "paper_valid_loss": run.paper_valid_loss,
+           "paper_note": run.paper_note, "figure": run.figure,
+           "ln": run.ln, "max_epoch": run.max_epoch, "curve": rec.evals, "epochs": len(rec.evals),
+           "source": run.source, "record": rec}
     avg = rec.average
     if avg is not None:
-        row.update(avg_bleu_tok=avg["bleu_tok"], avg_sacrebleu=avg.get("sacrebleu"),
-                   avg_epochs=f"{avg['epochs'][0]}-{avg['epochs'][-1]}", avg_bleu_tok_cs=avg.get("bleu_tok_cs"))
+        row.update(avg_bleu_tok=avg.bleu_tok, avg_sacrebleu=avg.sacrebleu,
+                   avg_epochs=f"{avg.epochs[0]}-{avg.epochs[-1]}", avg_bleu_tok_cs=avg.bleu_tok_cs)
     best, scored = rec.best, rec.scored
     if best is not None:
-        row.update(best_bleu_tok=best["bleu_tok"], best_epoch=best["epoch"],
-                   last_bleu_tok=scored[-1]["bleu_tok"], last_epoch=scored[-1]["epoch"],
-                   sacrebleu=best.get("sacrebleu"), last_sacrebleu=scored[-1].get("sacrebleu"),
-                   signature=best.get("sacrebleu_signature"), best_bleu_tok_cs=best.get("bleu_tok_cs"))
+        row.update(best_bleu_tok=best.bleu_tok, best_epoch=best.epoch,
+                   last_bleu_tok=scored[-1].bleu_tok, last_epoch=scored[-1].epoch,
+                   sacrebleu=best.sacrebleu, last_sacrebleu=scored[-1].sacrebleu,
+                   signature=best.sacrebleu_signature, best_bleu_tok_cs=best.bleu_tok_cs)
     row["best_valid_loss"] = rec.best_valid_loss
     return row
 
@@ -100,15 +101,15 @@ def write_csv(rows, path):
 
 
 def over_seeds(rows):
-    """{run: {"arch", "seeds", "status": {status word: count}, metric: Spread or None}} of the readable rows."""
+    """{run: {"arch", "seeds", "status": {outcome: count}, metric: Spread or None}} of the readable rows."""
     out = {}
     for r in rows:
         if r.get("unreadable"):
             continue
         entry = out.setdefault(r["run"], {"arch": r["arch"], "seeds": 0, "status": {}, "values": {}})
         entry["seeds"] += 1
-        kind = r.get("kind") or r.get("status", "")  # a row made by hand may lack the enum's value
-        entry["status"][kind] = entry["status"].get(kind, 0) + 1
+        outcome = r.get("outcome") or r.get("status", "")  # a row made by hand may lack the enum's value
+        entry["status"][outcome] = entry["status"].get(outcome, 0) + 1
         for key, _ in SEED_METRICS:
             entry["values"].setdefault(key, []).append(r.get(key))
     for entry in out.values():
@@ -210,10 +211,10 @@ def figures(rows, out_dir):
             label = f"{r['ln']} lr {r['lr']:g} warm-up {warm}" + (
                 f" {r['schedule']}" if r["schedule"] != "inverse_sqrt" else "") + (
                 f" seed {r['seed']}" if len({x['seed'] for x in group}) > 1 else "")
-            ep = [e["epoch"] for e in r["curve"]]
+            ep = [e.epoch for e in r["curve"]]
             style = dict(color=color, linestyle=LINESTYLES.get(warm, "-."), marker=".", label=label)
-            axes[0][col].plot(ep, [e.get("bleu_tok") for e in r["curve"]], **style)
-            axes[1][col].plot(ep, [e.get("valid_loss") for e in r["curve"]], **style)
+            axes[0][col].plot(ep, [e.bleu_tok for e in r["curve"]], **style)
+            axes[1][col].plot(ep, [e.valid_loss for e in r["curve"]], **style)
         for col, opt in enumerate(opts):
             axes[0][col].set_title(f"{fig_name}: {opt}")
             axes[0][col].set_ylabel(f"test {TOK_LABEL}")

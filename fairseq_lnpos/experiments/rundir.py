@@ -7,8 +7,10 @@
     eval/epochN.hyp   the hypotheses that were scored
     eval/average.json the average of the last N epoch checkpoints (--average-last N) scored, and .hyp
     TRAINED           fairseq-train finished
-    DONE.json         written last, the outcome: finished, diverged at update N, stopped early at
-                      update N: WHY (early_stop.py), or failed: WHY; a finished, diverged or
+    DONE.json         written last, the outcome (records.py): finished, diverged at update N, stopped
+                      early at update N: WHY (early_stop.py), or failed: WHY, in "status" as words and
+                      in "outcome", "reason", "diverged_at", "stopped_at" (older runs: the words only);
+                      a finished, diverged or
                       stopped run is never redone, a failed one is retried; also
                       the first training loss, updates, training time, final validation loss and
                       peak memory (peak_rss_mb, cuda_peak_mb) and fairseq-train's CPU seconds
@@ -16,7 +18,7 @@
     .lock             held (flock) while a grid works on the run
 
 Every JSON file is written atomically. Every state file is checked for shape where it is read,
-here (:data:`SHAPES`): a file that exists but cannot be read, or holds something else than the grid
+here (:data:`SHAPES`, the records' from their dataclasses in records.py): a file that exists but cannot be read, or holds something else than the grid
 writes (``null``, a list, a missing or mistyped field), is an error naming the path and what to do
 (:class:`~fairseq_lnpos.errors.StateError`), never taken as absent.
 
@@ -25,14 +27,15 @@ files (``slurm-ID.sbatch``, ``slurm-ID.tasks``) and :data:`GRID_MARKER`, which m
 grid writes into no other folder that holds something (a folder with a SLURM task list is a grid's too).
 """
 import dataclasses
-import enum
 import fcntl
 import os
 import re
 from pathlib import Path
 
-from ..common import hold_lock, is_plain_name, read_json, read_lines, write_json, write_text
+from ..common import hold_lock, read_json, read_lines, write_json, write_text
 from ..errors import LnposError, StateError
+from .records import (BOOL, INT, NUMBER, OBJECT, PLAIN_NAME, STRING, AverageRecord, DoneRecord, EpochRecord, Outcome,
+                      check_shape, list_of, optional, shape_error, short)
 from .runs import LATER_FIELDS, Run
 
 EPOCH_FILE = re.compile(r"^epoch(\d+)\.json$")
@@ -91,36 +94,6 @@ def make_out_dir(out):
 
 # ---------------------------------------------------------------- the shape of each state file
 
-@dataclasses.dataclass(frozen=True)
-class Kind:
-    """A JSON value's expected kind: ``name`` for messages, ``test(value)``."""
-    name: str
-    test: object
-
-    def __call__(self, value):
-        return self.test(value)
-
-
-def _number(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-INT = Kind("a whole number", lambda v: isinstance(v, int) and not isinstance(v, bool))
-NUMBER = Kind("a number", _number)
-STRING = Kind("a string", lambda v: isinstance(v, str))
-BOOL = Kind("true or false", lambda v: isinstance(v, bool))
-OBJECT = Kind("an object", lambda v: isinstance(v, dict))
-PLAIN_NAME = Kind("a plain name (letters, digits, '_', '.', '+', '-'; no '/', no '..')", is_plain_name)
-
-
-def optional(kind):
-    return Kind(f"{kind.name} or null", lambda v: v is None or kind(v))
-
-
-def list_of(kind):
-    return Kind(f"a list of {kind.name.split(' ', 1)[1]}s", lambda v: isinstance(v, list) and all(map(kind, v)))
-
-
 def _run_fields():
     """The fields of a recorded run (``runs.Run``): required where Run has no default."""
     kinds = {"str": STRING, "float": NUMBER, "int": INT, "bool": BOOL, "tuple": list_of(STRING)}
@@ -135,46 +108,17 @@ def _run_fields():
 
 RUN_DEFAULTS = {k: v for k, v in {**Run(name="", dataset="", ln="", optimizer="", lr=0.0).as_dict(), **LATER_FIELDS}.items()
                 if k not in ("name", "dataset", "ln", "optimizer", "lr")}
-# file -> {field: (kind, required)}; fields not listed are not read, so not checked
+# file -> {field: (kind, required)}; fields not listed are not read, so not checked; the records'
+# shapes are those of their dataclasses (records.py)
 SHAPES = {
     "config.json": {"hash": (STRING, True), "seed": (INT, True), "arch": (STRING, True), "run": (OBJECT, True),
                     "data": (STRING, False), "fp16": (BOOL, False), "fairseq_args": (STRING, False),
                     "beam": (INT, False), "lenpen": (NUMBER, False), "gen_args": (list_of(STRING), False)},
     "run": _run_fields(),
-    "DONE.json": {"status": (STRING, True), "diverged_at": (optional(INT), False),
-                  "stopped_at": (optional(INT), False), "epochs": (list_of(INT), False),
-                  "initial_loss": (optional(NUMBER), False), "updates": (INT, False),
-                  "train_seconds": (NUMBER, False), "train_cpu_seconds": (optional(NUMBER), False),
-                  "final_valid_loss": (optional(NUMBER), False),
-                  "peak_rss_mb": (optional(NUMBER), False), "cuda_peak_mb": (optional(NUMBER), False)},
-    "epochN.json": {"epoch": (INT, True), "num_updates": (optional(INT), False),
-                    **{k: (optional(NUMBER), False) for k in ("valid_loss", "valid_nll_loss", "train_loss", "lr",
-                                                              "bleu_tok", "bleu_tok_cs", "sacrebleu")},
-                    "eval_seconds": (NUMBER, False), "n_sentences": (INT, False),
-                    "sacrebleu_signature": (STRING, False)},
-    "average.json": {"epochs": (list_of(INT), True), "average_last": (INT, True), "bleu_tok": (NUMBER, True),
-                     "bleu_tok_cs": (NUMBER, False),
-                     "sacrebleu": (optional(NUMBER), False), "eval_seconds": (NUMBER, False),
-                     "n_sentences": (INT, False), "sacrebleu_signature": (STRING, False)},
+    "DONE.json": DoneRecord.shape(),
+    "epochN.json": EpochRecord.shape(),
+    "average.json": AverageRecord.shape(),
 }
-OUTCOME = re.compile(r"^(?:(finished)|(diverged) at update \d+|(stopped early) at update \d+: .*|(failed): .*)$", re.S)
-
-
-def _shape_error(path, what, problem, what_to_do):
-    return StateError(f"{path} is not {what} the grid writes ({problem}): {what_to_do}")
-
-
-def check_shape(obj, shape, path, what, what_to_do, where=""):
-    """``obj`` (read from ``path``) as ``shape`` of :data:`SHAPES` says, else :class:`StateError`."""
-    if not isinstance(obj, dict):
-        raise _shape_error(path, what, f"it holds {_short(obj)}, not an object", what_to_do)
-    for key, (kind, required) in shape.items():
-        if key not in obj:
-            if required:
-                raise _shape_error(path, what, f"no '{where}{key}'", what_to_do)
-        elif not kind(obj[key]):
-            raise _shape_error(path, what, f"'{where}{key}' is {_short(obj[key])}, not {kind.name}", what_to_do)
-    return obj
 
 
 def read_checked(path, shape, what, what_to_do):
@@ -185,50 +129,30 @@ def read_checked(path, shape, what, what_to_do):
     return check_shape(obj, SHAPES[shape], path, what, what_to_do)
 
 
-def _short(value):
-    text = "null" if value is None else repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-class Status(enum.Enum):
-    """Where a run stands: the outcome its DONE.json records, or, without one, whether it started."""
-    FINISHED = "finished"
-    DIVERGED = "diverged"
-    STOPPED = "stopped early"    # hopeless: its training loss stalled (early_stop.py)
-    FAILED = "failed"            # a re-run retries it
-    UNFINISHED = "unfinished"    # running, or stopped before its outcome (a re-run resumes it)
-    NOT_STARTED = "not started"
-
-    @property
-    def final(self):
-        """A finished, diverged or early-stopped run is never redone."""
-        return self in (Status.FINISHED, Status.DIVERGED, Status.STOPPED)
-
-
-def outcome(done):
-    """:class:`Status` finished, diverged or failed: the outcome of a (checked) DONE.json record."""
-    return Status(next(g for g in OUTCOME.match(done["status"]).groups() if g))
+def read_record(path, record, what, what_to_do):
+    """The record (a dataclass of records.py) in ``path``, checked; None when there is no file."""
+    obj = read_json(path, missing_ok=True, what_to_do=what_to_do)
+    if obj is None and not Path(path).exists():
+        return None
+    return record.from_json(obj, path, what, what_to_do)
 
 
 @dataclasses.dataclass(frozen=True)
 class RunRecord:
     """One run as its folder records it (:meth:`RunDir.record`), every file checked."""
     dir: "RunDir"
-    config: dict          # config.json; the fields its run lacks are Run's defaults
-    status: Status
-    state: str            # the status in words: DONE.json's ("diverged at update 40", "failed: WHY"),
-    #                       "running", "interrupted after epoch N" or "not started"
-    done: dict = None     # DONE.json
-    evals: list = ()      # eval/epochN.json, in epoch order
-    average: dict = None  # eval/average.json
-
-    @property
-    def run(self):
-        return self.config["run"]
+    config: dict            # config.json; the fields its run lacks are Run's defaults
+    run: Run                # config.json's run
+    outcome: Outcome
+    outcome_text: str       # the outcome in words: DONE.json's (DoneRecord.text: "diverged at update 40",
+    #                         "failed: WHY"), "running", "interrupted after epoch N" or "not started"
+    done: DoneRecord = None
+    evals: tuple = ()       # EpochRecord of each eval/epochN.json, in epoch order
+    average: AverageRecord = None
 
     @property
     def name(self):
-        return self.run["name"]
+        return self.run.name
 
     @property
     def seed(self):
@@ -236,28 +160,28 @@ class RunRecord:
 
     def last(self, key):
         """``key`` of the latest epoch record where it is not null, or None."""
-        found = [e[key] for e in self.evals if e.get(key) is not None]
+        found = [getattr(e, key) for e in self.evals if getattr(e, key) is not None]
         return found[-1] if found else None
 
     @property
     def final_valid_loss(self):
         """DONE.json's final validation loss, else the last epoch's (None: none recorded)."""
-        final = (self.done or {}).get("final_valid_loss")
+        final = self.done.final_valid_loss if self.done else None
         return self.last("valid_loss") if final is None else final
 
     @property
     def scored(self):
         """The epoch records with a test BLEU, in epoch order."""
-        return [e for e in self.evals if e.get("bleu_tok") is not None]
+        return [e for e in self.evals if e.bleu_tok is not None]
 
     @property
     def best(self):
         """The epoch record of the best test BLEU (the earliest of equals), None when none was scored."""
-        return max(self.scored, key=lambda e: (e["bleu_tok"], -e["epoch"]), default=None)
+        return max(self.scored, key=lambda e: (e.bleu_tok, -e.epoch), default=None)
 
     @property
     def best_valid_loss(self):
-        losses = [e["valid_loss"] for e in self.evals if e.get("valid_loss") is not None]
+        losses = [e.valid_loss for e in self.evals if e.valid_loss is not None]
         return min(losses) if losses else None
 
 
@@ -267,7 +191,7 @@ def read_tasks(path):
     for i, line in enumerate(read_lines(path), 1):
         parts = line.split("\t")
         if len(parts) != 3 or not parts[0] or not parts[1].isdigit():
-            raise StateError(f"{path}, line {i}: {_short(line)} is not RUN<tab>SEED<tab>FAIRSEQ-ARGS as grid.sh "
+            raise StateError(f"{path}, line {i}: {short(line)} is not RUN<tab>SEED<tab>FAIRSEQ-ARGS as grid.sh "
                              f"slurm writes it: delete the file, or submit the grid again to rewrite it")
         tasks.append((parts[0], int(parts[1]), parts[2]))
     return tasks
@@ -349,36 +273,29 @@ class RunDir:
             raise StateError(f"{self.config_path} is missing: {self.path} is not a run folder of the grid; move it away")
         evals, done = self.evals(), self.done()
         if done is not None:
-            status, state = outcome(done), done["status"]
+            outcome, text = done.outcome, done.text
         elif self.locked():
-            status, state = Status.UNFINISHED, "running"
+            outcome, text = Outcome.UNFINISHED, "running"
         elif evals:
-            status, state = Status.UNFINISHED, f"interrupted after epoch {evals[-1]['epoch']}"
+            outcome, text = Outcome.UNFINISHED, f"interrupted after epoch {evals[-1].epoch}"
         else:
-            status, state = Status.NOT_STARTED, "not started"
-        return RunRecord(self, cfg, status, state, done, evals, self.average())
+            outcome, text = Outcome.NOT_STARTED, "not started"
+        return RunRecord(self, cfg, Run.from_dict(cfg["run"]), outcome, text, done, tuple(evals), self.average())
 
     # markers ------------------------------------------------------------------
     def done(self):
-        """The outcome record (checked, :data:`SHAPES` and :data:`OUTCOME`), None when there is none."""
+        """The outcome record (:class:`~.records.DoneRecord`, checked), None when there is none."""
         what_to_do = f"delete it and run the grid again to rewrite it (or {self._redo()})"
-        done = read_checked(self.done_path, "DONE.json", "an outcome record", what_to_do)
-        if done is not None and not OUTCOME.match(done["status"]):
-            raise _shape_error(self.done_path, "an outcome record", f"status {_short(done['status'])} is none of "
-                               f"'finished', 'diverged at update N', 'stopped early at update N: WHY', 'failed: WHY'", what_to_do)
-        return done
+        return read_record(self.done_path, DoneRecord, "an outcome record", what_to_do)
 
     def outcome(self):
-        """:class:`Status` finished, diverged or failed (:func:`outcome`), or None when the run has no outcome yet."""
+        """The :class:`~.records.Outcome` DONE.json records, or None when the run has no outcome yet."""
         done = self.done()
-        return None if done is None else outcome(done)
+        return None if done is None else done.outcome
 
     def write_done(self, record):
-        write_json(self.done_path, record)
-
-    def write_failed(self, reason):
-        """Record that the run failed (a re-run retries it)."""
-        write_json(self.done_path, {"status": f"failed: {reason}"})
+        """Write DONE.json (a :class:`~.records.DoneRecord`)."""
+        write_json(self.done_path, record.to_json())
 
     @property
     def trained(self):
@@ -406,16 +323,17 @@ class RunDir:
     def has_eval(self, epoch):
         return self.eval_path(epoch).exists()
 
-    def write_eval(self, epoch, record):
-        write_json(self.eval_path(epoch), record)
+    def write_eval(self, record):
+        """Write eval/epochN.json (an :class:`~.records.EpochRecord`)."""
+        write_json(self.eval_path(record.epoch), record.to_json())
 
     def eval(self, epoch):
         """eval/epochN.json of ``epoch`` (checked, :data:`SHAPES`), None when there is none."""
         path = self.eval_path(epoch)
         what_to_do = f"delete it and run the grid again to re-score epoch {epoch}"
-        rec = read_checked(path, "epochN.json", "an epoch's record", what_to_do)
-        if rec is not None and rec["epoch"] != epoch:
-            raise _shape_error(path, "an epoch's record", f"it is of epoch {rec['epoch']}", what_to_do)
+        rec = read_record(path, EpochRecord, "an epoch's record", what_to_do)
+        if rec is not None and rec.epoch != epoch:
+            raise shape_error(path, "an epoch's record", f"it is of epoch {rec.epoch}", what_to_do)
         return rec
 
     def evals(self):
@@ -437,11 +355,12 @@ class RunDir:
     def average(self):
         """eval/average.json (checked, :data:`SHAPES`): the epochs averaged, N and the scores; None when
         it is not scored yet."""
-        return read_checked(self.eval_dir / "average.json", "average.json", "an average's record",
+        return read_record(self.eval_dir / "average.json", AverageRecord, "an average's record",
                             "delete it (the table then shows no average for that run)")
 
     def write_average(self, record):
-        write_json(self.eval_dir / "average.json", record)
+        """Write eval/average.json (an :class:`~.records.AverageRecord`)."""
+        write_json(self.eval_dir / "average.json", record.to_json())
 
     # lock ---------------------------------------------------------------------
     def lock(self, wait=60):

@@ -155,6 +155,16 @@ class Run:
         d["extra"] = list(self.extra)
         return {k: v for k, v in d.items() if k not in LATER_FIELDS or v != LATER_FIELDS[k]}
 
+    @classmethod
+    def from_dict(cls, d):
+        """The Run that :meth:`as_dict` recorded as ``d``: a field it lacks (added later) has its
+        default, a field this version does not know is not read."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in d.items() if k in known}
+        if "extra" in values:
+            values["extra"] = tuple(values["extra"])
+        return cls(**values)
+
 
 # fields added to Run after run folders were first written, with the value older runs had
 LATER_FIELDS = {"decode_fp16": False, "compound_split_bleu": False}

@@ -9,6 +9,7 @@ last epoch scored, in its own folder still; a run that cannot get there is faile
 why; a re-run retries it). CPU threads are shared out among everything that runs at once: the slots
 and the evaluators.
 """
+import enum
 import os
 import shlex
 import shutil
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..common import fmt_time, open_log
@@ -25,9 +27,10 @@ from ..launch import child_env
 from . import reap
 from .commands import total_updates
 from .early_stop import DEFAULT_RULE
+from .commands import Job
 from .evaluator import Evaluator, Stopped
 from ..fairseq_log import LogState, LogTail, number
-from .rundir import outcome
+from .records import AverageRecord, DoneRecord, EpochRecord, Outcome, Scores, ScoreRequest
 
 # children get SIGTERM when the thread that started them dies, also when the grid is SIGKILLed
 PDEATHSIG = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
@@ -35,6 +38,45 @@ PDEATHSIG = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") 
 
 class RunFailed(Exception):
     pass
+
+
+class Phase(enum.Enum):
+    """Where the grid is with a job: its lifecycle (how a run ended is its :class:`~.records.Outcome`)."""
+    PENDING = "pending"   # not started yet
+    RUNNING = "running"   # training, or its scoring still going on
+    DONE = "done"         # its outcome recorded (or failed where it could not be)
+    SKIPPED = "skipped"   # its folder recorded a final outcome before: not redone
+
+
+@dataclass(eq=False)
+class Progress:
+    """How far the grid got with one job (:class:`~.commands.Job`, the plan): written by the run's
+    worker and the evaluator's callbacks, read by the progress line."""
+    job: Job
+    phase: Phase = Phase.PENDING
+    epoch: int = 0
+    updates: int = 0
+    loss: str = ""
+    pace: tuple = None                      # (seconds, updates) fairseq-train ran in this grid, for the ETA
+    # while the scheduler works on it
+    manifest: dict = None
+    log_state: LogState = None
+    evaluator: Evaluator = None
+    pending: set = field(default_factory=set)  # epochs being scored
+    lock_fd: int = None
+    released: bool = True                   # the run folder's lock is not held
+    diverged: int = None                    # the update at which it diverged
+    stopped: tuple = None                   # (update, why): stopped early (early_stop.py)
+    error: str = None                       # why scoring failed
+    done: DoneRecord = None                 # its outcome, once recorded
+
+    @property
+    def label(self):
+        return self.job.label
+
+
+def _or_dash(value):
+    return "-" if value is None else value
 
 
 TERMINAL_WIDTH = 100  # columns of the grid's progress lines on the terminal (progress.log has them in full)
@@ -55,7 +97,7 @@ def terminal_text(status, tail, msg, width=TERMINAL_WIDTH):
 
 class Grid:
     def __init__(self, jobs, opts, slots):
-        self.jobs, self.opts, self.slots = jobs, opts, slots
+        self.progress, self.opts, self.slots = [Progress(j) for j in jobs], opts, slots
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.procs = set()
@@ -96,18 +138,19 @@ class Grid:
     # progress -----------------------------------------------------------------
     def say(self, msg=None):
         with self.lock:
-            n = len(self.jobs)
-            done = sum(j.state in ("done", "skipped") for j in self.jobs)
+            n = len(self.progress)
+            done = sum(p.phase in (Phase.DONE, Phase.SKIPPED) for p in self.progress)
             parts = [f"[grid {fmt_time(time.time() - self.t0)}] {done}/{n} runs done"]
             brief = list(parts)  # the terminal's version (terminal_text)
-            for j in self.jobs:
-                if j.state == "running":
-                    budget = f"update {j.updates}/{j.run.max_update}" if j.run.max_update else \
-                        f"epoch {j.epoch}/{j.run.max_epoch}, update {j.updates}"
-                    parts.append(f"run {j.index}/{n} {j.label}: {budget}" + (f", loss {j.loss}" if j.loss else ""))
-                    brief.append(f"#{j.index} " + (f"upd {j.updates}/{j.run.max_update}" if j.run.max_update else
-                                                   f"ep {j.epoch}/{j.run.max_epoch} upd {j.updates}")
-                                 + (f" loss {j.loss}" if j.loss else ""))
+            for p in self.progress:
+                if p.phase is Phase.RUNNING:
+                    run = p.job.run
+                    budget = f"update {p.updates}/{run.max_update}" if run.max_update else \
+                        f"epoch {p.epoch}/{run.max_epoch}, update {p.updates}"
+                    parts.append(f"run {p.job.index}/{n} {p.label}: {budget}" + (f", loss {p.loss}" if p.loss else ""))
+                    brief.append(f"#{p.job.index} " + (f"upd {p.updates}/{run.max_update}" if run.max_update else
+                                                       f"ep {p.epoch}/{run.max_epoch} upd {p.updates}")
+                                 + (f" loss {p.loss}" if p.loss else ""))
             queued = sum(e.pending for e in self.evaluators.values())
             tail = ([f"eval queue {queued}"] if queued else []) + [f"ETA {self.eta()}"]
             line = " | ".join(parts + tail) + (f" | {msg}" if msg else "")
@@ -119,61 +162,63 @@ class Grid:
         """Time left from the training pace seen so far (seconds per update over every launch of
         fairseq-train, its start included), the updates left and the slots; "?" until a run has
         made updates (and, for budgets in epochs, finished an epoch)."""
-        paces = [j.pace for j in self.jobs if j.pace and j.pace[1] > 0]
+        paces = [p.pace for p in self.progress if p.pace and p.pace[1] > 0]
         if not paces:
             return "?"
         per_update = sum(t for t, _ in paces) / sum(u for _, u in paces)
-        seen = [(j.updates, j.epoch) for j in self.jobs if j.epoch]
+        seen = [(p.updates, p.epoch) for p in self.progress if p.epoch]
         per_epoch = sum(u for u, _ in seen) / sum(e for _, e in seen) if seen else None  # updates in an epoch
         left = 0.0
-        for j in self.jobs:
-            if j.state in ("pending", "running"):
-                if j.run.max_update:
-                    left += max(j.run.max_update - j.updates, 0)
+        for p in self.progress:
+            if p.phase in (Phase.PENDING, Phase.RUNNING):
+                run = p.job.run
+                if run.max_update:
+                    left += max(run.max_update - p.updates, 0)
                 elif per_epoch is None:
                     return "?"
                 else:
-                    left += max(j.run.max_epoch * per_epoch - j.updates, 0)
+                    left += max(run.max_epoch * per_epoch - p.updates, 0)
         return fmt_time(per_update * left / len(self.slots))
 
     # one run ------------------------------------------------------------------
-    def execute(self, job, slot):
-        rd = job.dir
+    def execute(self, p, slot):
+        job, rd = p.job, p.job.dir
         done = rd.done()
-        if done is not None and outcome(done).final:
-            job.state = "skipped"
-            self.say(f"{job.label}: already {done['status']}, not redone")
+        if done is not None and done.outcome.final:
+            p.phase = Phase.SKIPPED
+            self.say(f"{job.label}: already {done.text}, not redone")
             return
-        job.lock_fd, job.released = rd.lock(), False
+        p.lock_fd, p.released = rd.lock(), False
         try:
             if done is not None:  # it failed: retried
-                self.say(f"{job.label}: retried (it {done['status']})")
+                self.say(f"{job.label}: retried (it {done.text})")
                 rd.done_path.unlink(missing_ok=True)
             rd.claim(job.config(), job.config_hash())
             rd.evals()  # a damaged record is an error now, not a silently re-scored epoch later
-            job.state = "running"
-            job.manifest = read_manifest(job.data)
+            p.phase = Phase.RUNNING
+            p.manifest = read_manifest(job.data)
             rule = DEFAULT_RULE if self.opts.early_stop and job.run.max_update else None
-            job.log_state = LogState(patience=self.opts.patience, stop_rule=rule, budget=job.run.max_update)
-            job.evaluator = self.evaluators[slot]
-            self._train(job, slot)
+            p.log_state = LogState(patience=self.opts.patience, stop_rule=rule, budget=job.run.max_update)
+            p.evaluator = self.evaluators[slot]
+            self._train(p, slot)
         except RunFailed as e:
-            self._fail(job, e)  # recorded while the run's lock is held
-            self._release(job)
+            self._fail(p, e)  # recorded while the run's lock is held
+            self._release(p)
             return
         except BaseException:
-            self._release(job)
+            self._release(p)
             raise
-        self._after_training(job)
+        self._after_training(p)
 
-    def _train(self, job, slot):
-        rd, state = job.dir, job.log_state
+    def _train(self, p, slot):
+        job = p.job
+        rd, state = job.dir, p.log_state
         tail = LogTail(rd.log_path, state)
         tail.poll()  # the history of earlier launches
-        job.epoch, job.updates = max(state.saved, default=0), state.updates
+        p.epoch, p.updates = max(state.saved, default=0), state.updates
         for ep in sorted(state.saved):  # saved in an earlier launch, not scored before an interruption
             if not rd.has_eval(ep):
-                self._epoch_saved(job, ep)
+                self._epoch_saved(p, ep)
         if rd.trained:
             return
         total = total_updates(job) if job.run.schedule == "linear" else 0
@@ -183,15 +228,15 @@ class Grid:
             log.flush()
             proc = self.popen(cmd, self.env(slot), stdout=log, stderr=subprocess.STDOUT)
         self.say(f"{job.label}: training ({'resumed' if state.saved else 'new'}), log {rd.log_path}")
-        t_launch, updates_before, paced = time.time(), state.updates, job.pace or (0.0, 0)
+        t_launch, updates_before, paced = time.time(), state.updates, p.pace or (0.0, 0)
         try:
             while True:
                 ended = reap.poll(proc) is not None
                 for ep in tail.poll():
-                    job.epoch = ep
-                    self._epoch_saved(job, ep)
-                job.updates, job.loss = state.updates, state.loss
-                job.pace = (paced[0] + time.time() - t_launch, paced[1] + state.updates - updates_before)
+                    p.epoch = ep
+                    self._epoch_saved(p, ep)
+                p.updates, p.loss = state.updates, state.loss
+                p.pace = (paced[0] + time.time() - t_launch, paced[1] + state.updates - updates_before)
                 if (state.diverged_at is not None or state.stopped is not None) and not ended:
                     os.killpg(proc.pid, signal.SIGTERM)
                     reap.wait(proc)
@@ -200,7 +245,7 @@ class Grid:
                     with open_log(rd.log_path) as log:
                         log.write(f"\n# fairseq-train ran {time.time() - t_launch:.1f} s{reap.peak_text(proc)}\n")
                     for ep in tail.poll():  # saved just before a diverged run was stopped
-                        self._epoch_saved(job, ep)
+                        self._epoch_saved(p, ep)
                     break
                 if self.stop.is_set():
                     raise Stopped()
@@ -214,11 +259,11 @@ class Grid:
         if self.stop.is_set():
             raise Stopped()
         if state.diverged_at is not None:
-            job.diverged = state.diverged_at
+            p.diverged = state.diverged_at
         elif state.stopped is not None:
-            job.stopped = state.stopped
+            p.stopped = state.stopped
         elif proc.returncode != 0 and state.fatal_fp:
-            job.diverged = state.updates + 1  # fairseq raised before counting the failing update
+            p.diverged = state.updates + 1  # fairseq raised before counting the failing update
         elif proc.returncode != 0:
             raise RunFailed(f"fairseq-train exited {proc.returncode}; see {rd.log_path}")
         elif (max(state.saved, default=0) < job.run.max_epoch and not job.run.max_update
@@ -228,177 +273,184 @@ class Grid:
         else:
             rd.mark_trained()
 
-    def _epoch_saved(self, job, epoch):
+    def _epoch_saved(self, p, epoch):
         """Record fairseq's statistics of ``epoch``; queue its scoring (or not, with --eval-every)."""
-        rd, st = job.dir, job.log_state
+        rd, st = p.job.dir, p.log_state
         v, tr = st.valid.get(epoch, {}), st.train.get(epoch, {})
-        record = {"epoch": epoch, "num_updates": st.saved.get(epoch), "valid_loss": number(v.get("valid_loss")),
-                  "valid_nll_loss": number(v.get("valid_nll_loss")), "train_loss": number(tr.get("train_loss")),
-                  "lr": number(tr.get("train_lr")), "bleu_tok": None}
+        record = EpochRecord(epoch=epoch, num_updates=st.saved.get(epoch), valid_loss=number(v.get("valid_loss")),
+                             valid_nll_loss=number(v.get("valid_nll_loss")), train_loss=number(tr.get("train_loss")),
+                             lr=number(tr.get("train_lr")))
         if not rd.checkpoint(epoch).exists():
             raise RunFailed(f"{rd.checkpoint(epoch)} is missing, so epoch {epoch} cannot be scored; "
                             f"delete {rd.path} to redo the run")
-        if not job.scored(epoch):
-            rd.write_eval(epoch, record)  # unscored; its checkpoint stays until the next epoch is saved
-            self._drop_checkpoints(job, below=epoch)
+        if not p.job.scored(epoch):
+            rd.write_eval(record)  # unscored; its checkpoint stays until the next epoch is saved
+            self._drop_checkpoints(p, below=epoch)
             return
-        self._score(job, epoch, record)
+        self._score(p, record)
 
-    def _score(self, job, epoch, record):
+    def _score(self, p, record):
+        job, epoch = p.job, record.epoch
         rd = job.dir
         t = time.time()
 
-        def scored(result):
-            rd.write_eval(epoch, {**record, **result})
-            self._drop_checkpoints(job, below=epoch + 1)
-            self.say(f"{job.label}: epoch {epoch} tok BLEU {result['bleu_tok']}, sacreBLEU "
-                     f"{result.get('sacrebleu', '-')}, valid loss {record['valid_loss']} "
+        def scored(scores):
+            rd.write_eval(record.scored_as(scores))
+            self._drop_checkpoints(p, below=epoch + 1)
+            self.say(f"{job.label}: epoch {epoch} tok BLEU {scores.bleu_tok}, sacreBLEU "
+                     f"{_or_dash(scores.sacrebleu)}, valid loss {record.valid_loss} "
                      f"({time.time() - t:.0f} s after it was saved)")
 
-        self._submit(job, epoch, {"argv": job.generate_argv(epoch, job.manifest)[1:], "hyp_out": str(rd.hyp_path(epoch)),
-                                  "checkpoint": str(rd.checkpoint(epoch))}, scored)
+        self._submit(p, epoch, self._request(p, job.generate_argv(epoch, p.manifest), rd.hyp_path(epoch),
+                                             rd.checkpoint(epoch)), scored)
 
-    def _submit(self, job, key, request, scored):
-        """Queue ``request`` with the job's evaluator under ``key`` (in ``job.pending`` until answered);
-        ``scored(result)`` records a result, an evaluator's failure becomes ``job.error``."""
+    @staticmethod
+    def _request(p, generate_argv, hyp_out, checkpoint, average=()):
+        job = p.job
+        return ScoreRequest(argv=tuple(generate_argv[1:]), data=str(job.data), hyp_out=str(hyp_out),
+                            checkpoint=str(checkpoint), compound_split=job.run.compound_split_bleu,
+                            average=tuple(str(path) for path in average))
+
+    def _submit(self, p, key, request, scored):
+        """Queue ``request`` (:class:`~.records.ScoreRequest`) with the job's evaluator under ``key``
+        (in ``p.pending`` until answered); ``scored(scores)`` records the :class:`~.records.Scores`,
+        an evaluator's failure becomes ``p.error``."""
         with self.lock:
-            job.pending.add(key)
+            p.pending.add(key)
 
         def answered(result, error):
             if error is None:
-                scored(result)
+                scored(Scores.from_json(result, "the evaluator's answer", "scores", "see the evaluator's log"))
             elif not isinstance(error, Stopped):  # the grid is stopping: it is scored on resume
-                job.error = str(error)
+                p.error = str(error)
             with self.lock:
-                job.pending.discard(key)
+                p.pending.discard(key)
                 self.finished.notify_all()
 
-        job.evaluator.submit({**request, "data": str(job.data), "compound_split": job.run.compound_split_bleu},
-                             answered)
+        p.evaluator.submit(request, answered)
 
-    def _average_due(self, job):
+    def _average_due(self, p):
         """Is the average of the run's last --average-last epoch checkpoints still to be scored?"""
-        return job.run.average_last > 0 and not self.opts.no_bleu and job.diverged is None \
-            and job.stopped is None and job.dir.average() is None
+        return p.job.run.average_last > 0 and not self.opts.no_bleu and p.diverged is None \
+            and p.stopped is None and p.job.dir.average() is None
 
-    def _score_average(self, job):
+    def _score_average(self, p):
         """Queue the scoring of the parameter average of the last --average-last epoch checkpoints
         (fewer when the run saved fewer); False when there is none to score."""
-        if not self._average_due(job):
+        if not self._average_due(p):
             return False
+        job = p.job
         rd, n = job.dir, job.run.average_last
         last = rd.epoch_checkpoints()[-n:]
         if not last:
             return False
-        epochs, out = [ep for ep, _ in last], rd.average_checkpoint
+        epochs, out = tuple(ep for ep, _ in last), rd.average_checkpoint
 
-        def scored(result):
-            rd.write_average({"epochs": epochs, "average_last": n, **result})
+        def scored(scores):
+            rd.write_average(AverageRecord(epochs=epochs, average_last=n, **scores.scores()))
             if not self.opts.keep_checkpoints:
                 out.unlink(missing_ok=True)
-            self.say(f"{job.label}: average of epochs {epochs[0]}-{epochs[-1]} tok BLEU {result['bleu_tok']}, "
-                     f"sacreBLEU {result.get('sacrebleu', '-')}")
+            self.say(f"{job.label}: average of epochs {epochs[0]}-{epochs[-1]} tok BLEU {scores.bleu_tok}, "
+                     f"sacreBLEU {_or_dash(scores.sacrebleu)}")
 
-        self._submit(job, "average", {"argv": job.generate_argv(None, job.manifest, checkpoint=out)[1:],
-                                      "hyp_out": str(rd.average_hyp_path), "checkpoint": str(out),
-                                      "average": [str(path) for _, path in last]}, scored)
+        self._submit(p, "average", self._request(p, job.generate_argv(None, p.manifest, checkpoint=out),
+                                                 rd.average_hyp_path, out, average=[path for _, path in last]), scored)
         return True
 
-    def _drop_checkpoints(self, job, below):
+    def _drop_checkpoints(self, p, below):
         """Delete checkpointN.pt (N < below) whose epoch is recorded, unless --keep-checkpoints; the
         newest --average-last of them stay until their average is scored."""
         if self.opts.keep_checkpoints:
             return
-        rd = job.dir
+        rd = p.job.dir
         found = rd.epoch_checkpoints()
-        keep = {ep for ep, _ in found[-job.run.average_last:]} if self._average_due(job) else set()
+        keep = {ep for ep, _ in found[-p.job.run.average_last:]} if self._average_due(p) else set()
         for ep, path in found:
             if ep < below and rd.has_eval(ep) and ep not in keep:
                 path.unlink()
 
-    def _after_training(self, job):
+    def _after_training(self, p):
         """The slot is free; the run is finished once its scoring is (in the evaluator's thread)."""
-        rd = job.dir
-        last = max(job.log_state.saved, default=0)
+        rd = p.job.dir
+        last = max(p.log_state.saved, default=0)
         rec = rd.eval(last) if last else None  # None: being scored
-        if rec is not None and rec.get("bleu_tok") is None and not self.opts.no_bleu \
-                and rd.checkpoint(last).exists():
-            self._score(job, last, rec)  # the last epoch is always scored
-        threading.Thread(target=self._finish, args=(job,), daemon=True).start()
+        if rec is not None and rec.bleu_tok is None and not self.opts.no_bleu and rd.checkpoint(last).exists():
+            self._score(p, rec)  # the last epoch is always scored
+        threading.Thread(target=self._finish, args=(p,), daemon=True).start()
 
-    def _wait_for_scoring(self, job):
-        """Wait until ``job``'s queued scoring is done; False when the grid stops meanwhile."""
+    def _wait_for_scoring(self, p):
+        """Wait until ``p``'s queued scoring is done; False when the grid stops meanwhile."""
         with self.lock:
-            while job.pending and not self.stop.is_set():
+            while p.pending and not self.stop.is_set():
                 self.finished.wait()
         if self.stop.is_set():
             return False
-        if job.error:
-            raise RunFailed(job.error)
+        if p.error:
+            raise RunFailed(p.error)
         return True
 
-    def _finish(self, job):
+    def _finish(self, p):
         try:
-            if not self._wait_for_scoring(job):
+            if not self._wait_for_scoring(p):
                 return
-            self._check_complete(job)
-            if self._score_average(job) and not self._wait_for_scoring(job):
+            self._check_complete(p)
+            if self._score_average(p) and not self._wait_for_scoring(p):
                 return
-            self._drop_checkpoints(job, below=float("inf"))
-            st, rd = job.log_state, job.dir
-            diverged, stopped = job.diverged, job.stopped
-            status = (f"diverged at update {diverged}" if diverged else
-                      f"stopped early at update {stopped[0]}: {stopped[1]}" if stopped else "finished")
-            rd.write_done({"status": status, "diverged_at": diverged, "stopped_at": stopped and stopped[0],
-                           "epochs": sorted(st.saved),
-                           "initial_loss": st.first_loss, "updates": st.updates,
-                           "train_seconds": round(st.train_seconds, 1),
-                           "train_cpu_seconds": st.cpu_seconds and round(st.cpu_seconds, 1),
-                           "final_valid_loss": st.final_valid_loss,
-                           "peak_rss_mb": st.peak_rss_mb, "cuda_peak_mb": st.cuda_peak_mb})
-            job.state, job.status = "done", status
-            self.say(f"{job.label}: {status}")
+            self._drop_checkpoints(p, below=float("inf"))
+            st, rd = p.log_state, p.job.dir
+            diverged, stopped = p.diverged, p.stopped
+            outcome = Outcome.DIVERGED if diverged else Outcome.STOPPED if stopped else Outcome.FINISHED
+            done = DoneRecord(outcome=outcome, reason=stopped and stopped[1], diverged_at=diverged,
+                              stopped_at=stopped and stopped[0], epochs=tuple(sorted(st.saved)),
+                              initial_loss=st.first_loss, updates=st.updates,
+                              train_seconds=round(st.train_seconds, 1),
+                              train_cpu_seconds=st.cpu_seconds and round(st.cpu_seconds, 1),
+                              final_valid_loss=st.final_valid_loss,
+                              peak_rss_mb=st.peak_rss_mb, cuda_peak_mb=st.cuda_peak_mb)
+            rd.write_done(done)
+            p.phase, p.done = Phase.DONE, done
+            self.say(f"{p.label}: {done.text}")
         except (RunFailed, LnposError) as e:
-            self._fail(job, e)
+            self._fail(p, e)
         finally:
-            self._release(job)
+            self._release(p)
 
-    def _check_complete(self, job):
+    def _check_complete(self, p):
         """The run is over only when its folder is still its own and every saved epoch is recorded:
         scored, or left unscored on purpose (--eval-every, --no-bleu), and the last one scored."""
-        rd = job.dir
-        rd.check_intact(job.config_hash())
-        records = {e: rd.eval(e) for e in sorted(job.log_state.saved)}
+        rd = p.job.dir
+        rd.check_intact(p.job.config_hash())
+        records = {e: rd.eval(e) for e in sorted(p.log_state.saved)}
         lost = [e for e, rec in records.items() if rec is None]
         if lost:
             raise RunFailed(f"epoch {', '.join(map(str, lost))} saved but never scored; re-run to score it")
         saved = list(records)
-        if saved and not self.opts.no_bleu and records[saved[-1]].get("bleu_tok") is None:
+        if saved and not self.opts.no_bleu and records[saved[-1]].bleu_tok is None:
             raise RunFailed(f"its last epoch ({saved[-1]}) was not scored; re-run to score it")
 
-    def _release(self, job):
-        if job.lock_fd is not None:
-            os.close(job.lock_fd)
-            job.lock_fd = None
+    def _release(self, p):
+        if p.lock_fd is not None:
+            os.close(p.lock_fd)
+            p.lock_fd = None
         with self.lock:
-            job.released = True
+            p.released = True
             self.finished.notify_all()
 
-    def _fail(self, job, error):
+    def _fail(self, p, error):
         """Say why the run failed; while this grid holds the run, record it (DONE.json), so that
         the table and ``grid.sh status`` show it and a re-run retries it."""
-        job.state, job.status = "done", f"failed: {error}"
+        p.phase, p.done = Phase.DONE, DoneRecord.failed(" ".join(str(error).split()))
         self.failed = True
-        if job.lock_fd is not None:
+        if p.lock_fd is not None:
             try:
-                job.dir.write_failed(" ".join(str(error).split()))
+                p.job.dir.write_done(p.done)
             except OSError:  # the run folder is gone: nothing to record it in
                 pass
-        self.say(f"{job.label}: FAILED: {error} (re-run to retry)")
+        self.say(f"{p.label}: FAILED: {error} (re-run to retry)")
 
     # the whole grid -----------------------------------------------------------
     def run(self):
-        queue, errors = list(self.jobs), []
+        queue, errors = list(self.progress), []
         qlock = threading.Lock()
 
         def worker(slot):
@@ -406,19 +458,19 @@ class Grid:
                 with qlock:
                     if not queue:
                         return
-                    job = queue.pop(0)
+                    p = queue.pop(0)
                 try:
-                    self.execute(job, slot)
+                    self.execute(p, slot)
                 except Stopped:
                     return
                 except (RunFailed, StateError) as e:  # this run cannot go on; the others can
-                    self._fail(job, e)
+                    self._fail(p, e)
                 except LnposError as e:  # unusable input or state: stop the grid, say why
                     errors.append(str(e))
                     self.kill_all()
                     return
                 except Exception as e:  # a bug or an unexpected fairseq output: record it, go on
-                    self._fail(job, f"{type(e).__name__}: {e}")
+                    self._fail(p, f"{type(e).__name__}: {e}")
 
         threads = [threading.Thread(target=worker, args=(s,), daemon=True) for s in self.slots]
         for t in threads:
@@ -427,7 +479,7 @@ class Grid:
             while t.is_alive():
                 t.join(0.5)
         with self.lock:  # every started run released (finished, failed or stopped)
-            while not self.stop.is_set() and not all(j.released for j in self.jobs):
+            while not self.stop.is_set() and not all(p.released for p in self.progress):
                 self.finished.wait(0.5)
         for e in self.evaluators.values():
             if self.stop.is_set():

@@ -150,7 +150,7 @@ def plan(opts):
     for j in jobs:
         batch_plan(j.run, opts.world)
         fargs = task_fairseq_args(opts, j.run, j.seed)
-        j.opts = replace(opts, fairseq_args=fargs)
+        j = replace(j, opts=replace(opts, fairseq_args=fargs))
         j.dir.check_config(j.config_hash())
         tasks.append((j.run.name, j.seed, fargs))
     listing = tasks_text(tasks)
@@ -236,12 +236,12 @@ def status_lines(out_dir):
     for name, seed, grid_id in queued:
         if (name, seed) not in seen:
             seen.add((name, seed))
-            rows.append({"run": name, "seed": seed, "status": f"queued ({grid_id})", "kind": "queued", "epochs": 0})
+            rows.append({"run": name, "seed": seed, "status": f"queued ({grid_id})", "outcome": "queued", "epochs": 0})
     lines, counts = [], {}
     width = max(len(f"{r['run']} seed{r['seed']}") for r in rows)
     for r in rows:
         status = "unreadable" if r.get("unreadable") else r["status"]
-        counts[r["kind"]] = counts.get(r["kind"], 0) + 1
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
         epochs = f"{r['epochs']}/{r['max_epoch']}" if r.get("max_epoch") else str(r["epochs"])
         best = (f"best BLEU {r['best_bleu_tok']:.2f} (epoch {r['best_epoch']})"
                 if r.get("best_bleu_tok") is not None else "best BLEU -")

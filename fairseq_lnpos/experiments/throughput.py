@@ -49,8 +49,8 @@ def grid_words(out):
 def scoring_seconds(out):
     """(checkpoints scored, seconds the evaluator spent on them) over every run under ``out``; an
     epoch left unscored by ``--eval-every`` has a record without ``eval_seconds``."""
-    records = [e for rd in trained_runs(out) for e in rd.record().evals if number(e.get("eval_seconds")) is not None]
-    return len(records), sum(number(rec["eval_seconds"]) for rec in records)
+    records = [e for rd in trained_runs(out) for e in rd.record().evals if number(e.eval_seconds) is not None]
+    return len(records), sum(number(rec.eval_seconds) for rec in records)
 
 
 def _seconds(text):
