@@ -208,6 +208,7 @@ MEASURED = {"real-postln-nowu": {1: [2.29, 2.41]},
 def record_grid(root, bleu):
     """The demo's grid folder as the grid records it: config, per-epoch evals, DONE.json."""
     from fairseq_lnpos.experiments.commands import Job
+    from fairseq_lnpos.experiments.records import DoneRecord, EpochRecord, Outcome
     from fairseq_lnpos.experiments.rundir import RunDir
 
     opts = demo.grid_options(root, root / "data" / "bin", list(REAL_ROWS), "1,2", 1, False)
@@ -219,11 +220,11 @@ def record_grid(root, bleu):
             rd = RunDir(job.run_dir)
             rd.claim(job.config(), job.config_hash())
             for epoch, b in enumerate(curve, 1):
-                rd.write_eval(epoch, {"epoch": epoch, "valid_loss": 9.0 - b / 10, "bleu_tok": b, "sacrebleu": b,
-                                      "sacrebleu_signature": "nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:2.6.0"})
-            rd.write_done({"status": "finished", "epochs": list(range(1, len(curve) + 1)), "updates": 1012,
-                           "initial_loss": 13.86, "final_valid_loss": 9.0 - curve[-1] / 10,
-                           "train_seconds": 400.0, "train_cpu_seconds": 390.0})
+                rd.write_eval(EpochRecord(epoch=epoch, valid_loss=9.0 - b / 10, bleu_tok=b, sacrebleu=b,
+                                          sacrebleu_signature="nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:2.6.0"))
+            rd.write_done(DoneRecord(outcome=Outcome.FINISHED, epochs=tuple(range(1, len(curve) + 1)), updates=1012,
+                                     initial_loss=13.86, final_valid_loss=9.0 - curve[-1] / 10,
+                                     train_seconds=400.0, train_cpu_seconds=390.0))
     return root
 
 

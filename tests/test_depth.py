@@ -20,6 +20,7 @@ from fairseq_lnpos.experiments import sweep as W
 from fairseq_lnpos.experiments.commands import Job
 from fairseq_lnpos.fairseq_log import LogState
 from fairseq_lnpos.experiments.options import RunOptions
+from fairseq_lnpos.experiments.records import DoneRecord, EpochRecord, Outcome
 from fairseq_lnpos.experiments.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,11 +97,11 @@ def depth_map(tmp_path):
         job = Job(run, 1, Path("/data/syn"), out / run.name / "seed1", f"transformer_{run.ln}_tiny", ("de", "en"), opts)
         rd = RunDir(job.run_dir)
         rd.claim(job.config(), job.config_hash())
-        rd.write_eval(1, {"epoch": 1, "num_updates": 200, "valid_loss": final, "bleu_tok": None})
-        status = "finished" if final is not None else "diverged at update 30"
-        rd.write_done({"status": status, "diverged_at": None if final else 30, "epochs": [1], "initial_loss": INITIAL,
-                       "updates": 200, "train_seconds": run.layers * 2.0, "final_valid_loss": final,
-                       "peak_rss_mb": 300.0 + run.layers * (10 if run.lr == 1e-3 else 9), "cuda_peak_mb": None})
+        rd.write_eval(EpochRecord(epoch=1, num_updates=200, valid_loss=final))
+        outcome = Outcome.FINISHED if final is not None else Outcome.DIVERGED
+        rd.write_done(DoneRecord(outcome=outcome, diverged_at=None if final else 30, epochs=(1,), initial_loss=INITIAL,
+                                 updates=200, train_seconds=run.layers * 2.0, final_valid_loss=final,
+                                 peak_rss_mb=300.0 + run.layers * (10 if run.lr == 1e-3 else 9)))
         rd.save_dir.mkdir()
         falls = 6 / run.layers if run.ln == "postln" else 1.0  # Post-LN: first/last = 0.5 x 6 / depth
         (rd.save_dir / "grad_norms.jsonl").write_text(grad_log(run.layers, 0.5, 1.0, scale=falls))

@@ -10,7 +10,8 @@ from fairseq_lnpos.experiments import grid as G
 from fairseq_lnpos.experiments.commands import Job
 from fairseq_lnpos.experiments.early_stop import StopRule, first_stop
 from fairseq_lnpos.fairseq_log import LogState
-from fairseq_lnpos.experiments.rundir import RunDir, Status, outcome
+from fairseq_lnpos.experiments.records import Outcome
+from fairseq_lnpos.experiments.rundir import RunDir
 from test_faults_state import fake_data
 
 RULE = StopRule(after=0.3, ratio=0.7, progress=0.02, window=0.1)
@@ -68,7 +69,9 @@ def test_the_outcome_is_its_own_status_and_final(tmp_path):
     rd.path.mkdir(parents=True)
     done = {"status": "stopped early at update 60: training loss stalled", "stopped_at": 60}
     (rd.path / "DONE.json").write_text(json.dumps(done))
-    assert outcome(rd.done()) is Status.STOPPED and Status.STOPPED.final and rd.done()["stopped_at"] == 60
+    done = rd.done()  # as an earlier version wrote it: the reason in words only
+    assert done.outcome is Outcome.STOPPED and Outcome.STOPPED.final and done.stopped_at == 60
+    assert done.reason == "training loss stalled" and done.text == "stopped early at update 60: training loss stalled"
 
 
 # stands in for fairseq-train: logs a run that stalls at 6.5 bits for every update of its budget
@@ -98,11 +101,12 @@ def test_the_sweep_stops_a_stalled_run_and_records_it(tmp_path, monkeypatch, cap
     done = json.loads((run / "DONE.json").read_text())
     assert code == 0
     if flag:
-        assert done["status"] == "finished" and done["stopped_at"] is None
+        assert done["status"] == done["outcome"] == "finished" and done["stopped_at"] is None and "reason" not in done
     else:
         assert done["status"] == ("stopped early at update 120: training loss stalled at 6.50 bits (0.72 x its first "
                                   "9.00; +0.00 over the last 20 updates) at 60% of the budget")
         assert done["stopped_at"] == 120 and "stopped early at update 120" in capsys.readouterr().out
+        assert done["outcome"] == "stopped early" and done["reason"].startswith("training loss stalled at 6.50 bits")
         assert "# fairseq-train ran" in (run / "train.log").read_text()
         again = G.main(["sweep", "--archs", "postln", "--lr", "1e-3", "--warmup", "1", "--layers", "2", "--seeds", "1",
                         "--max-update", "200", "--data", str(data), "--out", str(out)])

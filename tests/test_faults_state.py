@@ -20,6 +20,7 @@ from fairseq_lnpos.data.manifest import write_manifest
 from fairseq_lnpos.experiments import grid as G
 from fairseq_lnpos.experiments.commands import Job
 from fairseq_lnpos.experiments.evaluator import EvalFailed, Evaluator, Stopped
+from fairseq_lnpos.experiments.records import ScoreRequest
 from fairseq_lnpos.experiments.report import collect, make_table
 from fairseq_lnpos.experiments.rundir import run_dirs
 from fairseq_lnpos.experiments.runs import BY_NAME
@@ -198,7 +199,8 @@ def test_an_evaluator_killed_while_scoring_is_replaced_not_taken_for_the_grid_st
         env = dict(os.environ, FAKE_EVAL_KILL=kill, FAKE_EVAL_FLAGS=str(tmp_path / kill))
         (tmp_path / kill).mkdir()
         ev = Evaluator(env, tmp_path / "evaluator.log", launch, **({"stopping": stopping} if stopping else {}))
-        ev.submit({"checkpoint": "/run/checkpoints/checkpoint1.pt"}, lambda result, error: answers.put((result, error)))
+        ev.submit(ScoreRequest(argv=(), data="", hyp_out="", checkpoint="/run/checkpoints/checkpoint1.pt"),
+                  lambda result, error: answers.put((result, error)))
         answer = answers.get(timeout=120)
         ev.close()
         return answer

@@ -284,6 +284,10 @@ def test_evaluator_processes_share_one_queue(tmp_path):
     import threading
 
     from fairseq_lnpos.experiments.evaluator import EvalFailed, Evaluator
+    from fairseq_lnpos.experiments.records import ScoreRequest
+
+    def request(checkpoint):
+        return ScoreRequest(argv=(), data="", hyp_out="", checkpoint=checkpoint)
 
     started, scoring = [], tmp_path / "scoring"
     scoring.mkdir()
@@ -302,18 +306,18 @@ def test_evaluator_processes_share_one_queue(tmp_path):
         return cb
 
     for name in ("c1", "c2", "c3", "c4"):
-        ev.submit({"checkpoint": name}, callback(name))
+        ev.submit(request(name), callback(name))
     for _ in range(4):
         assert done.acquire(timeout=60), "requests were not scored two at a time"
     assert sorted(answers) == ["c1", "c2", "c3", "c4"]
     assert all(err is None and res["checkpoint"] == name for name, (res, err) in answers.items())
     assert len({res["pid"] for res, _ in answers.values()}) == 2 and len(started) == 2
     assert ev.pending == 0 and len({p.name.split("-")[0] for p in scoring.iterdir()}) == 2
-    ev.submit({"checkpoint": "crash"}, callback("crash"))
+    ev.submit(request("crash"), callback("crash"))
     assert done.acquire(timeout=60)
     assert answers["crash"][0] is None and isinstance(answers["crash"][1], EvalFailed)
     assert "the evaluator exited (3) while scoring crash" in str(answers["crash"][1])
-    ev.submit({"checkpoint": "c5"}, callback("c5"))
+    ev.submit(request("c5"), callback("c5"))
     assert done.acquire(timeout=60) and answers["c5"][1] is None
     ev.close()
     assert all(p.poll() is not None for p in started)
@@ -324,23 +328,24 @@ def test_eta_from_the_training_pace(tmp_path):
     in updates (sweeps, where no epoch may end) and in epochs."""
     from types import SimpleNamespace as NS
 
-    from fairseq_lnpos.experiments.scheduler import Grid
+    from fairseq_lnpos.experiments.scheduler import Grid, Phase
 
-    def job(state, updates=0, epoch=0, pace=None, max_update=None, max_epoch=None):
-        return NS(state=state, updates=updates, epoch=epoch, pace=pace,
-                  run=NS(max_update=max_update, max_epoch=max_epoch))
+    def job(phase, updates=0, epoch=0, pace=None, max_update=None, max_epoch=None):
+        return NS(phase=Phase(phase), updates=updates, epoch=epoch, pace=pace,
+                  job=NS(run=NS(max_update=max_update, max_epoch=max_epoch)))
 
     sweep = [job("done", 200, 0, (100.0, 200), max_update=200), job("running", 50, 0, (20.0, 50), max_update=200),
              job("pending", max_update=200), job("pending", max_update=200)]
-    grid = Grid(sweep, _opts(out=str(tmp_path)), [None, None])
+    grid = Grid([], _opts(out=str(tmp_path)), [None, None])
+    grid.progress = sweep
     # 120 s / 250 updates = 0.48 s an update; 150 + 200 + 200 updates left on 2 slots: 132 s
     assert grid.eta() == fmt_time(132)
     epochs = [job("running", 30, 1, (60.0, 30), max_epoch=3), job("pending", max_epoch=3)]
-    grid.jobs = epochs  # 30 updates an epoch: 60 + 90 updates left at 2 s each on 2 slots: 150 s
+    grid.progress = epochs  # 30 updates an epoch: 60 + 90 updates left at 2 s each on 2 slots: 150 s
     assert grid.eta() == fmt_time(150)
-    grid.jobs = [job("running", 30, 0, (60.0, 30), max_epoch=3)]  # no epoch ended yet: unknown
+    grid.progress = [job("running", 30, 0, (60.0, 30), max_epoch=3)]  # no epoch ended yet: unknown
     assert grid.eta() == "?"
-    grid.jobs = [job("running", 0, 0, (12.0, 0), max_update=200)]  # fairseq still starting: unknown
+    grid.progress = [job("running", 0, 0, (12.0, 0), max_update=200)]  # fairseq still starting: unknown
     assert grid.eta() == "?"
     for e in grid.evaluators.values():
         e.close()
@@ -427,6 +432,7 @@ def test_the_last_n_epoch_checkpoints_stay_until_their_average_is_scored(tmp_pat
     average is recorded; a diverged run has no average and keeps none."""
     from types import SimpleNamespace as NS
 
+    from fairseq_lnpos.experiments.records import AverageRecord, EpochRecord
     from fairseq_lnpos.experiments.rundir import RunDir
     from fairseq_lnpos.experiments.scheduler import Grid
 
@@ -438,23 +444,24 @@ def test_the_last_n_epoch_checkpoints_stay_until_their_average_is_scored(tmp_pat
     def saved(*epochs):
         for e in epochs:
             rd.checkpoint(e).write_bytes(b"")
-            rd.write_eval(e, {"epoch": e})
+            rd.write_eval(EpochRecord(epoch=e))
 
     left = lambda: [e for e, _ in rd.epoch_checkpoints()]  # noqa: E731
-    job = NS(dir=rd, run=NS(average_last=2), diverged=None, stopped=None)
+    job = NS(job=NS(dir=rd, run=NS(average_last=2)), diverged=None, stopped=None)
     saved(1, 2, 3)
     grid._drop_checkpoints(job, below=4)
     assert left() == [2, 3]
     saved(4)
     grid._drop_checkpoints(job, below=5)
     assert left() == [3, 4]
-    rd.write_average({"epochs": [3, 4], "average_last": 2, "bleu_tok": 1.0})
+    rd.write_average(AverageRecord(epochs=(3, 4), average_last=2, bleu_tok=1.0))
     grid._drop_checkpoints(job, below=float("inf"))
     assert left() == []
     for average_last, diverged in ((0, None), (2, 7)):  # no averaging asked / a diverged run
         saved(5, 6)
         (rd.eval_dir / "average.json").unlink(missing_ok=True)
-        grid._drop_checkpoints(NS(dir=rd, run=NS(average_last=average_last), diverged=diverged, stopped=None), below=7)
+        grid._drop_checkpoints(NS(job=NS(dir=rd, run=NS(average_last=average_last)), diverged=diverged, stopped=None),
+                               below=7)
         assert left() == []
     for e in grid.evaluators.values():
         e.close()

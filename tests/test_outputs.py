@@ -69,17 +69,18 @@ def test_progress_lines_fit_the_terminal_and_the_log_has_them_in_full(tmp_path, 
     from types import SimpleNamespace as NS
 
     from fairseq_lnpos.experiments import options
-    from fairseq_lnpos.experiments.scheduler import TERMINAL_WIDTH, Grid
+    from fairseq_lnpos.experiments.scheduler import TERMINAL_WIDTH, Grid, Phase
 
     def job(i, name):
-        return NS(state="running", index=i, label=f"{name} seed 1", updates=150, epoch=2, loss=4.21, pace=None,
-                  run=NS(max_update=0, max_epoch=3))
+        return NS(phase=Phase.RUNNING, label=f"{name} seed 1", updates=150, epoch=2, loss=4.21, pace=None,
+                  job=NS(index=i, run=NS(max_update=0, max_epoch=3)))
 
     jobs = [job(i, f"multi30k-preln_rmsnorm-adam-lr5e-4-nowu-{i}") for i in range(1, 8)]  # 7 on one GPU
-    grid = Grid(jobs, options.RunOptions(out=str(tmp_path)), [None] * 7)
+    grid = Grid([], options.RunOptions(out=str(tmp_path)), [None] * 7)
+    grid.progress = jobs
     msg = f"{jobs[0].label}: training (new), log {tmp_path}/multi30k-preln_rmsnorm-adam-lr5e-4-nowu/seed1/train.log"
     grid.say(msg)
-    grid.jobs = jobs[:2]
+    grid.progress = jobs[:2]
     grid.say()
     for e in grid.evaluators.values():
         e.close()

@@ -106,8 +106,8 @@ def test_parse_generate_and_missing_hypotheses(tmp_path):
     ref.write_text("a well @-@ known man\nsomething\nthe cat sat on the mat .\n", encoding="utf-8")
     manifest = {"refs": {"tok": {"test": str(ref)}}, "target_lang": "en"}
     res = E.score_hyps(hyps, manifest, seen=seen)
-    assert res["no_hypothesis"] == 1 and res["n_sentences"] == 3
-    assert res["bleu_tok"] == round(E.tok_bleu(["a well @-@ known man", "", "the cat sat on the mat ."],
+    assert res.no_hypothesis == 1 and res.n_sentences == 3
+    assert res.bleu_tok == round(E.tok_bleu(["a well @-@ known man", "", "the cat sat on the mat ."],
                                                read(ref)), 2)
     with pytest.raises(ValueError, match="do not match"):
         E.score_hyps(hyps, manifest, seen={0, 1})
@@ -136,13 +136,13 @@ def test_compound_split_bleu_beside_the_plain_one(tmp_path):
     ref.write_text("".join(x + "\n" for x in refs), encoding="utf-8")
     iwslt = {"refs": {"tok": {"test": str(ref)}}, "target_lang": "en", "lowercase": True}
     plain = E.score_hyps(hyps, iwslt)
-    assert "bleu_tok_cs" not in plain
+    assert plain.bleu_tok_cs is None and "bleu_tok_cs" not in plain.to_json()
     both = E.score_hyps(hyps, iwslt, compound_split=True)
-    assert both["bleu_tok"] == plain["bleu_tok"] == round(E.tok_bleu(hyps, refs, lowercase=True), 2)
+    assert both.bleu_tok == plain.bleu_tok == round(E.tok_bleu(hyps, refs, lowercase=True), 2)
     split = [E.compound_split(x) for x in hyps], [E.compound_split(x) for x in refs]
-    assert both["bleu_tok_cs"] == round(E.tok_bleu(*split, lowercase=True), 2) != both["bleu_tok"]
+    assert both.bleu_tok_cs == round(E.tok_bleu(*split, lowercase=True), 2) != both.bleu_tok
     wmt = E.score_hyps(hyps, {**iwslt, "compound_split": True}, compound_split=True)
-    assert wmt["bleu_tok_cs"] == wmt["bleu_tok"] == both["bleu_tok_cs"]
+    assert wmt.bleu_tok_cs == wmt.bleu_tok == both.bleu_tok_cs
 
 
 def test_the_table_labels_the_compound_split_column():

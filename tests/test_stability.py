@@ -10,7 +10,8 @@ import pytest
 
 from fairseq_lnpos.analysis import stability as S
 from fairseq_lnpos.experiments import report
-from fairseq_lnpos.experiments.rundir import RunDir, Status, run_dirs
+from fairseq_lnpos.experiments.records import DoneRecord, Outcome
+from fairseq_lnpos.experiments.rundir import RunDir, run_dirs
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "stability_map.sh"
 
@@ -30,7 +31,7 @@ def write_run(out, variant, lr, warmup, seed, final=None, initial=9.0, status="f
     (d / "eval" / "epoch1.json").write_text(json.dumps({"epoch": 1, "num_updates": 100, "valid_loss": final,
                                                         "train_loss": final, "bleu_tok": bleu}))
     if done and status.startswith("failed: "):
-        RunDir(d).write_failed(status[len("failed: "):])  # as the grid records a failed run: the reason only
+        RunDir(d).write_done(DoneRecord.failed(status[len("failed: "):]))  # as the grid records a failed run
     elif done:
         diverged = status.startswith("diverged")
         (d / "DONE.json").write_text(json.dumps({
@@ -67,7 +68,7 @@ def cell(cells, variant, layers, warmup, lr):
 def test_records(sweep):
     records = S.load_records(sweep)
     assert len(records) == 14
-    status = {(r.variant, r.layers, r.lr, r.warmup, r.seed): r.status for r in records}
+    status = {(r.variant, r.layers, r.lr, r.warmup, r.seed): r.outcome for r in records}
     assert status[("preln", 6, 1e-1, 0, 1)] == "unfinished" and status[("keel", 6, 1e-3, 0, 1)] == "failed"
     assert status[("postln", 12, 1e-2, 0, 1)] == "diverged"
     (r,) = [r for r in records if (r.variant, r.lr, r.warmup, r.seed, r.layers) == ("postln", 1e-3, 0, 2, 6)]
@@ -76,13 +77,14 @@ def test_records(sweep):
 
 def test_the_failed_run_is_the_grids_record_and_the_map_lists_it(sweep):
     failed = sweep / "keel-L6-lr0.001-w0" / "seed1"
-    assert json.loads((failed / "DONE.json").read_text()) == {"status": "failed: fairseq-train exited 1"}
+    assert json.loads((failed / "DONE.json").read_text()) == {"status": "failed: fairseq-train exited 1",
+                                                             "outcome": "failed", "reason": "fairseq-train exited 1"}
     rec = RunDir(failed).record()
-    assert (rec.status, rec.state, rec.done, rec.evals[0]["epoch"]) == (
-        Status.FAILED, "failed: fairseq-train exited 1", {"status": "failed: fairseq-train exited 1"}, 1)
-    assert not rec.status.final  # a re-run retries it
+    assert (rec.outcome, rec.outcome_text, rec.done, rec.evals[0].epoch) == (
+        Outcome.FAILED, "failed: fairseq-train exited 1", DoneRecord.failed("fairseq-train exited 1"), 1)
+    assert not rec.outcome.final  # a re-run retries it
     (r,) = [r for r in S.load_records(sweep) if r.path == str(failed)]
-    assert (r.status, r.initial_loss, r.diverged_at) == ("failed", None, None)
+    assert (r.outcome, r.initial_loss, r.diverged_at) == ("failed", None, None)
 
 
 def test_one_warm_up_rule_in_the_table_and_the_map(tmp_path):
@@ -216,7 +218,7 @@ def test_non_finite_final_loss_counts_as_diverged(tmp_path):
     write_run(tmp_path, "postln", 1e-3, 0, 1, final=4.0)
     write_run(tmp_path, "postln", 1e-2, 0, 1, final=float("nan"), initial=9.5)
     (r,) = [r for r in S.load_records(tmp_path) if r.lr == 1e-2]
-    assert r.status == "diverged"
+    assert r.outcome == "diverged"
     assert S.lr_sensitivity(S.load_records(tmp_path))[("postln", 6, 0)] == pytest.approx((4.0 + 9.5) / 2 - 4.0)
 
 

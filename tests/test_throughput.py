@@ -5,6 +5,7 @@ import json
 import pytest
 
 from fairseq_lnpos.experiments import throughput as TP
+from fairseq_lnpos.experiments.records import EpochRecord
 from fairseq_lnpos.experiments.rundir import RunDir
 from fairseq_lnpos.experiments.runs import BY_NAME
 
@@ -22,7 +23,7 @@ def write_run(out, name, epochs, eval_seconds=()):
     rd = RunDir(run)
     rd.claim({"seed": 1, "arch": "transformer_postln_tiny", "run": BY_NAME["demo-postln-nowu"].as_dict()}, "0" * 16)
     for epoch, seconds in enumerate(eval_seconds, 1):
-        rd.write_eval(epoch, {"epoch": epoch, "eval_seconds": seconds})
+        rd.write_eval(EpochRecord(epoch=epoch, eval_seconds=seconds))
     lines = ["# grid: fairseq-train ...", INNER]
     lines += [EPOCH % (e, wpb, n) for e, (wpb, n) in enumerate(epochs, 1)]
     (run / "train.log").write_text("\n".join(lines + ["# fairseq-train ran 12.0 s", ""]))

@@ -117,7 +117,11 @@ class Record:
     def from_json(cls, obj, path="a record", what="a record", what_to_do="delete it"):
         """The record of ``obj`` (read from ``path``), checked: :class:`StateError` names ``path``,
         what it should be and ``what_to_do``."""
-        check_shape(obj, cls.shape(), path, what, what_to_do)
+        return cls._build(check_shape(obj, cls.shape(), path, what, what_to_do))
+
+    @classmethod
+    def _build(cls, obj):
+        """The record of the fields of (checked) ``obj`` that it knows."""
         return cls(**{f.name: tuple(obj[f.name]) if isinstance(obj[f.name], list) else obj[f.name]
                       for f in dataclasses.fields(cls) if f.name in obj})
 
@@ -250,7 +254,7 @@ class DoneRecord(Record):
             if legacy is None:
                 raise shape_error(path, what, f"status {short(obj['status'])} is none of {STATUS_FORMS}", what_to_do)
             obj = {**legacy, **{k: v for k, v in obj.items() if v is not None}}
-        done = super().from_json({k: v for k, v in obj.items() if k != "status"}, path, what, what_to_do)
+        done = cls._build(obj)
         return dataclasses.replace(done, outcome=Outcome(done.outcome))
 
 
