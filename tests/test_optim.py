@@ -283,3 +283,19 @@ def test_tfixup_forks_adam_is_radam_with_decoupled_weight_decay_not_fairseqs_ada
         if step == 4:  # the SGD-like steps: a different update from Adam's already
             assert gap["adam"] > 1e-3
     assert gap["adam"] > 1e-2 and gap["coupled"] > 1e-6
+
+
+def test_every_schedule_of_the_run_table_has_its_flags_in_one_place():
+    """--set schedule=NAME takes the names of runs.SCHEDULES; commands.SCHEDULE_FLAGS gives each its
+    fairseq flags, and no other schedule."""
+    from dataclasses import replace
+
+    from fairseq_lnpos.experiments import commands, runs
+
+    assert list(commands.SCHEDULE_FLAGS) == list(runs.SCHEDULES)
+    row = runs.BY_NAME["demo-postln-nowu"].with_defaults()
+    for name, (scheduler, _) in commands.SCHEDULE_FLAGS.items():
+        flags = commands.schedule_args(replace(row, schedule=name), total_updates=10)
+        assert flags[:4] == ["--lr-scheduler", scheduler, "--lr", str(row.lr)], name
+    with pytest.raises(LnposError, match="unknown schedule 'cosine'"):
+        commands.schedule_args(replace(row, schedule="cosine"), total_updates=10)

@@ -82,33 +82,45 @@ def optimizer_args(run):
             "--weight-decay", str(run.weight_decay)] + (["--decoupled-weight-decay"] if run.decoupled_weight_decay else [])
 
 
+def _nowarmup_flags(run, total):
+    if run.warmup > 1:
+        raise LnposError(f"{run.name}: schedule inverse_sqrt_nowarmup has no warm-up: --set warmup=0")
+    return ["--decay-period", str(run.decay_period)]
+
+
+# every schedule of runs.SCHEDULES (tests/test_optim.py checks it): its fairseq --lr-scheduler and its
+# flags beyond --lr, flags(run, total updates)
+SCHEDULE_FLAGS = {
+    # the paper's: warm-up to lr, held until decay_anchor, then lr * sqrt(A / t); the paper's
+    # T_warmup = 1 means no warm-up: the first update runs at lr_max
+    "inverse_sqrt": ("warmup_inverse_sqrt", lambda run, total: [
+        "--warmup-updates", str(max(run.warmup, 1)), "--decay-anchor", str(max(run.decay_anchor, run.warmup, 1))]),
+    # fairseq's own: from --warmup-init-lr to lr, then lr * sqrt(T / t)
+    "fairseq_inverse_sqrt": ("inverse_sqrt", lambda run, total: [
+        "--warmup-updates", str(max(run.warmup, 1)), "--warmup-init-lr", str(run.warmup_init_lr)]),
+    # T-Fixup's: lr * sqrt(A / (A + t)), A = decay_period
+    "inverse_sqrt_nowarmup": ("inverse_sqrt_nowarmup", _nowarmup_flags),
+    "step_decay": ("step_decay", lambda run, total: [
+        "--decay-epoch", str(run.decay_epoch), "--decay-factor", str(run.decay_factor),
+        *(["--inverse-sqrt-after-decay"] if run.inverse_sqrt_after_decay else [])]),
+    # --power 1: warm-up from 0, then down to end_lr at the last update; fairseq's --warmup-updates 1
+    # would run the first update at lr 0: a warm-up of 1 is none
+    "linear": ("polynomial_decay", lambda run, total: [
+        "--power", "1", "--end-learning-rate", str(run.end_lr), "--warmup-updates", str(run.warmup if run.warmup > 1 else 0),
+        "--total-num-update", str(total)]),
+    "fixed": ("fixed", lambda run, total: []),
+}
+
+
 def schedule_args(run, total_updates):
-    lr = ["--lr", str(run.lr)]
+    """--lr-scheduler, --lr and the flags of the run's schedule (:data:`SCHEDULE_FLAGS`)."""
     if run.warmup_init_lr and run.schedule != "fairseq_inverse_sqrt":
         raise LnposError(f"{run.name}: warmup_init_lr is an option of schedule fairseq_inverse_sqrt only "
                          f"(the others warm up from 0): --set warmup_init_lr=0")
-    if run.schedule == "fairseq_inverse_sqrt":  # fairseq's own: from --warmup-init-lr to lr, then lr * sqrt(T / t)
-        return ["--lr-scheduler", "inverse_sqrt", *lr, "--warmup-updates", str(max(run.warmup, 1)),
-                "--warmup-init-lr", str(run.warmup_init_lr)]
-    if run.schedule == "inverse_sqrt_nowarmup":
-        if run.warmup > 1:
-            raise LnposError(f"{run.name}: schedule inverse_sqrt_nowarmup has no warm-up: --set warmup=0")
-        return ["--lr-scheduler", "inverse_sqrt_nowarmup", *lr, "--decay-period", str(run.decay_period)]
-    if run.schedule == "inverse_sqrt":
-        # the paper's T_warmup = 1 means no warm-up: the first update runs at lr_max
-        return ["--lr-scheduler", "warmup_inverse_sqrt", *lr, "--warmup-updates", str(max(run.warmup, 1)),
-                "--decay-anchor", str(max(run.decay_anchor, run.warmup, 1))]
-    if run.schedule == "step_decay":
-        a = ["--lr-scheduler", "step_decay", *lr, "--decay-epoch", str(run.decay_epoch),
-             "--decay-factor", str(run.decay_factor)]
-        return a + (["--inverse-sqrt-after-decay"] if run.inverse_sqrt_after_decay else [])
-    if run.schedule == "linear":
-        # fairseq's --warmup-updates 1 would run the first update at lr 0: a warm-up of 1 is none
-        return ["--lr-scheduler", "polynomial_decay", *lr, "--power", "1", "--end-learning-rate", str(run.end_lr),
-                "--warmup-updates", str(run.warmup if run.warmup > 1 else 0), "--total-num-update", str(total_updates)]
-    if run.schedule == "fixed":
-        return ["--lr-scheduler", "fixed", *lr]
-    raise LnposError(f"{run.name}: unknown schedule {run.schedule!r}")
+    if run.schedule not in SCHEDULE_FLAGS:
+        raise LnposError(f"{run.name}: unknown schedule {run.schedule!r}")
+    scheduler, flags = SCHEDULE_FLAGS[run.schedule]
+    return ["--lr-scheduler", scheduler, "--lr", str(run.lr), *flags(run, total_updates)]
 
 
 SHARE_FLAGS = {"none": [], "decoder": ["--share-decoder-input-output-embed"], "all": ["--share-all-embeddings"]}
