@@ -18,7 +18,7 @@
     .lock             held (flock) while a grid works on the run
 
 Every JSON file is written atomically. Every state file is checked for shape where it is read,
-here (:data:`SHAPES`, the records' from their dataclasses in records.py): a file that exists but cannot be read, or holds something else than the grid
+here (:data:`SHAPES`; the records' shapes are those of their dataclasses, records.py): a file that exists but cannot be read, or holds something else than the grid
 writes (``null``, a list, a missing or mistyped field), is an error naming the path and what to do
 (:class:`~fairseq_lnpos.errors.StateError`), never taken as absent.
 
@@ -108,16 +108,13 @@ def _run_fields():
 
 RUN_DEFAULTS = {k: v for k, v in {**Run(name="", dataset="", ln="", optimizer="", lr=0.0).as_dict(), **LATER_FIELDS}.items()
                 if k not in ("name", "dataset", "ln", "optimizer", "lr")}
-# file -> {field: (kind, required)}; fields not listed are not read, so not checked; the records'
-# shapes are those of their dataclasses (records.py)
+# file -> {field: (kind, required)}; fields not listed are not read, so not checked; the records
+# (DONE.json, eval/*.json) have the shapes of their dataclasses (records.py)
 SHAPES = {
     "config.json": {"hash": (STRING, True), "seed": (INT, True), "arch": (STRING, True), "run": (OBJECT, True),
                     "data": (STRING, False), "fp16": (BOOL, False), "fairseq_args": (STRING, False),
                     "beam": (INT, False), "lenpen": (NUMBER, False), "gen_args": (list_of(STRING), False)},
     "run": _run_fields(),
-    "DONE.json": DoneRecord.shape(),
-    "epochN.json": EpochRecord.shape(),
-    "average.json": AverageRecord.shape(),
 }
 
 
