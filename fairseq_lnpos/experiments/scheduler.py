@@ -25,9 +25,8 @@ from ..data.manifest import read_manifest
 from ..errors import LnposError, StateError
 from ..launch import child_env
 from . import reap
-from .commands import total_updates
+from .commands import Job, total_updates
 from .early_stop import DEFAULT_RULE
-from .commands import Job
 from .evaluator import Evaluator, Stopped
 from ..fairseq_log import LogState, LogTail, number
 from .records import AverageRecord, DoneRecord, EpochRecord, Outcome, Scores, ScoreRequest
