@@ -387,3 +387,19 @@ def test_good_against_the_best_of_any_architecture(tmp_path):
     assert "the best cell of any architecture at that depth (--against)" in md
     with pytest.raises(ValueError, match="against 'depth'"):
         S.Rules(against="depth")
+
+
+def test_the_bleu_figure_per_architecture(tmp_path):
+    """Where BLEU was scored: per depth and warm-up, each architecture's best-BLEU cell with its seeds'
+    min-max and its verdict; no BLEU, no figure."""
+    for seed, (pre, post) in enumerate(((27.0, 2.0), (28.0, 0.0)), 1):
+        write_run(tmp_path, "preln", 1e-3, 0, seed, final=5.0, initial=13.8, bleu=pre)
+        write_run(tmp_path, "postln", 1e-3, 0, seed, final=11.0 + seed * 0.1, initial=13.8, bleu=post)
+        write_run(tmp_path, "postln", 1e-3, 100, seed, final=5.9, initial=13.8, bleu=12.0)
+    cells = S.make_cells(S.load_records(tmp_path), rules=S.Rules(against="all"))
+    points = S.plot_bleu(cells, tmp_path / "bleu.png")
+    assert points[6][0] == [("postln", 1.0, 0.0, 2.0, False), ("preln", 27.5, 27.0, 28.0, True)]
+    assert points[6][100] == [("postln", 12.0, 12.0, 12.0, False)]
+    assert (tmp_path / "bleu.png").stat().st_size > 0
+    no_bleu = [S.replace(c, bleu=None) for c in cells]
+    assert S.plot_bleu(no_bleu, tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()

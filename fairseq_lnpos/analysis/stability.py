@@ -37,7 +37,7 @@ from ..variants import DEFAULT_INIT, VARIANTS, arch_names
 from . import depth
 from .map_common import group, num
 from .map_figures import (VERDICT_MARK, cell_mark, heatmap, loss_curves, overview,  # noqa: F401  (S.plot_* in tests)
-                          plot_heatmaps, plot_loss_vs_lr, plot_overview, plot_sensitivity)
+                          bleu_points, plot_bleu, plot_heatmaps, plot_loss_vs_lr, plot_overview, plot_sensitivity)
 from .seeds import ESTIMATOR, pooled_sd, spread
 from .verdict import AGAINST, DEFAULT_NEAR, DEFAULT_NOISE_K, DEFAULT_RATIO, Rules, seeds_disagree, threshold, trains
 
@@ -487,7 +487,8 @@ def _main(argv):
     write_text(out / "stability.md", md)
     if cells and not args.no_figures:
         plot_heatmaps(cells, out / "stability_heatmaps.png")
-        plot_overview(cells, out / "stability_overview.png")
+        plot_overview(cells, out / "stability_overview.png", AGAINST[rules.against])
+        plot_bleu(cells, out / "bleu.png", AGAINST[rules.against])
         plot_loss_vs_lr(cells, out / "loss_vs_lr.png")
         sens = lr_sensitivity(records)
         if sens:
