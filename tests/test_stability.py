@@ -369,3 +369,39 @@ def test_the_map_states_its_training_time_in_cpu_seconds_where_recorded(tmp_path
     assert S.cpu_line(S.load_records(tmp_path)) == (
         "Training time of the 2 counted runs: 200 s wall (fairseq-train, summed over runs); CPU time recorded by "
         "1 of them: 30 s, 30.0 s a run (DONE.json train_cpu_seconds).")
+
+
+def test_good_against_the_best_of_any_architecture(tmp_path):
+    """One cell per architecture: against its own best every cell that trains is good; against the best
+    of the depth only the cells near the best architecture's are."""
+    for seed in (1, 2):
+        write_run(tmp_path, "preln", 1e-3, 0, seed, final=5.0 + 0.02 * seed, initial=13.8)
+        write_run(tmp_path, "postln", 1e-3, 100, seed, final=5.9 + 0.02 * seed, initial=13.8)
+        write_run(tmp_path, "keel", 1e-3, 0, seed, final=5.3 + 0.02 * seed, initial=13.8)
+    records = S.load_records(tmp_path)
+    own = {c.variant: c.good for c in S.make_cells(records)}
+    assert own == {"preln": True, "postln": True, "keel": True}
+    rules = S.Rules(against="all")
+    cells = S.make_cells(records, rules=rules)
+    assert {c.variant: c.good for c in cells} == {"preln": True, "postln": False, "keel": True}
+    assert cell(cells, "postln", 6, 100, 1e-3).good_limit == pytest.approx(5.03 * 1.1)
+    md = S.markdown(tmp_path, records, cells, rules)
+    assert "the best cell of any architecture at that depth (--against)" in md
+    with pytest.raises(ValueError, match="against 'depth'"):
+        S.Rules(against="depth")
+
+
+def test_the_bleu_figure_per_architecture(tmp_path):
+    """Where BLEU was scored: per depth and warm-up, each architecture's best-BLEU cell with its seeds'
+    min-max and its verdict; no BLEU, no figure."""
+    for seed, (pre, post) in enumerate(((27.0, 2.0), (28.0, 0.0)), 1):
+        write_run(tmp_path, "preln", 1e-3, 0, seed, final=5.0, initial=13.8, bleu=pre)
+        write_run(tmp_path, "postln", 1e-3, 0, seed, final=11.0 + seed * 0.1, initial=13.8, bleu=post)
+        write_run(tmp_path, "postln", 1e-3, 100, seed, final=5.9, initial=13.8, bleu=12.0)
+    cells = S.make_cells(S.load_records(tmp_path), rules=S.Rules(against="all"))
+    points = S.plot_bleu(cells, tmp_path / "bleu.png")
+    assert points[6][0] == [("postln", 1.0, 0.0, 2.0, False), ("preln", 27.5, 27.0, 28.0, True)]
+    assert points[6][100] == [("postln", 12.0, 12.0, 12.0, False)]
+    assert (tmp_path / "bleu.png").stat().st_size > 0
+    no_bleu = [S.replace(c, bleu=None) for c in cells]
+    assert S.plot_bleu(no_bleu, tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()

@@ -6,6 +6,7 @@ import math
 from ..experiments.runs import warmup_label
 from ..variants import VARIANTS
 from .map_common import pyplot, save
+from .verdict import AGAINST
 
 
 def heatmap(cells, variant, layers):
@@ -87,7 +88,7 @@ def overview(cells, layers):
     return {"variants": variants, "cols": cols, "cells": [[sel.get((v, w, lr)) for w, lr in cols] for v in variants]}
 
 
-def plot_overview(cells, path):
+def plot_overview(cells, path, against=AGAINST["arch"]):
     """OUT/stability_overview.png: every architecture in one heatmap per depth (rows architecture,
     columns warm-up x learning rate): the mean final loss, its verdict mark and n; returns
     {layers: overview(...)} as drawn."""
@@ -123,10 +124,59 @@ def plot_overview(cells, path):
         ax.set_yticklabels([VARIANTS[v].label for v in m["variants"]], fontsize=7)
         ax.set_title(f"{d} layers", fontsize=9)
         fig.colorbar(im, ax=ax, fraction=0.03)
-    save(fig, path, "Final validation loss (bits), mean over seeds; n seeds\nG good (white frame; against the "
-                    "architecture's own best), p poor, - does not train\n? seeds disagree (orange), x diverged, "
+    save(fig, path, "Final validation loss (bits), mean over seeds; n seeds\nG good (white frame; against "
+                    f"{against}), p poor, - does not train\n? seeds disagree (orange), x diverged, "
                     "s stopped early")
     return drawn
+
+
+def bleu_points(cells):
+    """{layers: {warmup: [(variant, mean, min, max, good)]}}: the test tok BLEU (last scored epoch) of
+    the cells that have one, per depth and warm-up, architectures in registry order, the learning
+    rate of each architecture's best-BLEU cell of that warm-up."""
+    best = {}
+    for c in cells:
+        if c.bleu is not None:
+            k = (c.layers, c.warmup, c.variant)
+            if k not in best or c.bleu > best[k].bleu:
+                best[k] = c
+    out = {}
+    for (layers, warmup, variant), c in sorted(best.items(), key=lambda kv: (kv[0][0], kv[0][1], list(VARIANTS).index(kv[0][2]))):
+        out.setdefault(layers, {}).setdefault(warmup, []).append(
+            (variant, c.bleu, c.bleu if c.bleu_min is None else c.bleu_min,
+             c.bleu if c.bleu_max is None else c.bleu_max, c.good))
+    return out
+
+
+def plot_bleu(cells, path, against=AGAINST["arch"]):
+    """OUT/bleu.png, where test BLEU was scored: tok BLEU per architecture (rows), one marker per
+    warm-up, bars the seeds' min-max, filled where the cell is good; one panel per depth. Returns
+    :func:`bleu_points` as drawn, or None when no cell has a BLEU."""
+    points = bleu_points(cells)
+    if not points:
+        return None
+    plt = pyplot()
+    variants = [v for v in VARIANTS if any(p[0] == v for w in points.values() for pts in w.values() for p in pts)]
+    fig, axes = plt.subplots(1, len(points), squeeze=False, figsize=(6.0 * len(points), 0.32 * len(variants) + 1.8),
+                             sharey=True)
+    for ax, (layers, by_warmup) in zip(axes[0], points.items()):
+        for j, (warmup, pts) in enumerate(by_warmup.items()):
+            y = [variants.index(p[0]) + 0.18 * (j - (len(by_warmup) - 1) / 2) for p in pts]
+            color = f"C{j % 10}"
+            ax.errorbar([p[1] for p in pts], y, xerr=[[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]],
+                        fmt="none", ecolor=color, capsize=2, lw=1)
+            for yy, p in zip(y, pts):
+                ax.plot(p[1], yy, "o", ms=5, color=color, mfc=color if p[4] else "white")
+            ax.plot([], [], "o", color=color, label=f"warm-up {warmup_label(warmup)}")
+        ax.set_yticks(range(len(variants)))
+        ax.set_yticklabels([VARIANTS[v].label for v in variants], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("test tok BLEU (last scored epoch)")
+        ax.set_title(f"{layers} layers", fontsize=9)
+        ax.grid(alpha=0.3, axis="x")
+        ax.legend(fontsize=7)
+    save(fig, path, f"Test BLEU per architecture: mean over seeds, bars = min-max\nfilled: good (against {against})")
+    return points
 
 
 def cell_mark(c):

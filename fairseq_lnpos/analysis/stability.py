@@ -38,9 +38,9 @@ from ..variants import DEFAULT_INIT, VARIANTS, arch_names
 from . import depth
 from .map_common import group, num
 from .map_figures import (VERDICT_MARK, cell_mark, heatmap, loss_curves, overview,  # noqa: F401  (S.plot_* in tests)
-                          plot_heatmaps, plot_loss_vs_lr, plot_overview, plot_sensitivity)
+                          bleu_points, plot_bleu, plot_heatmaps, plot_loss_vs_lr, plot_overview, plot_sensitivity)
 from .seeds import ESTIMATOR, pooled_sd, spread
-from .verdict import DEFAULT_NEAR, DEFAULT_NOISE_K, DEFAULT_RATIO, Rules, seeds_disagree, threshold, trains
+from .verdict import AGAINST, DEFAULT_NEAR, DEFAULT_NOISE_K, DEFAULT_RATIO, Rules, seeds_disagree, threshold, trains
 
 DEFAULT_LAYERS = 6  # "layers" absent or null: the arch's default depth (6 for every size)
 SENSITIVITY = ("LR sensitivity (Wortsman et al. 2023, \"Small-scale proxies for large-scale Transformer "
@@ -214,10 +214,10 @@ def make_cells(records, ratio=DEFAULT_RATIO, rules=None):
                                                  cell.diverged + cell.stopped, rules.ratio)))
     noise = noise_of(cells, records)
     best = {k: min(g, key=lambda c: c.final_valid_loss)
-            for k, g in group([c for c in cells if c.trains], lambda c: (c.variant, c.layers)).items()}
+            for k, g in group([c for c in cells if c.trains], lambda c: rules.reference(c.variant, c.layers)).items()}
     judged = []
     for c in cells:
-        b = best.get((c.variant, c.layers))
+        b = best.get(rules.reference(c.variant, c.layers))
         if b is None or c.final_valid_loss is None:
             judged.append(c)
             continue
@@ -431,8 +431,8 @@ def markdown(out, records, cells, rules):
     sens = lr_sensitivity(records)
     lines += ["## Largest good learning rate per warm-up", "",
               "The largest learning rate whose cell is good (the rules above); '-': none. Good is judged against "
-              "the architecture's own best cell: beside it, that best and the best of any architecture at that "
-              "depth (bits), which say whether the architecture trains well at all on this budget.", ""]
+              f"{AGAINST[rules.against]}: beside it, the architecture's best and the best of any architecture at "
+              "that depth (bits), which say whether the architecture trains well at all on this budget.", ""]
     lines += _with_bests(_table(max_good_lr(cells), _good_lr), cells)
     lines += ["", "## Largest learning rate that trains, per warm-up", "",
               "The earlier, lax rule alone: the final loss at most the ratio times the initial loss.", ""]
@@ -464,16 +464,20 @@ def _main(argv):
     p.add_argument("--ratio", type=fraction("ratio"), default=DEFAULT_RATIO,
                    help="trains: the final validation loss at most this times the initial loss (default: %(default)s)")
     p.add_argument("--near", type=fraction("near"), default=DEFAULT_NEAR,
-                   help="good: within this fraction of the best cell of the architecture and depth, at the least "
+                   help="good: within this fraction of the best cell (--against), at the least "
                         "(default: %(default)s)")
     p.add_argument("--noise-k", type=float, default=DEFAULT_NOISE_K,
                    help="good: or within K seed standard deviations of the difference of means, if more "
                         "(default: %(default)s)")
+    p.add_argument("--against", choices=sorted(AGAINST), default="arch",
+                   help="good: near the best cell of the same architecture and depth (arch, for a learning-rate "
+                        "map) or of any architecture at that depth (all, for one cell per architecture; "
+                        "default: %(default)s)")
     p.add_argument("--no-figures", action="store_true", help="write the CSV and Markdown only")
     args = p.parse_args(argv)
     if not (math.isfinite(args.noise_k) and args.noise_k >= 0):
         raise LnposError(f"--noise-k {args.noise_k}: give a number of at least 0")
-    rules = Rules(ratio=args.ratio, near=args.near, noise_k=args.noise_k)
+    rules = Rules(ratio=args.ratio, near=args.near, noise_k=args.noise_k, against=args.against)
     out = Path(args.out)
     records = load_records(out)
     cells = make_cells(records, rules=rules)
@@ -485,7 +489,8 @@ def _main(argv):
     write_text(out / "stability.md", md)
     if cells and not args.no_figures:
         plot_heatmaps(cells, out / "stability_heatmaps.png")
-        plot_overview(cells, out / "stability_overview.png")
+        plot_overview(cells, out / "stability_overview.png", AGAINST[rules.against])
+        plot_bleu(cells, out / "bleu.png", AGAINST[rules.against])
         plot_loss_vs_lr(cells, out / "loss_vs_lr.png")
         sens = lr_sensitivity(records)
         if sens:

@@ -24,6 +24,10 @@ from dataclasses import dataclass
 DEFAULT_RATIO = 0.6
 DEFAULT_NEAR = 0.10
 DEFAULT_NOISE_K = 2.0
+# the best cell "good" is judged against: of the same architecture and depth (a learning-rate map),
+# or of any architecture at that depth (a map of one cell per architecture, e.g. every variant at one
+# setting on real text, where an architecture's only cell is always its own best)
+AGAINST = {"arch": "the best cell of the same architecture and depth", "all": "the best cell of any architecture at that depth"}
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,15 @@ class Rules:
     ratio: float = DEFAULT_RATIO
     near: float = DEFAULT_NEAR
     noise_k: float = DEFAULT_NOISE_K
+    against: str = "arch"
+
+    def __post_init__(self):
+        if self.against not in AGAINST:
+            raise ValueError(f"against {self.against!r}: one of {', '.join(AGAINST)}")
+
+    def reference(self, variant, layers):
+        """The key of the best cell a cell of ``variant`` at ``layers`` is judged against."""
+        return (variant, layers) if self.against == "arch" else layers
 
     def describe(self, noise=None):
         """The two rules in words, with their numbers, as the map's outputs state them."""
@@ -38,8 +51,8 @@ class Rules:
              else f"s = {noise[0]:.3f} bits pooled over {noise[1]} degrees of freedom")
         return (f"Trains: no seed diverged or stopped early and the final validation loss is at most "
                 f"{self.ratio:g} x the initial loss (the training loss of the first update; means over the seeds; "
-                f"--ratio). Good: trains, and the mean is within delta of the best cell of the same architecture "
-                f"and depth, delta = max({self.near:g} x best, {self.noise_k:g} x s x sqrt(1/n + 1/n_best)) "
+                f"--ratio). Good: trains, and the mean is within delta of {AGAINST[self.against]} "
+                f"(--against), delta = max({self.near:g} x best, {self.noise_k:g} x s x sqrt(1/n + 1/n_best)) "
                 f"(--near, --noise-k; {s}). '?': the seeds disagree on the verdict (some good on their own, "
                 f"some not).")
 
