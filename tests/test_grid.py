@@ -467,6 +467,30 @@ def test_the_last_n_epoch_checkpoints_stay_until_their_average_is_scored(tmp_pat
         e.close()
 
 
+def test_the_evaluators_answer_is_read_as_scores_and_one_of_another_shape_fails_that_request(tmp_path):
+    from types import SimpleNamespace as NS
+
+    from fairseq_lnpos.experiments.records import ScoreRequest, Scores
+    from fairseq_lnpos.experiments.scheduler import Grid, Progress
+
+    grid = Grid([], _opts(out=str(tmp_path)), [None])
+    scored = []
+
+    def answering(result):
+        return NS(submit=lambda request, answered: answered(result, None))
+
+    p = Progress(job=None, evaluator=answering({"bleu_tok": 2.5, "n_sentences": 3}))
+    grid._submit(p, 1, ScoreRequest(argv=(), data="d", hyp_out="h", checkpoint="c1.pt"), scored.append)
+    assert scored == [Scores(bleu_tok=2.5, n_sentences=3)] and not p.pending and p.error is None
+    p.evaluator = answering({"bleu_tok": "high"})
+    grid._submit(p, 2, ScoreRequest(argv=(), data="d", hyp_out="h", checkpoint="c2.pt"), scored.append)
+    assert len(scored) == 1 and not p.pending
+    assert p.error.startswith("the evaluator's answer for c2.pt is not a score record the grid writes ('bleu_tok' is "
+                              "'high', not a number or null): see ")
+    for e in grid.evaluators.values():
+        e.close()
+
+
 # Two rows of other papers' recipes (Transformer-Clinic's Post-LN, T-Fixup's) at the tiny size: three
 # epochs (Transformer-Clinic's 100k-update cap dropped), the average of the last two scored as well
 REF = ["ref-iwslt-clinic-postln", "ref-iwslt-tfixup"]

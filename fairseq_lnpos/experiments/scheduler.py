@@ -318,13 +318,18 @@ class Grid:
             p.pending.add(key)
 
         def answered(result, error):
-            if error is None:
-                scored(Scores.from_json(result, "the evaluator's answer", "scores", "see the evaluator's log"))
-            elif not isinstance(error, Stopped):  # the grid is stopping: it is scored on resume
-                p.error = str(error)
-            with self.lock:
-                p.pending.discard(key)
-                self.finished.notify_all()
+            try:
+                if error is None:
+                    scored(Scores.from_json(result, f"the evaluator's answer for {request.checkpoint}",
+                                            "a score record", f"see {self.out / 'evaluator.log'}"))
+                elif not isinstance(error, Stopped):  # the grid is stopping: it is scored on resume
+                    p.error = str(error)
+            except StateError as e:  # an answer of another shape: that request failed
+                p.error = str(e)
+            finally:
+                with self.lock:
+                    p.pending.discard(key)
+                    self.finished.notify_all()
 
         p.evaluator.submit(request, answered)
 
