@@ -5,8 +5,7 @@ process imports fairseq once and then, for each request, runs fairseq-generate's
 (evaluate.run_generate: fairseq's SequenceGenerator, the same batches and options as the command)
 and scores the hypotheses (evaluate.score_hyps). The grid starts one per device (one on a CPU)
 and talks to it through JSON lines: a request on stdin (records.ScoreRequest), the result on stdout
-(records.Scores); fairseq's logging
-goes to stderr (the grid's ``evaluator.log``).
+(records.Scores); fairseq's logging goes to stderr (the grid's ``evaluator.log``).
 
 :class:`Evaluator` is the grid's side: a queue served by one thread per process (``--evaluators N``
 processes per device, default 1), so training never waits for scoring; a callback receives each

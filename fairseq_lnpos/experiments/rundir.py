@@ -10,16 +10,16 @@
     DONE.json         written last, the outcome (records.py): finished, diverged at update N, stopped
                       early at update N: WHY (early_stop.py), or failed: WHY, in "status" as words and
                       in "outcome", "reason", "diverged_at", "stopped_at" (older runs: the words only);
-                      a finished, diverged or
-                      stopped run is never redone, a failed one is retried; also
-                      the first training loss, updates, training time, final validation loss and
+                      a finished, diverged or stopped run is never redone, a failed one is retried;
+                      also the first training loss, updates, training time, final validation loss and
                       peak memory (peak_rss_mb, cuda_peak_mb) and fairseq-train's CPU seconds
                       (train_cpu_seconds; absent in older runs, null unknown)
     .lock             held (flock) while a grid works on the run
 
 Every JSON file is written atomically. Every state file is checked for shape where it is read,
-here (:data:`SHAPES`; the records' shapes are those of their dataclasses, records.py): a file that exists but cannot be read, or holds something else than the grid
-writes (``null``, a list, a missing or mistyped field), is an error naming the path and what to do
+here (:data:`SHAPES`; the records' shapes are those of their dataclasses, records.py): a file that
+exists but cannot be read, or holds something else than the grid writes (``null``, a list, a missing
+or mistyped field), is an error naming the path and what to do
 (:class:`~fairseq_lnpos.errors.StateError`), never taken as absent.
 
 The output folder (``--out``) holds the run folders, ``progress.log``, ``evaluator.log``, the SLURM
