@@ -31,11 +31,8 @@ from pathlib import Path
 from .common import write_json
 from .errors import CommandParser, check, run_main
 from .launch import NO_WARMUP, adam, train_args
-from .variants import FURTHER, SIZES, TINY, VARIANTS, arch_name
+from .variants import SIZES, THROUGHPUT_TARGETS, TINY, VARIANTS, arch_name
 
-# plugin throughput / fairseq throughput at least this (no target for the other variants)
-THROUGHPUT_TARGETS = {"postln": 0.99, "preln": 0.99, "deepnorm": 0.97, "admin": 0.97, "tfixup": 0.97,
-                      **{v: 0.95 for v in FURTHER}}  # the further placements and normalizations
 # --log-grad-norms: time with / time without, minus 1, at most this (percent)
 OVERHEAD_TARGETS = {"interval_1": 5.0, "interval_100": 1.0}
 DEFAULT_SIZES = ("tiny", "iwslt_de_en")

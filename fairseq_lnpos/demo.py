@@ -13,8 +13,8 @@ test2016 (docs/results.md, "Real text on a CPU").
 Steps (each resumes; a finished demo re-runs in seconds):
  1. the synthetic corpus (data-prep/make-synthetic.sh: 4500 training pairs, 300 valid, 300 test);
  2. a grid of `_tiny` runs (the `demo-*` rows of experiments/runs.py): Post-LN without warm-up,
-    Post-LN with 100 warm-up updates, Pre-LN and DeepNorm without warm-up (Keel, Admin, T-Fixup and
-    the further variants of ``variants.FURTHER`` on request), Adam lr 1e-3 (constant after the
+    Post-LN with 100 warm-up updates, Pre-LN and DeepNorm without warm-up (``variants.GROUPS["demo"]``;
+    every other variant on request: Keel, Admin, T-Fixup and the further variants), Adam lr 1e-3 (constant after the
     warm-up), 512-token batches, 3 epochs (~100 updates each), per-layer gradient norms logged at every update, test BLEU per epoch;
  3. the results table (scripts/make_table.sh): demo-out/results.csv, results.md (per seed), fig_demo.png;
  4. gradient norms of the first updates (grad_norms_first_updates.png);
@@ -41,11 +41,11 @@ from .analysis.seeds import ESTIMATOR, spread
 from .common import GRAD_NORMS_JSONL, write_figure, write_json, write_text
 from .errors import check, run_main
 from .experiments.runs import BY_NAME, DEMO_OPTIONAL, DEMO_ROWS
-from .variants import FURTHER, VARIANTS
+from .variants import GROUPS, VARIANTS
 
 RUNS = list(DEMO_ROWS["synthetic"])
 # --with-keel, --with-admin, --with-tfixup, --with-dyt, --with-periln, ...: demo-<name>-nowu (real-<name>-nowu)
-OPTIONAL = ("keel", "admin", "tfixup") + FURTHER
+OPTIONAL = tuple(v for v in VARIANTS if v not in GROUPS["demo"])
 DATA = {"synthetic": "synthetic corpus", "multi30k": "Multi30k De-En (real text)"}  # --data: step 1's label
 MULTI30K_BPE = 8000  # joint sentencepiece pieces of `--data multi30k` (docs/results.md, "Real text on a CPU")
 FIRST_UPDATES = 100  # updates shown in the gradient-norm figure

@@ -122,7 +122,7 @@ def test_multi30k_rows_mirror_the_iwslt_adam_rows_on_the_iwslt_model():
     iwslt_adam = {(r.ln, r.lr, r.warmup) for r in R.RUNS if r.dataset == "iwslt14" and r.optimizer == "adam"
                   and r.ln == "postln" and r.schedule == "inverse_sqrt"}
     assert {(r.ln, r.lr, r.warmup) for r in m30k if r.ln == "postln" and r.optimizer == "adam"} == iwslt_adam
-    assert {r.ln for r in m30k if r.warmup == 0 and r.optimizer == "adam"} == set(R.LN_KINDS)
+    assert {r.ln for r in m30k if r.warmup == 0 and r.optimizer == "adam"} == set(R.VARIANTS)
     assert any(r.optimizer == "radam" and r.schedule == "linear" for r in m30k)
     for r in m30k:
         cmd = command(r)

@@ -38,7 +38,7 @@ from fairseq_lnpos.common import fmt_time, open_log, refuse_link, write_json
 from fairseq_lnpos.errors import CommandParser, LnposError, at_least, check, run_main
 from fairseq_lnpos.launch import config_hash, train_args
 from fairseq_lnpos.options import Options as CommandOptions, option
-from fairseq_lnpos.variants import INITS, SIZES, VARIANTS, arch_name
+from fairseq_lnpos.variants import GROUPS, INITS, SIZES, VARIANTS, arch_name
 
 PROG = "init_grad_analysis"
 DEFAULTS = {"tokens": 256, "batches": 2, "seeds": 2}
@@ -67,9 +67,9 @@ class Options(CommandOptions):
     source_lang: Optional[str] = option(flag=("--source-lang", "-s"))
     target_lang: Optional[str] = option(flag=("--target-lang", "-t"))
     archs: Tuple[str, ...] = option(
-        ("postln", "preln"), type=comma_list,
+        GROUPS["paper"], type=comma_list,
         help=f"comma-separated: variants ({', '.join(VARIANTS)}: transformer_<variant>_<size>) or "
-             "full fairseq arch names (default: postln,preln)")
+             f"full fairseq arch names (default: {','.join(GROUPS['paper'])})")
     size: str = option("iwslt_de_en", "size of the variants' archs: iwslt_de_en (6+6, d 512, FFN 1024, 4 heads; "
                        "the paper's IWSLT model, default), wmt_en_de, tiny, or base ('' = base)")
     model_args: str = option("", "extra fairseq model options, one quoted string, e.g. "
