@@ -68,3 +68,28 @@ def test_the_selections_made_from_the_registry_are_those_written_before():
     assert sweep.STABILITY_MAP["archs"] == "postln,preln,deepnorm,keel"
     assert sweep.DEPTH_MAP["archs"] == sweep.DEPTH_MAP_REAL["archs"] == "postln,preln,deepnorm,keel,admin,tfixup"
     assert init_grad.Options().archs == ("postln", "preln")
+
+
+def test_every_arch_of_the_registry_is_registered_with_fairseq_and_no_other():
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from fairseq_lnpos import register
+    from fairseq_lnpos.models import archs
+
+    register()
+    assert set(archs.ARCHS) == set(V.arch_names())
+    for arch, (variant, _) in V.arch_names().items():
+        assert ARCH_MODEL_REGISTRY[arch] is archs.MODEL_REGISTRY[V.VARIANTS[variant].model]
+    plugin = {a for a, model in ARCH_MODEL_REGISTRY.items() if model.__module__.startswith("fairseq_lnpos.")}
+    assert plugin == set(V.arch_names())
+
+
+def test_a_variant_whose_model_no_module_registers_is_an_error(monkeypatch):
+    import pytest
+
+    from fairseq_lnpos.errors import LnposError
+    from fairseq_lnpos.models import archs
+
+    monkeypatch.setitem(V.VARIANTS, "midln", V.Variant("Mid-LN", "transformer_midln", False))
+    with pytest.raises(LnposError, match="registers the model transformer_midln"):
+        archs.import_model_modules()
