@@ -29,7 +29,7 @@ from itertools import islice
 from pathlib import Path
 
 from .common import write_json
-from .errors import CommandParser, check, run_main
+from .errors import CommandParser, check, comma_list, run_main
 from .launch import NO_WARMUP, adam, train_args
 from .variants import SIZES, THROUGHPUT_TARGETS, TINY, VARIANTS, arch_name
 
@@ -359,9 +359,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    sizes, variants = args.sizes.split(","), args.variants.split(",")
-    check_choices("size", sizes, list(SIZES))
-    check_choices("variant", variants, list(VARIANTS))
+    sizes = comma_list(args.sizes, "--sizes", choices=SIZES, what="a size")
+    variants = comma_list(args.variants, "--variants", choices=VARIANTS, what="a variant")
     check(args.threads >= 0, "--threads must be at least 0")
     logging.disable(logging.WARNING)  # fairseq's per-model INFO lines would drown the progress
     out = Path(args.out)

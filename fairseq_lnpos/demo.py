@@ -297,6 +297,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.data != "multi30k" and (args.orig or args.bin):
         p.error("--orig and --bin are options of --data multi30k")
+    from .experiments.plan import parse_seeds
+
+    first_seed = str(parse_seeds(args.seeds)[0])  # a bad --seeds is refused before anything is prepared
     t0 = time.time()
     out = Path(args.out or {"synthetic": "demo-out", "multi30k": "demo-real-out"}[args.data])
     extra = [name for name in OPTIONAL if getattr(args, f"with_{name}")]
@@ -325,7 +328,6 @@ def main(argv=None):
     say(3)
     rows, figures = make_table(out)
     say(4)
-    first_seed = args.seeds.split(",")[0].strip()
     figures.append(grad_norm_figure(out, rows, runs, first_seed))
     say(5)
     fig3_dir = fig3(out, archs, args.quick)

@@ -89,7 +89,8 @@ def test_rerun_resumes_from_records(small_run, capsys):
     (["--depths", "6,8", "--layers-depth", "7"], "--layers-depth 7 is not in --depths"),
     (["--checkpoint", "x.pt"], "--checkpoint needs --data"),
     (["--seeds", "0"], "--seeds must be at least 1"),
-    (["--depths", "6,x"], "argument --depths: give comma-separated integers, e.g. 6,14, not '6,x'"),
+    (["--depths", "6,x"], "--depths: 'x' is not a whole number"),
+    (["--depths", "6,8,6"], "--depths: '6' is listed twice"),
     (["--data", "/nonexistent/bin"], "data folder /nonexistent/bin does not exist"),
 ])
 def test_bad_input_one_line_error(tmp_path, capsys, args, message):

@@ -299,7 +299,7 @@ CASES = [
          r"--first-seed must be at least 0, got -3"),
     Case("fig3-dropout-above-1", (FIG3, "--dropout", "1.5", "--out", "{S}/out"), r"--dropout must be in \[0, 1\)"),
     Case("fig3-depths-not-numbers", (FIG3, "--depths", "6,x", "--out", "{S}/out"),
-         r"argument --depths: give comma-separated integers, e.g. 6,14, not '6,x'"),
+         r"--depths: 'x' is not a whole number"),
     Case("fig3-depth-0", (FIG3, "--depths", "0,6", "--out", "{S}/out"), r"--depths must list positive layer counts"),
     Case("fig3-layers-depth-not-swept", (FIG3, "--depths", "6,8", "--layers-depth", "7", "--out", "{S}/out"),
          r"--layers-depth 7 is not in --depths \[6, 8\]"),

@@ -194,7 +194,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, data):
     assert "unknown run 'nope'" in err("run", "--only", "nope", "--data", str(data))
     assert "not found" in err("run", "--only", GOOD, "--data", str(tmp_path / "missing"))
     assert "lnpos-data.json" in err("run", "--only", GOOD, "--data", str(tmp_path))
-    assert "lists no GPU" in err("run", "--only", GOOD, "--data", str(data), "--gpus", ",")
+    assert "--gpus: ',' lists nothing" in err("run", "--only", GOOD, "--data", str(data), "--gpus", ",")
     assert "unknown field" in err("run", "--only", GOOD, "--data", str(data), "--set", "speed=1")
     assert "is not selected" in err("run", "--only", GOOD, "--data", str(data), "--set", f"{BAD}:lr=1")
     import torch

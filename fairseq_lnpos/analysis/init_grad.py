@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 from fairseq_lnpos.common import fmt_time, open_log, refuse_link, write_json
-from fairseq_lnpos.errors import CommandParser, LnposError, at_least, check, run_main
+from fairseq_lnpos.errors import CommandParser, LnposError, at_least, check, comma_list, run_main
 from fairseq_lnpos.launch import config_hash, train_args
 from fairseq_lnpos.options import Options as CommandOptions, option
 from fairseq_lnpos.variants import GROUPS, INITS, SIZES, VARIANTS, arch_name
@@ -43,19 +43,6 @@ from fairseq_lnpos.variants import GROUPS, INITS, SIZES, VARIANTS, arch_name
 PROG = "init_grad_analysis"
 DEFAULTS = {"tokens": 256, "batches": 2, "seeds": 2}
 PAPER = {"tokens": 4096, "seeds": 10}  # Sec. 3.4: ten seeds; 4096-token batches as in training
-
-
-def comma_list(text):
-    """argparse type: ``a,b`` -> ``("a", "b")``."""
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def comma_ints(text):
-    """argparse type: ``6,14`` -> ``(6, 14)``."""
-    try:
-        return tuple(int(x) for x in comma_list(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"give comma-separated integers, e.g. 6,14, not {text!r}") from None
 
 
 @dataclasses.dataclass
@@ -67,7 +54,7 @@ class Options(CommandOptions):
     source_lang: Optional[str] = option(flag=("--source-lang", "-s"))
     target_lang: Optional[str] = option(flag=("--target-lang", "-t"))
     archs: Tuple[str, ...] = option(
-        GROUPS["paper"], type=comma_list,
+        GROUPS["paper"],
         help=f"comma-separated: variants ({', '.join(VARIANTS)}: transformer_<variant>_<size>) or "
              f"full fairseq arch names (default: {','.join(GROUPS['paper'])})")
     size: str = option("iwslt_de_en", "size of the variants' archs: iwslt_de_en (6+6, d 512, FFN 1024, 4 heads; "
@@ -79,8 +66,7 @@ class Options(CommandOptions):
         choices=INITS, help="the plugin archs' --lnpos-init (default fairseq-0.12, fairseq 0.12's own; "
                             "fairseq-0.8: Xavier FFNs and zero biases, the fairseq of the paper's time)")
     vocab: int = option(8000, "word types of the generated corpus (no --data)", type=int)
-    depths: Tuple[int, ...] = option((6, 8, 10, 12, 14), "encoder = decoder layers of the depth sweep (Fig. 3c/d)",
-                                     type=comma_ints)
+    depths: Tuple[int, ...] = option((6, 8, 10, 12, 14), "encoder = decoder layers of the depth sweep (Fig. 3c/d)")
     layers_depth: int = option(6, "depth whose per-layer W1/W2 norms are plotted (Fig. 3a/b); default 6", type=int)
     seeds: Optional[int] = option(help=f"number of seeds (default {DEFAULTS['seeds']}; --paper: 10)", type=int)
     first_seed: int = option(1, type=int)
@@ -108,11 +94,10 @@ class Options(CommandOptions):
 
     def validate(self):
         """Normalise the lists and range-check every value; raises :class:`LnposError`."""
-        self.archs = [a.strip() for a in self.archs if a.strip()]
-        check(self.archs, "--archs is empty: give e.g. postln,preln")
+        self.archs = comma_list(self.archs, "--archs", what="a variant or arch name")
         check(self.size in SIZES or self.size == "", f"--size {self.size!r}: one of {', '.join(SIZES)} ('' = base)")
-        self.depths = sorted(set(self.depths))
-        check(self.depths and min(self.depths) >= 1, "--depths must list positive layer counts, e.g. 6,8,10,12,14")
+        self.depths = sorted(comma_list(self.depths, "--depths", int))
+        check(min(self.depths) >= 1, "--depths must list positive layer counts, e.g. 6,8,10,12,14")
         check(self.layers_depth in self.depths,
               f"--layers-depth {self.layers_depth} is not in --depths {self.depths}")
         for name in ("seeds", "tokens", "batches", "vocab"):

@@ -24,7 +24,7 @@ options given on the command line win.
 import math
 from dataclasses import replace
 
-from ..errors import LnposError
+from ..errors import LnposError, comma_list
 from ..variants import GROUPS, TINY, VARIANTS
 from . import runs as R
 
@@ -49,33 +49,18 @@ GRAD_NORMS = dict(task="translation_lnpos", extra=("--log-grad-norms",))
 HEADS = TINY["attention_heads"]  # the tiny and the IWSLT size both have 4 heads
 
 
-def _list(text, kind, name):
-    try:
-        values = [kind(v) for v in str(text).split(",") if v.strip()]
-    except ValueError:
-        raise LnposError(f"--{name} {text}: give a comma-separated list of numbers") from None
-    if not values:
-        raise LnposError(f"--{name} is empty")
-    if len(set(values)) != len(values):
-        raise LnposError(f"--{name} {text}: a value is listed twice")
-    return values
-
-
 def parse_axes(archs, lrs, warmups, layers):
     """The axes from their command-line strings, range-checked."""
-    arch_list = [a.strip() for a in str(archs).split(",") if a.strip()]
-    unknown = [a for a in arch_list if a not in VARIANTS]
-    if unknown or not arch_list:
-        raise LnposError(f"--archs {archs}: give variants from {', '.join(VARIANTS)}")
-    lr_list = _list(lrs, float, "lr")
+    variant_list = comma_list(archs, "--archs", choices=VARIANTS, what="a variant")
+    lr_list = comma_list(lrs, "--lr", float)
     if any(not (math.isfinite(lr) and lr > 0) for lr in lr_list):
         raise LnposError(f"--lr {lrs}: learning rates must be positive finite numbers")
-    warm_list, layer_list = _list(warmups, int, "warmup"), _list(layers, int, "layers")
+    warm_list, layer_list = comma_list(warmups, "--warmup", int), comma_list(layers, "--layers", int)
     if any(w < 1 for w in warm_list):
         raise LnposError(f"--warmup {warmups}: give warm-up lengths of at least 1 (1 = none)")
     if any(n < 1 for n in layer_list):
         raise LnposError(f"--layers {layers}: depths must be at least 1")
-    return arch_list, lr_list, warm_list, layer_list
+    return variant_list, lr_list, warm_list, layer_list
 
 
 def cell_name(variant, layers, lr, warmup):
@@ -92,8 +77,8 @@ def width_args(width):
                  for a in (f"--{side}-embed-dim", str(width), f"--{side}-ffn-embed-dim", str(4 * width)))
 
 
-def expand(archs, lrs, warmups, layers, max_update, dataset="synthetic", task="translation", extra=()):
-    """One Run per cell, in a fixed order (arch, depth, warm-up, learning rate); names are unique.
+def expand(variants, lrs, warmups, layers, max_update, dataset="synthetic", task="translation", extra=()):
+    """One Run per cell, in a fixed order (variant, depth, warm-up, learning rate); names are unique.
     ``task`` and ``extra`` (fairseq-train flags) are the same for every cell."""
     if max_update < 1:
         raise LnposError(f"--max-update {max_update}: give the budget in updates, at least 1")
@@ -102,7 +87,7 @@ def expand(archs, lrs, warmups, layers, max_update, dataset="synthetic", task="t
                  task=task, extra=tuple(extra))
     runs = [replace(base, name=cell_name(v, n, lr, w), ln=v, lr=lr, warmup=R.warmup_updates(w), layers=n)
             .with_defaults()
-            for v in archs for n in layers for w in warmups for lr in lrs]
+            for v in variants for n in layers for w in warmups for lr in lrs]
     names = {}
     for r in runs:
         if r.name in names:
