@@ -170,9 +170,10 @@ class SweepAxes(Options):
                "recomputed in the backward pass)")
     # the default (no BLEU) is SweepOptions'
     no_bleu: bool = option(help="also score test BLEU (the last epoch)", flag="--bleu", action="store_false")
+    # the default (early stopping on) is SweepOptions'
     early_stop: bool = option(
-        True, "run every cell to its budget: do not stop runs whose training loss has stalled "
-              "(early_stop.py; docs/results.md has its calibration)", flag="--no-early-stop")
+        help="run every cell to its budget: do not stop runs whose training loss has stalled "
+             "(early_stop.py; docs/results.md has its calibration)", flag="--no-early-stop", action="store_false")
 
 
 @dataclass

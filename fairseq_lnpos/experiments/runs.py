@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from ..common import plain_name
 from ..data import BIN_DIRS
 from ..errors import LnposError, Range
+from ..launch import ADAM_BETAS, LABEL_SMOOTHING
 from ..variants import DEFAULT_INIT, GROUPS, INITS, VARIANTS
 
 # Dataset-level settings. `batch_tokens` is the effective batch of one update (tokens), the same
@@ -114,12 +115,12 @@ class Run:
     max_update: int = 0          # a budget in updates (stability sweeps); 0 = epochs only
     layers: int = None           # encoder and decoder depth; None = the arch's own
     # fairseq defaults, written out so that they are visible in every command.
-    adam_betas: str = "(0.9, 0.98)"
+    adam_betas: str = ADAM_BETAS
     adam_eps: float = 1e-8
     momentum: float = 0.0
     weight_decay: float = 0.0
     clip_norm: float = 0.0
-    label_smoothing: float = 0.1
+    label_smoothing: float = LABEL_SMOOTHING
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
     # Knobs of the other papers' recipes (the ref-* rows); the defaults are what the rows above use.
@@ -382,8 +383,7 @@ RANGES = {
     "momentum": UNIT,
 }
 FREE_NUMBERS = ("paper_bleu", "paper_valid_loss")
-INT_FIELDS = ("max_epoch", "max_tokens", "batch_tokens", "warmup", "decay_epoch", "decay_anchor", "max_update",
-              "layers", "decay_period", "beam", "average_last")
+INT_FIELDS = tuple(f.name for f in fields(Run) if f.type is int)  # --set reads them as whole numbers
 CHOICES = {"ln": VARIANTS, "dataset": DATASETS, "schedule": SCHEDULES, "optimizer": OPTIMIZERS,
            "share_embeddings": SHARES, "init": INITS}
 
