@@ -171,11 +171,11 @@ def grad_norm_figure(out, rows, runs, seed):
     return path
 
 
-def fig3(out, archs, quick):
+def fig3(out, variants, quick):
     from .analysis import init_grad
 
     size = dict(depths=[6, 8], seeds=1, tokens=256) if quick else dict(depths=[6, 8, 10, 12, 14], seeds=2)
-    init_grad.run(init_grad.Options(out=str(out / "fig3"), size="tiny", archs=list(archs), **size))
+    init_grad.run(init_grad.Options(out=str(out / "fig3"), size="tiny", archs=list(variants), **size))
     return out / "fig3"
 
 
@@ -312,7 +312,7 @@ def main(argv=None):
                             args.quick, dry_run=True)
         return grid.run_grid(opts, plan.select_runs(opts))
     out.mkdir(parents=True, exist_ok=True)
-    archs = list(dict.fromkeys(BY_NAME[r].ln for r in runs))
+    variants = list(dict.fromkeys(BY_NAME[r].ln for r in runs))
     inits = sorted({BY_NAME[r].init for r in runs})
     steps = [DATA[args.data], f"grid of {len(runs)} runs x seeds {args.seeds} (initialization "
              f"{', '.join(inits)})", "results table",
@@ -330,7 +330,7 @@ def main(argv=None):
     say(4)
     figures.append(grad_norm_figure(out, rows, runs, first_seed))
     say(5)
-    fig3_dir = fig3(out, archs, args.quick)
+    fig3_dir = fig3(out, variants, args.quick)
     figures += [fig3_dir / "fig3.png", fig3_dir / "lemma2.png"]
 
     summary = summarize(rows)
