@@ -214,7 +214,7 @@ CASES = [
          r"^grid: error: unknown run 'nope'", writes=()),
     Case("grid-max-epoch-0", GRID_RUN + ("--max-epoch", "0"), r"--max-epoch: 0 is too small", writes=(),
          setup=toy_copy(), needs=("data",)),
-    Case("grid-seeds-x", GRID_RUN + ("--seeds", "x"), r"^grid: error: --seeds x: give whole numbers", writes=(),
+    Case("grid-seeds-x", GRID_RUN + ("--seeds", "x"), r"^grid: error: --seeds: 'x' is not a whole number", writes=(),
          setup=toy_copy(), needs=("data",)),
     Case("grid-jobs-0", GRID_RUN + ("--jobs", "0"), r"--jobs: 0 is too small", writes=(), setup=toy_copy(),
          needs=("data",)),

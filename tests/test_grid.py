@@ -361,8 +361,9 @@ def test_runs_per_gpu_and_numbers_are_checked(tmp_path, capsys, data):
             G.main(["run", "--only", GOOD, flag_, bad])
         assert e.value.code == 2
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
-    assert "--seeds x" in err("--seeds", "x")
-    assert "distinct" in err("--seeds", "1,1")
+    assert "--seeds: 'x' is not a whole number" in err("--seeds", "x")
+    assert "--seeds: '1' is listed twice" in err("--seeds", "1,1")
+    assert "--seeds -1: give distinct non-negative whole numbers" in err("--seeds", "-1")
     (tmp_path / "file").write_text("")
     assert "is a file" in err("--out", str(tmp_path / "file"))
 

@@ -9,7 +9,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
 from conftest import build_model, toy_data  # noqa: F401
 from fairseq_lnpos.variants import SIZES, arch_name
-from helpers import CAUSAL, bare, cross_attn, decode_both_ways, ffn, randomize_norms, self_attn, tokens
+from helpers import CAUSAL, cross_attn, decode_both_ways, ffn, randomize_norms, self_attn, tokens
 
 SMALL = ("--encoder-layers", 2, "--decoder-layers", 3)
 NEW = {"attn_ln.weight", "attn_ln.bias", "c_attn", "ffn_layernorm.weight", "ffn_layernorm.bias"}

@@ -335,6 +335,9 @@ def settings_of(opts, data_desc):
     return s
 
 
+MODELS = "models"  # the folder of the per-model records under --out
+
+
 @dataclasses.dataclass(frozen=True)
 class Job:
     """One model of the analysis: ``arch`` at ``depth`` layers built with ``seed``, or (``checkpoint``)
@@ -357,7 +360,8 @@ class Job:
     def file(self, out):
         """Where the job's record is kept: ``<out>/models/<label>-depth<D>-seed<S>.json``."""
         label = re.sub(r"[^A-Za-z0-9_.+-]+", "_", self.label)
-        return Path(out) / MODELS / f"{label}-{'checkpoint' if self.depth is None else f'depth{self.depth}'}-seed{self.seed}.json"
+        depth = "checkpoint" if self.depth is None else f"depth{self.depth}"
+        return Path(out) / MODELS / f"{label}-{depth}-seed{self.seed}.json"
 
     def made(self, rec, key):
         """Is ``rec`` this job's record, measured with the settings of hash ``key``?"""
@@ -367,9 +371,6 @@ class Job:
 
     def __str__(self):
         return f"{self.label} depth {self.depth} seed {self.seed}"
-
-
-MODELS = "models"  # the folder of the per-model records under --out
 
 
 def plan(opts, archs):
