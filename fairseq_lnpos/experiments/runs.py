@@ -2,8 +2,9 @@
 
 Every value the paper gives is in ``RUNS`` or ``DATASETS`` below; every value it does not give is an
 explicit default in ``DATASETS`` / ``Run`` with the reason next to it (see "Defaults" below).
-``grid.py`` turns a row into a fairseq-train command line, ``report.py`` puts the paper's value next
-to the measured one. A new run is one more line in ``RUNS``.
+``commands.py`` turns a row into a fairseq-train command line, ``report.py`` puts the paper's value next
+to the measured one. A new run is one more line in ``RUNS``; the demo, ``real-*`` and further Multi30k
+rows are one per variant of their group (``variants.GROUPS``).
 
 Sources: Xiong et al. ICML 2020 (Sec. 3.2, Sec. 4, App. A, App. H).
 
@@ -49,7 +50,7 @@ from ..launch import ADAM_BETAS, LABEL_SMOOTHING
 from ..variants import DEFAULT_INIT, GROUPS, INITS, VARIANTS
 
 # Dataset-level settings. `batch_tokens` is the effective batch of one update (tokens), the same
-# whatever the number of GPUs: grid.py picks --max-tokens/--update-freq to reach it.
+# whatever the number of GPUs: commands.batch_plan picks --max-tokens/--update-freq to reach it.
 DATASETS = {
     "iwslt14": dict(
         arch_size="iwslt_de_en", default_data=BIN_DIRS["iwslt14"], source_lang="de",
