@@ -29,13 +29,10 @@ from itertools import islice
 from pathlib import Path
 
 from .common import write_json
-from .errors import CommandParser, check, run_main
+from .errors import CommandParser, check, comma_list, run_main
 from .launch import NO_WARMUP, adam, train_args
-from .variants import FURTHER, SIZES, TINY, VARIANTS, arch_name
+from .variants import SIZES, THROUGHPUT_TARGETS, TINY, VARIANTS, arch_name
 
-# plugin throughput / fairseq throughput at least this (no target for the other variants)
-THROUGHPUT_TARGETS = {"postln": 0.99, "preln": 0.99, "deepnorm": 0.97, "admin": 0.97, "tfixup": 0.97,
-                      **{v: 0.95 for v in FURTHER}}  # the further placements and normalizations
 # --log-grad-norms: time with / time without, minus 1, at most this (percent)
 OVERHEAD_TARGETS = {"interval_1": 5.0, "interval_100": 1.0}
 DEFAULT_SIZES = ("tiny", "iwslt_de_en")
@@ -362,9 +359,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    sizes, variants = args.sizes.split(","), args.variants.split(",")
-    check_choices("size", sizes, list(SIZES))
-    check_choices("variant", variants, list(VARIANTS))
+    sizes = comma_list(args.sizes, "--sizes", choices=SIZES, what="a size")
+    variants = comma_list(args.variants, "--variants", choices=VARIANTS, what="a variant")
     check(args.threads >= 0, "--threads must be at least 0")
     logging.disable(logging.WARNING)  # fairseq's per-model INFO lines would drown the progress
     out = Path(args.out)

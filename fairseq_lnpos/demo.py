@@ -13,8 +13,8 @@ test2016 (docs/results.md, "Real text on a CPU").
 Steps (each resumes; a finished demo re-runs in seconds):
  1. the synthetic corpus (data-prep/make-synthetic.sh: 4500 training pairs, 300 valid, 300 test);
  2. a grid of `_tiny` runs (the `demo-*` rows of experiments/runs.py): Post-LN without warm-up,
-    Post-LN with 100 warm-up updates, Pre-LN and DeepNorm without warm-up (Keel, Admin, T-Fixup and
-    the further variants of ``variants.FURTHER`` on request), Adam lr 1e-3 (constant after the
+    Post-LN with 100 warm-up updates, Pre-LN and DeepNorm without warm-up (``variants.GROUPS["demo"]``;
+    every other variant on request: Keel, Admin, T-Fixup and the further variants), Adam lr 1e-3 (constant after the
     warm-up), 512-token batches, 3 epochs (~100 updates each), per-layer gradient norms logged at every update, test BLEU per epoch;
  3. the results table (scripts/make_table.sh): demo-out/results.csv, results.md (per seed), fig_demo.png;
  4. gradient norms of the first updates (grad_norms_first_updates.png);
@@ -41,11 +41,11 @@ from .analysis.seeds import ESTIMATOR, spread
 from .common import GRAD_NORMS_JSONL, write_figure, write_json, write_text
 from .errors import check, run_main
 from .experiments.runs import BY_NAME, DEMO_OPTIONAL, DEMO_ROWS
-from .variants import FURTHER, VARIANTS
+from .variants import GROUPS, VARIANTS
 
 RUNS = list(DEMO_ROWS["synthetic"])
 # --with-keel, --with-admin, --with-tfixup, --with-dyt, --with-periln, ...: demo-<name>-nowu (real-<name>-nowu)
-OPTIONAL = ("keel", "admin", "tfixup") + FURTHER
+OPTIONAL = tuple(v for v in VARIANTS if v not in GROUPS["demo"])
 DATA = {"synthetic": "synthetic corpus", "multi30k": "Multi30k De-En (real text)"}  # --data: step 1's label
 MULTI30K_BPE = 8000  # joint sentencepiece pieces of `--data multi30k` (docs/results.md, "Real text on a CPU")
 FIRST_UPDATES = 100  # updates shown in the gradient-norm figure
@@ -171,11 +171,11 @@ def grad_norm_figure(out, rows, runs, seed):
     return path
 
 
-def fig3(out, archs, quick):
+def fig3(out, variants, quick):
     from .analysis import init_grad
 
     size = dict(depths=[6, 8], seeds=1, tokens=256) if quick else dict(depths=[6, 8, 10, 12, 14], seeds=2)
-    init_grad.run(init_grad.Options(out=str(out / "fig3"), size="tiny", archs=list(archs), **size))
+    init_grad.run(init_grad.Options(out=str(out / "fig3"), size="tiny", archs=list(variants), **size))
     return out / "fig3"
 
 
@@ -297,6 +297,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.data != "multi30k" and (args.orig or args.bin):
         p.error("--orig and --bin are options of --data multi30k")
+    from .experiments.plan import parse_seeds
+
+    first_seed = str(parse_seeds(args.seeds)[0])  # a bad --seeds is refused before anything is prepared
     t0 = time.time()
     out = Path(args.out or {"synthetic": "demo-out", "multi30k": "demo-real-out"}[args.data])
     extra = [name for name in OPTIONAL if getattr(args, f"with_{name}")]
@@ -309,7 +312,7 @@ def main(argv=None):
                             args.quick, dry_run=True)
         return grid.run_grid(opts, plan.select_runs(opts))
     out.mkdir(parents=True, exist_ok=True)
-    archs = list(dict.fromkeys(BY_NAME[r].ln for r in runs))
+    variants = list(dict.fromkeys(BY_NAME[r].ln for r in runs))
     inits = sorted({BY_NAME[r].init for r in runs})
     steps = [DATA[args.data], f"grid of {len(runs)} runs x seeds {args.seeds} (initialization "
              f"{', '.join(inits)})", "results table",
@@ -325,10 +328,9 @@ def main(argv=None):
     say(3)
     rows, figures = make_table(out)
     say(4)
-    first_seed = args.seeds.split(",")[0].strip()
     figures.append(grad_norm_figure(out, rows, runs, first_seed))
     say(5)
-    fig3_dir = fig3(out, archs, args.quick)
+    fig3_dir = fig3(out, variants, args.quick)
     figures += [fig3_dir / "fig3.png", fig3_dir / "lemma2.png"]
 
     summary = summarize(rows)

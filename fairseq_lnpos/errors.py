@@ -200,6 +200,57 @@ class Range:
         return value
 
 
+class _ListProblem(Exception):
+    pass
+
+
+# what a bad item is not, by the function that reads the items
+ITEM_WORDS = {int: "a whole number", float: "a number", str: "a value"}
+
+
+def _items(value, item, choices, what):
+    words = [w.strip() for w in value.split(",")] if isinstance(value, str) else [str(v).strip() for v in value]
+    words = [w for w in words if w]
+    if not words:
+        raise _ListProblem(f"{value!r} lists nothing: give one or more, separated by commas")
+    what = what or ITEM_WORDS.get(item, "a value")
+    values = []
+    for w in words:
+        if choices is not None and w not in choices:
+            raise _ListProblem(f"{w!r} is not {what}: choose from {', '.join(choices)}")
+        try:
+            values.append(item(w))
+        except ValueError:
+            raise _ListProblem(f"{w!r} is not {what}") from None
+        if values[-1] in values[:-1]:
+            raise _ListProblem(f"{w!r} is listed twice")
+    return values
+
+
+def comma_list(value, option, item=str, choices=None, what=None):
+    """The items of ``value``, the comma-separated list an option takes (``option`` names it in
+    messages; a list or tuple of items is read the same way): spaces around an item are dropped and
+    empty items (``a,,b``, a trailing comma) skipped; each item is read by ``item`` (``int``,
+    ``float``, any function of a string that raises ValueError for a bad one) and, with ``choices``,
+    must be one of them. No item at all, a bad item or an item listed twice is an
+    :class:`LnposError` naming the option: ``--seeds: 'x' is not a whole number``. ``what``: what an
+    item is, for the messages ("a variant"; default by ``item``: "a whole number", "a number")."""
+    try:
+        return _items(value, item, choices, what)
+    except _ListProblem as e:
+        raise LnposError(f"{option}: {e}") from None
+
+
+def comma_list_type(item=str, choices=None, what=None):
+    """argparse type of :func:`comma_list` (argparse names the option); the items joined by commas."""
+    def parse(text):
+        try:
+            return ",".join(map(str, _items(text, item, choices, what)))
+        except _ListProblem as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
+
+
 def fraction(name):
     """argparse type of option ``--name``: a number strictly between 0 and 1."""
     def parse(text):

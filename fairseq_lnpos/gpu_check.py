@@ -37,24 +37,23 @@ from .errors import CommandParser, LnposError, check, run_main
 from .experiments import runs as R
 from .fairseq_log import LogState
 from .launch import NO_WARMUP, adam, train_cmd
-from .variants import VARIANTS, arch_name
+from .variants import GROUPS, VARIANTS, arch_name
 
 PROG = "gpu_check.sh"
 STEPS = range(1, 8)
 DEFAULT_STEPS = range(1, 7)
 # step 3: the paper's Post-LN baseline and its Pre-LN run without warm-up (Sec. 4)
 GRID_ROWS = ("iwslt-postln-adam-lr5e-4-wu4000", "iwslt-preln-adam-lr5e-4-step8")
-M30K_LNS = ("postln", "preln", "deepnorm", "keel", "admin")  # step 5's placements
 PRECISIONS = {"fp32": (), "fp16": ("--fp16",), "bf16": ("--bf16",)}
 TOLERANCE = {"fp16": 0.02, "bf16": 0.08}  # step 1: largest relative difference to fp32 that passes
 GRID_TARGET_S = 480                       # step 5 on an H200
 
 
 def m30k_rows():
-    """Step 5's rows: the Multi30k rows at lr 5e-4 of the placements in :data:`M30K_LNS` with at
-    most 500 warm-up updates, as the run table lists them."""
+    """Step 5's rows: the Multi30k rows at lr 5e-4 of the variants of ``variants.GROUPS["gpu_multi30k"]``
+    with at most 500 warm-up updates, as the run table lists them."""
     return [r.name for r in R.RUNS if r.dataset == "multi30k" and r not in R.REFERENCE and r.lr == 5e-4
-            and r.ln in M30K_LNS and r.warmup <= 500]
+            and r.ln in GROUPS["gpu_multi30k"] and r.warmup <= 500]
 
 
 def alone_row():
@@ -98,7 +97,7 @@ def plan(out, steps, m30k_orig=None, runs_per_gpu=7, evaluators=1):
             "--workers", 4), show=("tail", 3))]))
     if 1 in steps:
         items = []
-        for arch in (arch_name("postln", "tiny"), arch_name("keel", "tiny")):
+        for arch in (arch_name(v, "tiny") for v in GROUPS["gpu_precision"]):
             for prec, flags in PRECISIONS.items():
                 name = f"gn-{arch}-{prec}"
                 items.append(Command(train_cmd(

@@ -24,7 +24,9 @@ from pathlib import Path
 
 from .common import USER_DIR
 
-ADAM_BETAS = "(0.9, 0.98)"  # the paper's and fairseq's translation recipe (runs.Run's default)
+# the paper's and fairseq's translation recipe: the defaults of the run table (runs.Run) and of every
+# other command that trains (bench, the GPU check, the Fig. 3 analysis)
+ADAM_BETAS = "(0.9, 0.98)"
 LABEL_SMOOTHING = 0.1
 # the paper's T_warmup = 1: the first update runs at lr_max (optim/lr_scheduler.py)
 NO_WARMUP = ("--lr-scheduler", "warmup_inverse_sqrt", "--warmup-updates", "1")

@@ -1,7 +1,8 @@
 """The architecture registry as data (no fairseq import): variants, sizes and their arch names.
 
 ``models/archs.py`` registers one fairseq architecture ``transformer_<variant><size>`` for every
-pair below; the grid, the analyses and the benchmark read the same table.
+pair below; the grid, the analyses and the benchmark read the same table, and take their lists of
+variants from :data:`GROUPS`.
 """
 from dataclasses import dataclass
 
@@ -40,10 +41,33 @@ VARIANTS = {
     "normformer": Variant("NormFormer", "transformer_normformer", True,
                           options=("scale_attn", "scale_fc", "scale_heads")),
 }
-# the further placements and normalizations: each has a demo row (--with-<name>) and a Multi30k row
-PLACEMENTS = ("periln", "b2t", "residual", "mixln", "lnscaling", "rezero", "rezero_postln", "normformer")
-NORMALIZATIONS = ("preln_rmsnorm", "dyt", "derf", "scalenorm", "subln")
-FURTHER = NORMALIZATIONS + PLACEMENTS
+# The named groups of variants, each in VARIANTS order; what reads each is said next to it. A group is
+# given here only, by its variants' names; a command's default list of variants is a group.
+GROUPS = {
+    # the paper's two placements: the Fig. 3 analysis's default --archs (analysis/init_grad.py) and the
+    # rows of `make demo-real` (experiments/runs.py, DEMO_ROWS)
+    "paper": ("postln", "preln"),
+    # `make demo`'s rows (DEMO_ROWS); every other variant is a --with-<variant> of the demo
+    "demo": ("postln", "preln", "deepnorm"),
+    # Pre-LN with another normalization, and the further placements (models/<name>.py): each has a
+    # Multi30k row, a demo row and a throughput target of 0.95 (THROUGHPUT_TARGETS)
+    "normalizations": ("preln_rmsnorm", "dyt", "derf", "scalenorm", "subln"),
+    "placements": ("periln", "b2t", "residual", "mixln", "lnscaling", "rezero", "rezero_postln", "normformer"),
+    # the default --archs of the stability map and of the depth map (experiments/sweep.py)
+    "stability_map": ("postln", "preln", "deepnorm", "keel"),
+    "depth_map": ("postln", "preln", "deepnorm", "keel", "admin", "tfixup"),
+    # gpu_check.py: step 1's gradient norms under fp16 and bf16, step 5's Multi30k rows
+    "gpu_precision": ("postln", "keel"),
+    "gpu_multi30k": ("postln", "preln", "deepnorm", "keel", "admin"),
+}
+GROUPS["further"] = GROUPS["normalizations"] + GROUPS["placements"]
+for _group in GROUPS.values():
+    assert [v for v in VARIANTS if v in _group] == list(_group), _group  # known variants, in VARIANTS order
+del _group
+
+# bench.py: plugin throughput / fairseq throughput at least this (no target for the other variants)
+THROUGHPUT_TARGETS = {**dict.fromkeys(GROUPS["paper"], 0.99), **dict.fromkeys(("deepnorm", "admin", "tfixup"), 0.97),
+                      **dict.fromkeys(GROUPS["further"], 0.95)}
 
 # --lnpos-init: fairseq 0.12's own initialization (the default) or that of an older fairseq
 # (models/variant.py says what each changes)

@@ -31,9 +31,11 @@ def cross_attn(layer, x, enc):
     return bare(layer.encoder_attn, query=x, key=enc, value=enc, static_kv=True, need_weights=False)[0]
 
 
-def ffn(layer, x):
-    """The layer's FFN, fc2(activation(fc1(x))), without the hooks a variant put on fc1 or fc2."""
-    return bare(layer.fc2, layer.activation_fn(bare(layer.fc1, x)))
+def ffn(layer, x, inner=None):
+    """The layer's FFN, fc2(activation(fc1(x))), without the hooks a variant put on fc1 or fc2; ``inner``:
+    a normalization between the activation and fc2 (NormFormer's, Sub-LN's)."""
+    h = layer.activation_fn(bare(layer.fc1, x))
+    return bare(layer.fc2, h if inner is None else inner(h))
 
 
 def tokens(task, bsz, length, seed):

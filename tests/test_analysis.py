@@ -89,7 +89,8 @@ def test_rerun_resumes_from_records(small_run, capsys):
     (["--depths", "6,8", "--layers-depth", "7"], "--layers-depth 7 is not in --depths"),
     (["--checkpoint", "x.pt"], "--checkpoint needs --data"),
     (["--seeds", "0"], "--seeds must be at least 1"),
-    (["--depths", "6,x"], "argument --depths: give comma-separated integers, e.g. 6,14, not '6,x'"),
+    (["--depths", "6,x"], "--depths: 'x' is not a whole number"),
+    (["--depths", "6,8,6"], "--depths: '6' is listed twice"),
     (["--data", "/nonexistent/bin"], "data folder /nonexistent/bin does not exist"),
 ])
 def test_bad_input_one_line_error(tmp_path, capsys, args, message):
@@ -154,3 +155,56 @@ def test_train_curves_reads_resumed_jsonl_and_plots(tmp_path):
 
     with pytest.raises(LnposError, match="no group matches"):
         plot(path, tmp_path / "x.png", groups_regex="fc9")
+
+
+def test_an_interrupted_run_resumes_without_measuring_again_what_it_recorded(tmp_path, monkeypatch, capsys):
+    """Each model's record is its own file, written whole; a rerun measures only the models without one
+    (or with one of other settings) and writes the same outputs."""
+    from fairseq_lnpos.analysis import init_grad
+
+    argv = [*SMALL, "--depths", "2,3", "--layers-depth", "2", "--seeds", "1", "--threads", "1", "--out", str(tmp_path)]
+    measured = []
+    real_measure = init_grad.measure
+
+    def counting(job, *args):
+        measured.append(str(job))
+        return real_measure(job, *args)
+
+    monkeypatch.setattr(init_grad, "measure", counting)
+    assert init_grad.main(argv) == 0
+    assert len(measured) == 4
+    files = sorted((tmp_path / "models").glob("*.json"))
+    assert [f.name for f in files] == ["Post-LN-depth2-seed1.json", "Post-LN-depth3-seed1.json",
+                                       "Pre-LN-depth2-seed1.json", "Pre-LN-depth3-seed1.json"]
+    before = json.loads((tmp_path / "fig3.json").read_text())
+    lines = (tmp_path / "records.jsonl").read_text().splitlines()
+    assert [{k: v for k, v in json.loads(line).items() if k != "settings_key"} for line in lines] == before["models"]
+
+    # interrupted after two models: the others' records are missing, and one was made with other settings
+    (tmp_path / "models" / "Pre-LN-depth2-seed1.json").unlink()
+    stale = tmp_path / "models" / "Post-LN-depth3-seed1.json"
+    stale.write_text(json.dumps({**json.loads(stale.read_text()), "settings_key": "other"}))
+    for name in ("fig3.json", "records.jsonl"):
+        (tmp_path / name).unlink()
+    measured.clear()
+    capsys.readouterr()
+    assert init_grad.main(argv) == 0
+    assert measured == ["Post-LN depth 3 seed 1", "Pre-LN depth 2 seed 1"]
+    assert capsys.readouterr().out.count("done earlier") == 2
+    after = json.loads((tmp_path / "fig3.json").read_text())
+    assert after["last_w2"] == before["last_w2"] and after["per_layer"] == before["per_layer"]
+    assert len((tmp_path / "records.jsonl").read_text().splitlines()) == 4
+
+    measured.clear()
+    assert init_grad.main([*argv, "--fresh"]) == 0 and len(measured) == 4
+
+
+def test_a_damaged_model_record_is_an_error_naming_it(tmp_path, capsys):
+    from fairseq_lnpos.analysis import init_grad
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "Post-LN-depth2-seed1.json").write_text("{")
+    argv = [*SMALL, "--depths", "2", "--layers-depth", "2", "--seeds", "1", "--out", str(tmp_path)]
+    assert init_grad.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Post-LN-depth2-seed1.json is damaged" in err and "delete it to measure that model again" in err

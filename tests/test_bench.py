@@ -50,7 +50,7 @@ def test_bad_size_is_a_one_line_error(toy_data, tmp_path):
     result = bench("--sizes", "huge", "--data", toy_data, "--out", tmp_path / "b.json")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "bench.sh: error: unknown size huge: choose from base, iwslt_de_en, wmt_en_de, tiny"]
+        "bench.sh: error: --sizes: 'huge' is not a size: choose from base, iwslt_de_en, wmt_en_de, tiny"]
     assert not (tmp_path / "b.json").exists()
 
 

@@ -134,9 +134,9 @@ def test_quick_demo_writes_table_and_figures_and_resumes(tmp_path):
 def test_every_demo_option_names_a_demo_row():
     from fairseq_lnpos.demo import OPTIONAL
     from fairseq_lnpos.experiments.runs import BY_NAME
-    from fairseq_lnpos.variants import FURTHER
+    from fairseq_lnpos.variants import GROUPS
 
-    assert set(FURTHER) <= set(OPTIONAL)
+    assert set(GROUPS["further"]) <= set(OPTIONAL)
     for name in OPTIONAL:
         row = BY_NAME[f"demo-{name}-nowu"]
         assert (row.ln, row.dataset, row.warmup) == (name, "synthetic", 0)

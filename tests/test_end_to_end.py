@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import USER_DIR, fairseq_cmd, run, toy_data  # noqa: F401
-from fairseq_lnpos.variants import PLACEMENTS, arch_name
+from fairseq_lnpos.variants import GROUPS, arch_name
 
 pytestmark = pytest.mark.slow  # every test here runs fairseq-train or fairseq-generate
 
@@ -96,7 +96,7 @@ def test_bad_input_is_a_one_line_error(toy_data, tmp_path, extra, message):
     assert not list(tmp_path.glob("*.pt"))
 
 
-@pytest.mark.parametrize("variant", PLACEMENTS)
+@pytest.mark.parametrize("variant", GROUPS["placements"])
 @pytest.mark.slow
 def test_each_further_placement_trains_and_generates(toy_data, tmp_path, variant):
     from helpers import fairseq_generate, fairseq_train

@@ -39,10 +39,10 @@ def results_md_folder(sandbox):
 CASES = [
     # --- values that would reach the generated sbatch script: refused, nothing written
     Case("slurm-partition-injects-a-line", SLURM + ("--partition", "gpu\ntouch {S}/PWNED #"),
-         r"^grid\.sh slurm: error: argument --partition: gpu\\ntouch \S*PWNED # is not a SLURM partition name",
+         r"^grid\.sh slurm: error: argument --partition: 'gpu\\ntouch \S*PWNED #' is not a SLURM partition name",
          writes=()),
     Case("slurm-partition-with-a-space", SLURM + ("--partition", "gpu debug"),
-         r"argument --partition: gpu debug is not a SLURM partition name", writes=()),
+         r"argument --partition: 'gpu debug' is not a SLURM partition name", writes=()),
     Case("slurm-account-injects-a-line", SLURM + ("--partition", "gpu", "--account", "lab\ntouch {S}/PWNED"),
          r"argument --account: lab\\ntouch \S*PWNED is not a SLURM account name", writes=()),
     Case("slurm-time-with-a-final-newline", SLURM + ("--partition", "gpu", "--time", "1:00:00\n"),

@@ -194,7 +194,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, data):
     assert "unknown run 'nope'" in err("run", "--only", "nope", "--data", str(data))
     assert "not found" in err("run", "--only", GOOD, "--data", str(tmp_path / "missing"))
     assert "lnpos-data.json" in err("run", "--only", GOOD, "--data", str(tmp_path))
-    assert "lists no GPU" in err("run", "--only", GOOD, "--data", str(data), "--gpus", ",")
+    assert "--gpus: ',' lists nothing" in err("run", "--only", GOOD, "--data", str(data), "--gpus", ",")
     assert "unknown field" in err("run", "--only", GOOD, "--data", str(data), "--set", "speed=1")
     assert "is not selected" in err("run", "--only", GOOD, "--data", str(data), "--set", f"{BAD}:lr=1")
     import torch
@@ -366,8 +366,9 @@ def test_runs_per_gpu_and_numbers_are_checked(tmp_path, capsys, data):
             G.main(["run", "--only", GOOD, flag_, bad])
         assert e.value.code == 2
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
-    assert "--seeds x" in err("--seeds", "x")
-    assert "distinct" in err("--seeds", "1,1")
+    assert "--seeds: 'x' is not a whole number" in err("--seeds", "x")
+    assert "--seeds: '1' is listed twice" in err("--seeds", "1,1")
+    assert "--seeds -1: give distinct non-negative whole numbers" in err("--seeds", "-1")
     (tmp_path / "file").write_text("")
     assert "is a file" in err("--out", str(tmp_path / "file"))
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from conftest import USER_DIR, build_model, fairseq_cmd, run, toy_data  # noqa: F401
 from fairseq_lnpos.models.norms import ScaleNorm
 from fairseq_lnpos.models.subln import subln_gammas
-from helpers import decode_both_ways, generated_bleu
+from helpers import decode_both_ways, ffn, generated_bleu
 
 NO_DROPOUT = ("--dropout", 0, "--attention-dropout", 0, "--activation-dropout", 0)
 NEW_ARCHS = ["scalenorm", "subln", "dyt", "derf", "preln_rmsnorm"]
@@ -37,7 +37,7 @@ def test_scalenorm_module_formula():
 @pytest.mark.parametrize("share", [(), ("--share-decoder-input-output-embed",)])
 def test_scalenorm_fixnorm_smallinit(toy_data, share):
     model, task, args = build_model(toy_data, "transformer_scalenorm_tiny", *share, *NO_DROPOUT)
-    d, ffn = 128, 512
+    d, d_ffn = 128, 512
     norms = [m for m in model.modules() if isinstance(m, ScaleNorm)]
     assert len(norms) == 6 * 2 + 1 + 6 * 3 + 1 and all(n.weight.item() == pytest.approx(math.sqrt(d)) for n in norms)
     # SmallInit: attention N(0, 2/(5d)), FFN N(0, 2/(d+d_ff)), biases 0
@@ -45,7 +45,7 @@ def test_scalenorm_fixnorm_smallinit(toy_data, share):
     for proj in (layer.encoder_attn.q_proj, layer.self_attn.out_proj):
         assert float(proj.weight.std()) == pytest.approx(math.sqrt(2 / (5 * d)), rel=0.05)
         assert torch.equal(proj.bias, torch.zeros(d))
-    assert float(layer.fc1.weight.std()) == pytest.approx(math.sqrt(2 / (d + ffn)), rel=0.05)
+    assert float(layer.fc1.weight.std()) == pytest.approx(math.sqrt(2 / (d + d_ffn)), rel=0.05)
     assert torch.equal(layer.fc2.bias, torch.zeros(d))
     # FixNorm at the input: unit-length rows (times fairseq's sqrt(d) scale), the padding row 0
     tokens = torch.tensor([[5, 6, 7, task.source_dictionary.pad()]])
@@ -66,7 +66,7 @@ def test_scalenorm_fixnorm_smallinit(toy_data, share):
     x = torch.randn(5, 2, d) * 3
     h = enc.self_attn_layer_norm(x)
     x1 = x + enc.self_attn.out_proj(attention_by_hand(enc.self_attn, h))
-    y = x1 + enc.fc2(torch.relu(enc.fc1(enc.final_layer_norm(x1))))
+    y = x1 + ffn(enc, enc.final_layer_norm(x1))
     with torch.no_grad():
         assert torch.allclose(enc(x, None), y, atol=2e-4)
 
@@ -114,7 +114,7 @@ def test_subln_block_by_hand(toy_data, mode):
     x = torch.randn(5, 2, d) * 3
     core = attention_by_hand(enc.self_attn, enc.self_attn_layer_norm(x))
     x1 = x + enc.self_attn.out_proj(enc.self_attn_sub_layer_norm(core))
-    y = x1 + enc.fc2(enc.ffn_sub_layer_norm(torch.relu(enc.fc1(enc.final_layer_norm(x1)))))
+    y = x1 + ffn(enc, enc.final_layer_norm(x1), enc.ffn_sub_layer_norm)
     with torch.no_grad():
         assert torch.allclose(enc(x, None), y, atol=2e-4)
 
@@ -126,13 +126,13 @@ def test_subln_init_is_the_papers_xavier_normal_with_gain_gamma(toy_data):
     gammas = subln_gammas(n, m)
     assert gammas["encoder"] == pytest.approx(math.sqrt(math.log(3 * m) * math.log(2 * n) / 3))
     assert subln_gammas(6, 6) == pytest.approx({"encoder": 1.5473, "decoder": 1.7001}, abs=1e-4)
-    d, ffn = 128, 512
+    d, d_ffn = 128, 512
     xavier = lambda fan_in, fan_out, gain=1.0: gain * math.sqrt(2 / (fan_in + fan_out))  # noqa: E731
     for side in ("encoder", "decoder"):
         g = gammas[side]
         for layer in getattr(model, side).layers:
-            assert float(layer.fc1.weight.std()) == pytest.approx(g * xavier(d, ffn), rel=0.05)
-            assert float(layer.fc2.weight.std()) == pytest.approx(g * xavier(ffn, d), rel=0.05)
+            assert float(layer.fc1.weight.std()) == pytest.approx(g * xavier(d, d_ffn), rel=0.05)
+            assert float(layer.fc2.weight.std()) == pytest.approx(g * xavier(d_ffn, d), rel=0.05)
             # every attention, the decoder's cross-attention included (torchscale skips it)
             for attn in [layer.self_attn] + ([layer.encoder_attn] if side == "decoder" else []):
                 for w in (attn.v_proj.weight, attn.out_proj.weight):

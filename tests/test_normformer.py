@@ -9,7 +9,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
 from conftest import build_model, toy_data  # noqa: F401
 from fairseq_lnpos.variants import SIZES, arch_name
-from helpers import CAUSAL, bare, cross_attn, decode_both_ways, randomize_norms, self_attn, tokens
+from helpers import CAUSAL, cross_attn, decode_both_ways, ffn, randomize_norms, self_attn, tokens
 
 SMALL = ("--encoder-layers", 2, "--decoder-layers", 3)
 NEW = {"attn_ln.weight", "attn_ln.bias", "c_attn", "ffn_layernorm.weight", "ffn_layernorm.bias"}
@@ -38,10 +38,6 @@ def heads(layer, a):
     """The attention output ``a`` with its slice of each head (head dim wide) times that head's scale."""
     t, b, d = a.shape
     return (a.view(t, b, layer.c_attn.numel(), -1) * layer.c_attn.view(-1, 1)).view(t, b, d)
-
-
-def ffn(layer, x):
-    return bare(layer.fc2, layer.ffn_layernorm(layer.activation_fn(bare(layer.fc1, x))))
 
 
 def new_params(layer):
@@ -77,7 +73,7 @@ def test_encoder_layer_formula(normformer):
     x = torch.randn(6, 2, 128) * 3
     with torch.no_grad():
         h = x + layer.attn_ln(heads(layer, self_attn(layer, layer.self_attn_layer_norm(x))))
-        expected = layer.w_resid * h + ffn(layer, layer.final_layer_norm(h))
+        expected = layer.w_resid * h + ffn(layer, layer.final_layer_norm(h), layer.ffn_layernorm)
         got = layer(x, encoder_padding_mask=None)
     assert torch.allclose(got, expected, atol=1e-5)
 
@@ -89,7 +85,7 @@ def test_decoder_layer_formula_nothing_new_on_cross_attention(normformer):
     with torch.no_grad():
         h = x + layer.attn_ln(heads(layer, self_attn(layer, layer.self_attn_layer_norm(x), attn_mask=CAUSAL)))
         h = h + cross_attn(layer, layer.encoder_attn_layer_norm(h), enc)
-        expected = layer.w_resid * h + ffn(layer, layer.final_layer_norm(h))
+        expected = layer.w_resid * h + ffn(layer, layer.final_layer_norm(h), layer.ffn_layernorm)
         got = layer(x, encoder_out=enc, encoder_padding_mask=None, self_attn_mask=CAUSAL)[0]
     assert torch.allclose(got, expected, atol=1e-5)
 
@@ -142,7 +138,7 @@ def test_lnpos_norm_replaces_the_new_layernorms_too(toy_data):
     x = torch.randn(6, 2, 128)
     with torch.no_grad():
         h = x + layer.attn_ln(heads(layer, self_attn(layer, layer.self_attn_layer_norm(x))))
-        assert torch.allclose(layer(x, encoder_padding_mask=None), h + ffn(layer, layer.final_layer_norm(h)), atol=1e-5)
+        assert torch.allclose(layer(x, encoder_padding_mask=None), h + ffn(layer, layer.final_layer_norm(h), layer.ffn_layernorm), atol=1e-5)
 
 
 def test_incremental_decoding_equals_the_full_forward(normformer):

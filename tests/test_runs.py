@@ -63,10 +63,10 @@ def test_iwslt_sgd(lr, warmup):
     assert int(flag(cmd, "--warmup-updates")) == (warmup or 1)
 
 
-@pytest.mark.parametrize("ln", ["postln", "preln"])
-def test_radam_no_warmup_linear_decay(ln):
-    cmd = command(find(dataset="iwslt14", ln=ln, optimizer="radam"), total=1234)
-    assert flag(cmd, "--optimizer") == "radam" and flag(cmd, "--arch") == f"transformer_{ln}_iwslt_de_en"
+@pytest.mark.parametrize("variant", ["postln", "preln"])
+def test_radam_no_warmup_linear_decay(variant):
+    cmd = command(find(dataset="iwslt14", ln=variant, optimizer="radam"), total=1234)
+    assert flag(cmd, "--optimizer") == "radam" and flag(cmd, "--arch") == f"transformer_{variant}_iwslt_de_en"
     assert flag(cmd, "--lr-scheduler") == "polynomial_decay" and flag(cmd, "--power") == "1"
     assert float(flag(cmd, "--end-learning-rate")) == 0 and flag(cmd, "--warmup-updates") == "0"
     assert flag(cmd, "--total-num-update") == "1234"
@@ -122,7 +122,7 @@ def test_multi30k_rows_mirror_the_iwslt_adam_rows_on_the_iwslt_model():
     iwslt_adam = {(r.ln, r.lr, r.warmup) for r in R.RUNS if r.dataset == "iwslt14" and r.optimizer == "adam"
                   and r.ln == "postln" and r.schedule == "inverse_sqrt"}
     assert {(r.ln, r.lr, r.warmup) for r in m30k if r.ln == "postln" and r.optimizer == "adam"} == iwslt_adam
-    assert {r.ln for r in m30k if r.warmup == 0 and r.optimizer == "adam"} == set(R.LN_KINDS)
+    assert {r.ln for r in m30k if r.warmup == 0 and r.optimizer == "adam"} == set(R.VARIANTS)
     assert any(r.optimizer == "radam" and r.schedule == "linear" for r in m30k)
     for r in m30k:
         cmd = command(r)
@@ -186,11 +186,11 @@ RADAM_REPO = {"--arch": "transformer_postln_iwslt_de_en", "--adam-betas": "(0.9,
               "--max-tokens": 4000, "--max-update": 70000, "--total-num-update": 70000, "--lnpos-init": "fairseq-0.8"}
 
 
-@pytest.mark.parametrize("ln,bleu", [("admin", 35.67), ("postln", 35.64), ("preln", 35.50)])
-def test_transformer_clinic_rows(ln, bleu):
-    run = R.BY_NAME[f"ref-iwslt-clinic-{ln}"]
+@pytest.mark.parametrize("variant,bleu", [("admin", 35.67), ("postln", 35.64), ("preln", 35.50)])
+def test_transformer_clinic_rows(variant, bleu):
+    run = R.BY_NAME[f"ref-iwslt-clinic-{variant}"]
     cmd = command(run)
-    flags_match(cmd, {**CLINIC, "--arch": f"transformer_{ln}_iwslt_de_en", "--max-epoch": 90, "--max-update": 100000})
+    flags_match(cmd, {**CLINIC, "--arch": f"transformer_{variant}_iwslt_de_en", "--max-epoch": 90, "--max-update": 100000})
     assert "--share-all-embeddings" in cmd and "--decoupled-weight-decay" in cmd
     assert "--share-decoder-input-output-embed" not in cmd
     assert (run.beam, run.lenpen, run.average_last, run.paper_bleu) == (5, 1.0, 10, bleu)
@@ -346,11 +346,11 @@ def test_every_architecture_on_real_text_plan(tmp_path, capsys):
     generic = set()
     for (name, seed), block in zip(runs, blocks):
         argv = block[1].split()
-        ln, warm = R.BY_NAME[name].ln, "100" if name.endswith("wu100") else "1"
+        variant, warm = R.BY_NAME[name].ln, "100" if name.endswith("wu100") else "1"
         assert (flag(argv, "--arch"), flag(argv, "--warmup-updates"), flag(argv, "--seed")) == (
-            f"transformer_{ln}_tiny", warm, seed)
+            f"transformer_{variant}_tiny", warm, seed)
         assert argv[1] == str(tmp_path / "bin")
-        generic.add(" ".join(block[1].replace(f"transformer_{ln}_tiny", "ARCH").replace(f"{name}/seed{seed}", "DIR")
+        generic.add(" ".join(block[1].replace(f"transformer_{variant}_tiny", "ARCH").replace(f"{name}/seed{seed}", "DIR")
                              .replace(f"--warmup-updates {warm} ", "").replace(f"--seed {seed} ", "").split()))
     assert len(generic) == 1  # nothing else differs
 

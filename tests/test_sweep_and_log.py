@@ -113,7 +113,7 @@ def test_sweep_dry_run_names_and_budget(capsys, tmp_path):
                                      "--warmup", "1", "--out", str(tmp_path / "r")]) == 0
     assert "transformer_keel_iwslt_de_en" in capsys.readouterr().out
     assert run_main("grid", G.main, ["sweep", "--dry-run", "--archs", "nope"]) == 2
-    assert "give variants from" in capsys.readouterr().err
+    assert "--archs: 'nope' is not a variant: choose from postln, preln," in capsys.readouterr().err
     (cell,) = S.expand(["preln"], [3e-3], [1], [12], 10)  # warm-up 1 is the paper's T_warmup = 1: none
     assert (cell.name, cell.ln, cell.lr, cell.warmup, cell.layers, cell.max_update) == (
         "sweep-preln-L12-lr0.003-wu1", "preln", 3e-3, 0, 12, 10)

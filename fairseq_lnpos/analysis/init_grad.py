@@ -20,42 +20,32 @@ only the last layer's W2 needs a gradient (Fig. 3c/d), so autograd skips the res
 check runs one extra forward pass in eval mode (no dropout) on the deepest models and records
 ||x||^2 / d at the input of every LayerNorm, averaged over the non-padding positions.
 
-Results are appended to ``<out>/records.jsonl`` as each model finishes; a rerun with the same
-settings skips what is there (``--fresh`` starts over). At the end ``fig3.json`` and the PNGs
-are written (fairseq_lnpos.analysis.plots).
+Each model's record is written to ``<out>/models/`` as it finishes (:func:`Job.file`); a rerun with
+the same settings skips the models recorded there (``--fresh`` starts over). At the end
+``records.jsonl`` (every record, one a line), ``fig3.json`` and the PNGs are written
+(fairseq_lnpos.analysis.plots). :func:`run` is :func:`plan`, :func:`resume`, :func:`measure` per
+job and :func:`finish`.
 """
 import argparse
 import dataclasses
 import json
 import os
+import re
 import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Optional, Tuple
 
-from fairseq_lnpos.common import fmt_time, open_log, refuse_link, write_json
-from fairseq_lnpos.errors import CommandParser, LnposError, at_least, check, run_main
+from fairseq_lnpos.common import fmt_time, read_json, write_json, write_text
+from fairseq_lnpos.errors import CommandParser, LnposError, at_least, check, comma_list, run_main
 from fairseq_lnpos.launch import config_hash, train_args
 from fairseq_lnpos.options import Options as CommandOptions, option
-from fairseq_lnpos.variants import INITS, SIZES, VARIANTS, arch_name
+from fairseq_lnpos.variants import GROUPS, INITS, SIZES, VARIANTS, arch_name
 
 PROG = "init_grad_analysis"
 DEFAULTS = {"tokens": 256, "batches": 2, "seeds": 2}
 PAPER = {"tokens": 4096, "seeds": 10}  # Sec. 3.4: ten seeds; 4096-token batches as in training
-
-
-def comma_list(text):
-    """argparse type: ``a,b`` -> ``("a", "b")``."""
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def comma_ints(text):
-    """argparse type: ``6,14`` -> ``(6, 14)``."""
-    try:
-        return tuple(int(x) for x in comma_list(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"give comma-separated integers, e.g. 6,14, not {text!r}") from None
 
 
 @dataclasses.dataclass
@@ -67,9 +57,9 @@ class Options(CommandOptions):
     source_lang: Optional[str] = option(flag=("--source-lang", "-s"))
     target_lang: Optional[str] = option(flag=("--target-lang", "-t"))
     archs: Tuple[str, ...] = option(
-        ("postln", "preln"), type=comma_list,
+        GROUPS["paper"],
         help=f"comma-separated: variants ({', '.join(VARIANTS)}: transformer_<variant>_<size>) or "
-             "full fairseq arch names (default: postln,preln)")
+             f"full fairseq arch names (default: {','.join(GROUPS['paper'])})")
     size: str = option("iwslt_de_en", "size of the variants' archs: iwslt_de_en (6+6, d 512, FFN 1024, 4 heads; "
                        "the paper's IWSLT model, default), wmt_en_de, tiny, or base ('' = base)")
     model_args: str = option("", "extra fairseq model options, one quoted string, e.g. "
@@ -79,8 +69,7 @@ class Options(CommandOptions):
         choices=INITS, help="the plugin archs' --lnpos-init (default fairseq-0.12, fairseq 0.12's own; "
                             "fairseq-0.8: Xavier FFNs and zero biases, the fairseq of the paper's time)")
     vocab: int = option(8000, "word types of the generated corpus (no --data)", type=int)
-    depths: Tuple[int, ...] = option((6, 8, 10, 12, 14), "encoder = decoder layers of the depth sweep (Fig. 3c/d)",
-                                     type=comma_ints)
+    depths: Tuple[int, ...] = option((6, 8, 10, 12, 14), "encoder = decoder layers of the depth sweep (Fig. 3c/d)")
     layers_depth: int = option(6, "depth whose per-layer W1/W2 norms are plotted (Fig. 3a/b); default 6", type=int)
     seeds: Optional[int] = option(help=f"number of seeds (default {DEFAULTS['seeds']}; --paper: 10)", type=int)
     first_seed: int = option(1, type=int)
@@ -108,11 +97,10 @@ class Options(CommandOptions):
 
     def validate(self):
         """Normalise the lists and range-check every value; raises :class:`LnposError`."""
-        self.archs = [a.strip() for a in self.archs if a.strip()]
-        check(self.archs, "--archs is empty: give e.g. postln,preln")
+        self.archs = comma_list(self.archs, "--archs", what="a variant or arch name")
         check(self.size in SIZES or self.size == "", f"--size {self.size!r}: one of {', '.join(SIZES)} ('' = base)")
-        self.depths = sorted(set(self.depths))
-        check(self.depths and min(self.depths) >= 1, "--depths must list positive layer counts, e.g. 6,8,10,12,14")
+        self.depths = sorted(comma_list(self.depths, "--depths", int))
+        check(min(self.depths) >= 1, "--depths must list positive layer counts, e.g. 6,8,10,12,14")
         check(self.layers_depth in self.depths,
               f"--layers-depth {self.layers_depth} is not in --depths {self.depths}")
         for name in ("seeds", "tokens", "batches", "vocab"):
@@ -347,10 +335,129 @@ def settings_of(opts, data_desc):
     return s
 
 
-def job_cost(depth, full, lemma):
-    # forward + backward through the model; the depth-sweep models backpropagate mostly through
-    # the decoder only; a Lemma 2 pass is one forward
-    return depth * (3.0 if full else 2.2) + (depth if lemma else 0) + 2.0
+MODELS = "models"  # the folder of the per-model records under --out
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One model of the analysis: ``arch`` at ``depth`` layers built with ``seed``, or (``checkpoint``)
+    a trained model at its own depth. ``full``: every layer's W1 and W2 (Fig. 3a/b), else the last
+    layer's W2 only; ``lemma2``: also the Lemma 2 forward pass."""
+    label: str
+    arch: Optional[str]
+    depth: Optional[int]
+    seed: int
+    full: bool
+    lemma2: bool
+    checkpoint: Optional[str] = None
+
+    def cost(self, layers_depth):
+        """The relative time of the job: forward + backward through the model; the depth-sweep models
+        backpropagate mostly through the decoder only; a Lemma 2 pass is one forward."""
+        depth = self.depth or layers_depth
+        return depth * (3.0 if self.full else 2.2) + (depth if self.lemma2 else 0) + 2.0
+
+    def file(self, out):
+        """Where the job's record is kept: ``<out>/models/<label>-depth<D>-seed<S>.json``."""
+        label = re.sub(r"[^A-Za-z0-9_.+-]+", "_", self.label)
+        depth = "checkpoint" if self.depth is None else f"depth{self.depth}"
+        return Path(out) / MODELS / f"{label}-{depth}-seed{self.seed}.json"
+
+    def made(self, rec, key):
+        """Is ``rec`` this job's record, measured with the settings of hash ``key``?"""
+        return (isinstance(rec, dict) and rec.get("settings_key") == key
+                and [rec.get(k) for k in ("label", "depth_requested", "seed", "full")]
+                == [self.label, self.depth, self.seed, self.full] and (not self.lemma2 or "lemma2" in rec))
+
+    def __str__(self):
+        return f"{self.label} depth {self.depth} seed {self.seed}"
+
+
+def plan(opts, archs):
+    """The jobs, in the order they run: per seed, every arch of ``archs`` ((name, arch, label) of
+    :func:`resolve_arch`) at every depth, then the checkpoint."""
+    deepest, jobs = max(opts.depths), []
+    for seed in range(opts.first_seed, opts.first_seed + opts.seeds):
+        jobs += [Job(label, arch, depth, seed, full=depth == opts.layers_depth, lemma2=depth == deepest and opts.lemma2)
+                 for _, arch, label in archs for depth in opts.depths]
+        if opts.checkpoint:
+            jobs.append(Job(opts.checkpoint_label, None, None, seed, full=True, lemma2=False, checkpoint=opts.checkpoint))
+    return jobs
+
+
+def resume(out, jobs, key, fresh=False):
+    """``{job: record}`` of the jobs whose record ``<out>/models/`` holds, measured with the settings of
+    hash ``key`` (as the grid keeps a run's outcome in its folder): those are not measured again. A
+    record of other settings is measured again and replaced; ``fresh`` removes every record first."""
+    folder = Path(out) / MODELS
+    if fresh and folder.is_dir():
+        for path in folder.glob("*.json"):
+            path.unlink()
+    folder.mkdir(exist_ok=True)
+    done = {}
+    for job in jobs:
+        rec = read_json(job.file(out), missing_ok=True, what_to_do="delete it to measure that model again")
+        if job.made(rec, key):
+            done[job] = rec
+    return done
+
+
+def measure(job, opts, task, samples, key):
+    """The record of one job: its FFN gradient norms over ``samples`` (and the Lemma 2 norms)."""
+    from fairseq_lnpos import fairseq_build
+
+    t0 = time.time()
+    if job.checkpoint:
+        model, arch, depth = load_checkpoint_model(task, job.checkpoint, opts.dropout)
+        fargs = fairseq_build.parse(fairseq_argv(arch, depth, opts, data=opts.data))
+    else:
+        arch, depth = job.arch, job.depth
+        built = fairseq_build.build(fairseq_argv(arch, depth, opts), seed=job.seed, task=task)
+        fargs, model = built.args, built.model
+    model.to(opts.device)
+    if hasattr(model, "profile_if_due"):  # Admin: w is profiled on a training batch, as fairseq-train does
+        model.profile_if_due(**samples[0]["net_input"])
+    criterion = task.build_criterion(fargs)
+    weights = ffn_weights(model)
+    if not job.full:
+        weights = {k: p for k, p in weights.items() if k[2] == "fc2" and k[1] == depth - 1}
+    stats = gradient_stats(model, criterion, samples, weights, opts.spectral)
+    rec = {"settings_key": key, "label": job.label, "arch": arch, "depth": depth,
+           "depth_requested": job.depth, "seed": job.seed, "full": job.full,
+           "d": model.encoder.embed_tokens.embedding_dim,
+           "normalize_before": bool(getattr(fargs, "encoder_normalize_before", False)),
+           "tokens": [int(s["ntokens"]) for s in samples],
+           "mean_grad": {}, "batch_norm": {}, **({"mean_grad_spectral": {}} if opts.spectral else {})}
+    for (stack, layer, w), values in sorted(stats.items()):
+        for name, value in zip(("mean_grad", "batch_norm", "mean_grad_spectral"), values):
+            if name in rec:
+                rec[name].setdefault(stack, {}).setdefault(w, [None] * depth)[layer] = value
+    if job.lemma2:
+        rec["lemma2"] = lemma2_stats(model, samples[0])
+    rec["seconds"] = round(time.time() - t0, 2)
+    return rec
+
+
+def finish(out, records, settings, opts, t_start):
+    """``records.jsonl`` (every model's record, one a line), ``fig3.json`` and the figures; returns
+    fig3.json's content."""
+    import torch
+
+    from fairseq_lnpos.analysis import plots, summary as summarize
+
+    write_text(out / "records.jsonl", "".join(json.dumps(rec) + "\n" for rec in records))
+    result = summarize.summarize(records, settings, depths=opts.depths, layers_depth=opts.layers_depth,
+                                 seeds=opts.seeds, lemma2=opts.lemma2)
+    result["seconds"] = round(time.time() - t_start, 1)
+    result["cpu_seconds"] = round(time.process_time(), 1)
+    write_json(out / "fig3.json", result)
+    written = plots.plot_all(result, out)
+    print(summarize.headline(result))
+    print(f"wrote {out / 'fig3.json'}, {', '.join(str(p) for p in written)}")
+    wall, cpu = time.time() - t_start, time.process_time()
+    print(f"time taken: {fmt_time(wall)} ({wall:.0f} s wall, {cpu:.0f} s CPU over "
+          f"{torch.get_num_threads()} threads)")
+    return result
 
 
 def process_start_time():
@@ -374,8 +481,9 @@ def main(argv=None):
 
 
 def run(opts, t_start=None):
-    """Measure, write ``<out>/records.jsonl``, ``fig3.json`` and the figures; return fig3.json's
-    content. Raises :class:`LnposError` for bad input."""
+    """Measure every job of :func:`plan` that :func:`resume` does not find done, keeping each record in
+    ``<out>/models/`` as it is measured, then :func:`finish`; return fig3.json's content. Raises
+    :class:`LnposError` for bad input."""
     opts = opts.validate()
     t_start = time.time() if t_start is None else t_start
     import torch
@@ -384,8 +492,7 @@ def run(opts, t_start=None):
         torch.set_num_threads(opts.threads)
     check(opts.device == "cpu" or torch.cuda.is_available(),
           f"--device {opts.device}: torch {torch.__version__} sees no GPU here; use --device cpu")
-    from fairseq_lnpos import fairseq_build, register
-    from fairseq_lnpos.analysis import plots, summary as summarize
+    from fairseq_lnpos import register
     from fairseq_lnpos.data.pipeline import check_writable_folder
 
     register()  # the plugin's archs, for resolve_arch
@@ -399,113 +506,38 @@ def run(opts, t_start=None):
     task, dataset, data_desc = load_data(opts)
     settings = settings_of(opts, data_desc)
     key = config_hash(settings)
-    seeds = list(range(opts.first_seed, opts.first_seed + opts.seeds))
-    deepest = max(opts.depths)
+    jobs = plan(opts, archs)
+    done = resume(out, jobs, key, opts.fresh)
 
-    jobs = []
-    for seed in seeds:
-        for name, arch, label in archs:
-            for depth in opts.depths:
-                jobs.append({"label": label, "arch": arch, "depth": depth, "seed": seed,
-                             "full": depth == opts.layers_depth, "lemma2": depth == deepest and opts.lemma2})
-        if opts.checkpoint:
-            jobs.append({"label": opts.checkpoint_label, "arch": None, "depth": None, "seed": seed,
-                         "full": True, "lemma2": False, "checkpoint": opts.checkpoint})
-
-    records_path = out / "records.jsonl"
-    refuse_link(records_path)  # appended to below
-    done = {}
-    if records_path.exists() and not opts.fresh:
-        for line in records_path.read_text(encoding="utf-8").splitlines():
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by an interruption
-            if r.get("settings_key") == key:
-                done[(r["label"], r["depth_requested"], r["seed"])] = r
-    elif records_path.exists():
-        records_path.unlink()
-
-    device = torch.device(opts.device)
     print(f"init_grad_analysis: {len(jobs)} models ({', '.join(l for _, _, l in archs)}"
           f"{', ' + opts.checkpoint_label if opts.checkpoint else ''}; depths {opts.depths}; "
-          f"seeds {seeds}), K={opts.batches} batches of <= {opts.tokens} tokens, "
+          f"seeds {list(range(opts.first_seed, opts.first_seed + opts.seeds))}), K={opts.batches} batches of <= {opts.tokens} tokens, "
           f"data: {data_desc}, {torch.get_num_threads()} threads", flush=True)
     print("expected time with the defaults (20 models at d 512): about 70 s on 2 idle cores, about 5 minutes on "
           "2 cores shared with other jobs (docs/results.md); an ETA follows each model", flush=True)
-    total_cost = sum(job_cost(j["depth"] or opts.layers_depth, j["full"], j["lemma2"]) for j in jobs)
+    remaining = sum(j.cost(opts.layers_depth) for j in jobs if j not in done)
     spent_cost, spent_time = 0.0, 0.0
-    batches = {}
-    records = []
+    batches, records = {}, []
     for i, job in enumerate(jobs, 1):
-        jkey = (job["label"], job["depth"], job["seed"])
-        cost = job_cost(job["depth"] or opts.layers_depth, job["full"], job["lemma2"])
-        if jkey in done:
-            records.append(done[jkey])
-            total_cost -= cost
-            print(f"[{i}/{len(jobs)}] {job['label']} depth {job['depth']} seed {job['seed']}: "
-                  f"done earlier (from {records_path})", flush=True)
+        if job in done:
+            records.append(done[job])
+            print(f"[{i}/{len(jobs)}] {job}: done earlier (from {job.file(out)})", flush=True)
             continue
-        t0 = time.time()
-        seed = job["seed"]
-        if seed not in batches:
-            batches = {seed: [
-                _to(s, device) for s in draw_batches(task, dataset, opts.tokens, opts.batches, seed)]}
-        samples = batches[seed]
-        if job.get("checkpoint"):
-            model, arch, depth = load_checkpoint_model(task, job["checkpoint"], opts.dropout)
-            fargs = fairseq_build.parse(fairseq_argv(arch, depth, opts, data=opts.data))
-        else:
-            arch, depth = job["arch"], job["depth"]
-            built = fairseq_build.build(fairseq_argv(arch, depth, opts), seed=seed, task=task)
-            fargs, model = built.args, built.model
-        model.to(device)
-        if hasattr(model, "profile_if_due"):  # Admin: w is profiled on a training batch, as fairseq-train does
-            model.profile_if_due(**samples[0]["net_input"])
-        criterion = task.build_criterion(fargs)
-        weights = ffn_weights(model)
-        if not job["full"]:
-            weights = {k: p for k, p in weights.items() if k[2] == "fc2" and k[1] == depth - 1}
-        stats = gradient_stats(model, criterion, samples, weights, opts.spectral)
-        rec = {"settings_key": key, "label": job["label"], "arch": arch, "depth": depth,
-               "depth_requested": job["depth"], "seed": seed, "full": job["full"],
-               "d": model.encoder.embed_tokens.embedding_dim,
-               "normalize_before": bool(getattr(fargs, "encoder_normalize_before", False)),
-               "tokens": [int(s["ntokens"]) for s in samples],
-               "mean_grad": {}, "batch_norm": {}, **({"mean_grad_spectral": {}} if opts.spectral else {})}
-        for (stack, layer, w), values in sorted(stats.items()):
-            for name, value in zip(("mean_grad", "batch_norm", "mean_grad_spectral"), values):
-                if name in rec:
-                    rec[name].setdefault(stack, {}).setdefault(w, [None] * depth)[layer] = value
-        if job["lemma2"]:
-            rec["lemma2"] = lemma2_stats(model, samples[0])
-        dt = time.time() - t0
-        rec["seconds"] = round(dt, 2)
-        with open_log(records_path) as f:
-            f.write(json.dumps(rec) + "\n")
+        if job.seed not in batches:
+            batches = {job.seed: [_to(s, torch.device(opts.device))
+                                  for s in draw_batches(task, dataset, opts.tokens, opts.batches, job.seed)]}
+        rec = measure(job, opts, task, batches[job.seed], key)
+        write_json(job.file(out), rec)
         records.append(rec)
-        spent_cost += cost
-        spent_time += dt
-        remaining = total_cost - spent_cost
-        eta = spent_time / spent_cost * remaining
+        spent_cost += job.cost(opts.layers_depth)
+        spent_time += rec["seconds"]
+        eta = spent_time / spent_cost * (remaining - spent_cost)
+        depth = rec["depth"]
         last = {s: rec["mean_grad"][s]["fc2"][depth - 1] for s in ("encoder", "decoder")}
-        print(f"[{i}/{len(jobs)}] {job['label']} depth {depth} seed {seed}: last-layer W2 grad norm "
-              f"enc {last['encoder']:.3f} dec {last['decoder']:.3f} ({dt:.1f} s; elapsed "
+        print(f"[{i}/{len(jobs)}] {job.label} depth {depth} seed {job.seed}: last-layer W2 grad norm "
+              f"enc {last['encoder']:.3f} dec {last['decoder']:.3f} ({rec['seconds']:.1f} s; elapsed "
               f"{fmt_time(time.time() - t_start)}, ETA {fmt_time(eta)})", flush=True)
-        del model, criterion
-
-    result = summarize.summarize(records, settings, depths=opts.depths, layers_depth=opts.layers_depth,
-                                 seeds=opts.seeds, lemma2=opts.lemma2)
-    result["seconds"] = round(time.time() - t_start, 1)
-    result["cpu_seconds"] = round(time.process_time(), 1)
-    write_json(out / "fig3.json", result)
-    written = plots.plot_all(result, out)
-    print(summarize.headline(result))
-    print(f"wrote {out / 'fig3.json'}, {', '.join(str(p) for p in written)}")
-    wall, cpu = time.time() - t_start, time.process_time()
-    print(f"time taken: {fmt_time(wall)} ({wall:.0f} s wall, {cpu:.0f} s CPU over "
-          f"{torch.get_num_threads()} threads)")
-    return result
+    return finish(out, records, settings, opts, t_start)
 
 
 def _to(sample, device):

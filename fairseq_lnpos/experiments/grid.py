@@ -22,7 +22,7 @@ from pathlib import Path
 from ..common import CONTROL, one_line, refuse_link
 from ..errors import INTERRUPT_EXIT, CommandParser, LnposError, run_main
 from . import runs as R
-from . import slurm, sweep
+from . import slurm, status, sweep
 from .commands import arch_name, batch_plan, total_updates
 from .options import ListOptions, RunOptions, SlurmOptions, StatusOptions, SweepOptions
 from .plan import make_jobs, need_cuda, override, parse_sets, plan_slots, select_runs
@@ -157,7 +157,7 @@ def command(argv=None):
     if ns.cmd == "list":
         return cmd_list(opts)
     if ns.cmd == "status":
-        return slurm.cmd_status(opts)
+        return status.cmd_status(opts)
     if ns.cmd == "slurm":
         opts.argv = list(sys.argv[1:] if argv is None else argv)[1:]
         return slurm.cmd_slurm(opts)

@@ -15,7 +15,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import List, Optional
 
 from ..common import one_line
-from ..errors import CommandParser, LnposError, finite_float
+from ..errors import CommandParser, LnposError, comma_list_type, finite_float
 from ..options import Options, option, to_argv  # noqa: F401  (slurm.py imports to_argv from here)
 from .sweep import DEPTH_MAP, DEPTH_MAP_REAL, PRESETS, STABILITY_MAP
 
@@ -48,15 +48,25 @@ def parse_time(text):
     return secs
 
 
+def slurm_name(text):
+    """A SLURM partition or account name: letters, digits, ``_``, ``.`` and ``-``."""
+    if not NAME.fullmatch(text):
+        raise ValueError(text)
+    return text
+
+
 def slurm_names(option, several):
     """argparse type of a SLURM name (``several``: a comma-separated list of them, as sbatch takes
-    partitions): letters, digits, ``_``, ``.`` and ``-``."""
+    partitions, read by :func:`~fairseq_lnpos.errors.comma_list`)."""
+    if several:
+        return comma_list_type(slurm_name, what=f"a SLURM {option} name (letters, digits, '_', '.' and '-')")
+
     def parse(text):
-        if not all(NAME.fullmatch(n) for n in (text.split(",") if several else [text])):
+        try:
+            return slurm_name(text)
+        except ValueError:
             raise argparse.ArgumentTypeError(
-                f"{one_line(text)} is not a SLURM {option} name: letters, digits, '_', '.' and '-'"
-                + (", several separated by commas" if several else ""))
-        return text
+                f"{one_line(text)} is not a SLURM {option} name: letters, digits, '_', '.' and '-'") from None
     return parse
 
 
@@ -160,9 +170,10 @@ class SweepAxes(Options):
                "recomputed in the backward pass)")
     # the default (no BLEU) is SweepOptions'
     no_bleu: bool = option(help="also score test BLEU (the last epoch)", flag="--bleu", action="store_false")
+    # the default (early stopping on) is SweepOptions'
     early_stop: bool = option(
-        True, "run every cell to its budget: do not stop runs whose training loss has stalled "
-              "(early_stop.py; docs/results.md has its calibration)", flag="--no-early-stop")
+        help="run every cell to its budget: do not stop runs whose training loss has stalled "
+             "(early_stop.py; docs/results.md has its calibration)", flag="--no-early-stop", action="store_false")
 
 
 @dataclass

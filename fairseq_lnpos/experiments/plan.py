@@ -5,18 +5,15 @@ with it.
 from pathlib import Path
 
 from ..data.manifest import read_manifest
-from ..errors import LnposError
+from ..errors import LnposError, comma_list
 from . import runs as R
 from .commands import Job, arch_name, check_joined_dictionary, check_train_flags, split_flags
 from .rundir import check_out_dir
 
 
 def parse_seeds(text):
-    try:
-        seeds = [int(s) for s in str(text).split(",") if s.strip()]
-    except ValueError:
-        raise LnposError(f"--seeds {text}: give whole numbers separated by commas, e.g. --seeds 1,2,3") from None
-    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+    seeds = comma_list(text, "--seeds", int)
+    if any(s < 0 for s in seeds):
         raise LnposError(f"--seeds {text}: give distinct non-negative whole numbers, e.g. --seeds 1,2,3")
     return seeds
 
@@ -50,7 +47,7 @@ def parse_sets(values, runs):
 
 def select_runs(opts):
     """The runs of the table that ``--only``, ``--set`` and ``--max-epoch`` ask for."""
-    selected = R.select(opts.only.split(",") if opts.only else None)
+    selected = R.select(comma_list(opts.only, "--only", what="a run name or glob") if opts.only else None)
     return override(opts, [r.with_defaults() for r in parse_sets(opts.set, selected)])
 
 
@@ -110,11 +107,7 @@ def plan_slots(opts, dry_run):
         return [None] * opts.jobs
     if opts.jobs != 1:
         raise LnposError("--jobs is for CPU runs; with --gpus, use --runs-per-gpu K for K runs on each GPU")
-    ids = [g.strip() for g in opts.gpus.split(",") if g.strip()]
-    if not ids:
-        raise LnposError("--gpus lists no GPU: give ids like --gpus 0,1, or drop --gpus to use the default device")
-    if len(set(ids)) != len(ids):
-        raise LnposError(f"--gpus {opts.gpus}: a GPU is listed twice")
+    ids = comma_list(opts.gpus, "--gpus", what="a GPU id")
     if len(ids) % opts.world:
         raise LnposError(f"--gpus {opts.gpus}: {len(ids)} GPUs do not split into runs of --gpus-per-run {opts.world}")
     if not dry_run:

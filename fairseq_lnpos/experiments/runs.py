@@ -2,8 +2,9 @@
 
 Every value the paper gives is in ``RUNS`` or ``DATASETS`` below; every value it does not give is an
 explicit default in ``DATASETS`` / ``Run`` with the reason next to it (see "Defaults" below).
-``grid.py`` turns a row into a fairseq-train command line, ``report.py`` puts the paper's value next
-to the measured one. A new run is one more line in ``RUNS``.
+``commands.py`` turns a row into a fairseq-train command line, ``report.py`` puts the paper's value next
+to the measured one. A new run is one more line in ``RUNS``; the demo, ``real-*`` and further Multi30k
+rows are one per variant of their group (``variants.GROUPS``).
 
 Sources: Xiong et al. ICML 2020 (Sec. 3.2, Sec. 4, App. A, App. H).
 
@@ -45,10 +46,11 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from ..common import plain_name
 from ..data import BIN_DIRS
 from ..errors import LnposError, Range
-from ..variants import DEFAULT_INIT, FURTHER, INITS, VARIANTS
+from ..launch import ADAM_BETAS, LABEL_SMOOTHING
+from ..variants import DEFAULT_INIT, GROUPS, INITS, VARIANTS
 
 # Dataset-level settings. `batch_tokens` is the effective batch of one update (tokens), the same
-# whatever the number of GPUs: grid.py picks --max-tokens/--update-freq to reach it.
+# whatever the number of GPUs: commands.batch_plan picks --max-tokens/--update-freq to reach it.
 DATASETS = {
     "iwslt14": dict(
         arch_size="iwslt_de_en", default_data=BIN_DIRS["iwslt14"], source_lang="de",
@@ -86,14 +88,14 @@ DATASETS = {
 SCHEDULES = ("inverse_sqrt", "fairseq_inverse_sqrt", "inverse_sqrt_nowarmup", "step_decay", "linear", "fixed")
 SHARES = ("none", "decoder", "all")  # --share-decoder-input-output-embed, --share-all-embeddings
 OPTIMIZERS = ("adam", "sgd", "radam")
-LN_KINDS = tuple(VARIANTS)
 
 
 @dataclass(frozen=True)
 class Run:
     name: str
     dataset: str                 # key of DATASETS
-    ln: str                      # a variant of variants.py (arch transformer_<ln>_<size>)
+    ln: str                      # the variant (variants.py; arch transformer_<variant>_<size>); `ln` as
+    #                              config.json and --set name it
     optimizer: str               # adam | sgd | radam
     lr: float                    # lr_max
     warmup: int = 0              # warm-up updates; 0 = none (emitted as the paper's T_warmup = 1)
@@ -114,12 +116,12 @@ class Run:
     max_update: int = 0          # a budget in updates (stability sweeps); 0 = epochs only
     layers: int = None           # encoder and decoder depth; None = the arch's own
     # fairseq defaults, written out so that they are visible in every command.
-    adam_betas: str = "(0.9, 0.98)"
+    adam_betas: str = ADAM_BETAS
     adam_eps: float = 1e-8
     momentum: float = 0.0
     weight_decay: float = 0.0
     clip_norm: float = 0.0
-    label_smoothing: float = 0.1
+    label_smoothing: float = LABEL_SMOOTHING
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
     # Knobs of the other papers' recipes (the ref-* rows); the defaults are what the rows above use.
@@ -186,30 +188,30 @@ NOT_IN_PAPER = "not in the paper"
 XIONG_SETTINGS = f"{XIONG}'s IWSLT14 settings; this arch is not in it"
 
 
-def _iwslt(name, ln, opt, lr, **kw):
+def _iwslt(name, variant, opt, lr, **kw):
     source = XIONG_SETTINGS if kw.get("paper_note") == NOT_IN_PAPER else XIONG
-    return Run(name=name, dataset="iwslt14", ln=ln, optimizer=opt, lr=lr, init="fairseq-0.8", source=source, **kw)
+    return Run(name=name, dataset="iwslt14", ln=variant, optimizer=opt, lr=lr, init="fairseq-0.8", source=source, **kw)
 
 
-def _demo(name, ln, warmup=0):
+def _demo(name, variant, warmup=0):
     # constant lr 1e-3 after the warm-up: no decay inside the demo's ~300 updates
-    return Run(name=name, dataset="synthetic", ln=ln, optimizer="adam", lr=1e-3, warmup=warmup,
+    return Run(name=name, dataset="synthetic", ln=variant, optimizer="adam", lr=1e-3, warmup=warmup,
                decay_anchor=100000, figure="demo", paper_note="CPU demo (synthetic corpus)")
 
 
-def _real(name, ln, warmup=0):
+def _real(name, variant, warmup=0):
     # the demo's schedule on real text: constant lr 1e-3 after the warm-up
-    return Run(name=name, dataset="multi30k_cpu", ln=ln, optimizer="adam", lr=1e-3, warmup=warmup,
+    return Run(name=name, dataset="multi30k_cpu", ln=variant, optimizer="adam", lr=1e-3, warmup=warmup,
                decay_anchor=100000, share_embeddings="all", figure="real", paper_note="CPU demo (Multi30k)")
 
 
-def _m30k(name, ln, opt, lr, **kw):
-    return Run(name=name, dataset="multi30k", ln=ln, optimizer=opt, lr=lr, paper_note=NOT_IN_PAPER,
+def _m30k(name, variant, opt, lr, **kw):
+    return Run(name=name, dataset="multi30k", ln=variant, optimizer=opt, lr=lr, paper_note=NOT_IN_PAPER,
                source=f"{XIONG}'s IWSLT14 settings on Multi30k; not in it", **kw)
 
 
-def _wmt(name, ln, opt, lr, **kw):
-    return Run(name=name, dataset="wmt14", ln=ln, optimizer=opt, lr=lr, init="fairseq-0.8", source=XIONG, **kw)
+def _wmt(name, variant, opt, lr, **kw):
+    return Run(name=name, dataset="wmt14", ln=variant, optimizer=opt, lr=lr, init="fairseq-0.8", source=XIONG, **kw)
 
 
 # Other papers' IWSLT14 De-En recipes, every knob as their official code sets it (the file named in
@@ -317,8 +319,8 @@ RUNS = [
     _iwslt("iwslt-keel-radam-lr5e-4-linear", "keel", "radam", 5e-4, schedule="linear", figure="keel",
            paper_note=NOT_IN_PAPER),
     # --- Admin (Liu et al. 2020) and T-Fixup (Huang et al. 2020): not in the paper ------------
-    *[_iwslt(f"iwslt-{ln}-adam-lr{lr_s}-nowu", ln, "adam", lr, figure=ln, paper_note=NOT_IN_PAPER)
-      for ln in ("admin", "tfixup") for lr, lr_s in ((5e-4, "5e-4"), (1e-3, "1e-3"))],
+    *[_iwslt(f"iwslt-{v}-adam-lr{lr_s}-nowu", v, "adam", lr, figure=v, paper_note=NOT_IN_PAPER)
+      for v in ("admin", "tfixup") for lr, lr_s in ((5e-4, "5e-4"), (1e-3, "1e-3"))],
     # --- Multi30k (real De-En text, minutes on one GPU): the IWSLT Adam rows on the same model ------
     *[_m30k(f"multi30k-postln-adam-lr{lr_s}-{wu_s}", "postln", "adam", lr, warmup=wu, figure="multi30k")
       for lr, lr_s in ((5e-4, "5e-4"), (1e-3, "1e-3")) for wu, wu_s in ((0, "nowu"), (500, "wu500"), (4000, "wu4000"))],
@@ -326,35 +328,31 @@ RUNS = [
     _m30k("multi30k-postln-radam-lr5e-4-linear", "postln", "radam", 5e-4, schedule="linear", figure="multi30k"),
     _m30k("multi30k-deepnorm-adam-lr5e-4-nowu", "deepnorm", "adam", 5e-4, figure="multi30k"),
     _m30k("multi30k-keel-adam-lr5e-4-nowu", "keel", "adam", 5e-4, figure="multi30k"),
-    *[_m30k(f"multi30k-{ln}-adam-lr{lr_s}-nowu", ln, "adam", lr, figure="multi30k")
-      for ln in ("admin", "tfixup") for lr, lr_s in ((5e-4, "5e-4"), (1e-3, "1e-3"))],
-    *[_m30k(f"multi30k-{ln}-adam-lr5e-4-nowu", ln, "adam", 5e-4, figure="multi30k")
-      for ln in FURTHER],
+    *[_m30k(f"multi30k-{v}-adam-lr{lr_s}-nowu", v, "adam", lr, figure="multi30k")
+      for v in ("admin", "tfixup") for lr, lr_s in ((5e-4, "5e-4"), (1e-3, "1e-3"))],
+    *[_m30k(f"multi30k-{v}-adam-lr5e-4-nowu", v, "adam", 5e-4, figure="multi30k") for v in GROUPS["further"]],
     # --- Other papers' recipes, with their published IWSLT14 De-En numbers (docs/published.md) ------
     *REFERENCE,
     # --- `make demo` (synthetic corpus, _tiny archs, CPU); same settings for every architecture ------
     _demo("demo-postln-nowu", "postln"),
     _demo("demo-postln-wu100", "postln", warmup=100),
-    _demo("demo-preln-nowu", "preln"),
-    _demo("demo-deepnorm-nowu", "deepnorm"),
-    _demo("demo-keel-nowu", "keel"),
-    _demo("demo-admin-nowu", "admin"),
-    _demo("demo-tfixup-nowu", "tfixup"),
-    *[_demo(f"demo-{ln}-nowu", ln) for ln in FURTHER],
+    *[_demo(f"demo-{v}-nowu", v) for v in VARIANTS if v != "postln"],
     # --- `make demo-real` (Multi30k, _tiny archs, CPU) and every architecture on real text -------------
-    *[_real(f"real-{ln}-nowu", ln) for ln in VARIANTS],
+    *[_real(f"real-{v}-nowu", v) for v in VARIANTS],
     _real("real-postln-wu100", "postln", warmup=100),
     _real("real-preln-wu100", "preln", warmup=100),
 ]
 
-# The demos' rows, per corpus: `make demo` (the generated corpus) and `make demo-real` (Multi30k). The
-# first three are the verdict's: Post-LN without warm-up, Post-LN with warm-up, Pre-LN without warm-up.
-# ``--with-<variant>`` adds the corpus's row of that variant without warm-up (DEMO_OPTIONAL).
-DEMO_ROWS = {
-    "synthetic": ("demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu", "demo-deepnorm-nowu"),
-    "multi30k": ("real-postln-nowu", "real-postln-wu100", "real-preln-nowu"),
-}
-DEMO_OPTIONAL = {"synthetic": "demo-{}-nowu", "multi30k": "real-{}-nowu"}
+# The demos' rows, per corpus: `make demo` (the generated corpus) and `make demo-real` (Multi30k), each
+# the row without warm-up of every variant of its group (variants.GROUPS "demo", "paper") with Post-LN's
+# warm-up row second. The first three are the verdict's: Post-LN without warm-up, Post-LN with warm-up,
+# Pre-LN without warm-up. ``--with-<variant>`` adds the corpus's row of that variant without warm-up
+# (DEMO_OPTIONAL).
+DEMO_GROUPS = {"synthetic": ("demo", "demo"), "multi30k": ("real", "paper")}  # corpus -> (row prefix, group)
+DEMO_OPTIONAL = {data: f"{prefix}-{{}}-nowu" for data, (prefix, _) in DEMO_GROUPS.items()}
+DEMO_ROWS = {data: (f"{prefix}-postln-nowu", f"{prefix}-postln-wu100",
+                    *(f"{prefix}-{v}-nowu" for v in GROUPS[group] if v != "postln"))
+             for data, (prefix, group) in DEMO_GROUPS.items()}
 
 BY_NAME = {r.name: r for r in RUNS}
 assert len(BY_NAME) == len(RUNS), "duplicate run names"
@@ -396,8 +394,7 @@ RANGES = {
     "momentum": UNIT,
 }
 FREE_NUMBERS = ("paper_bleu", "paper_valid_loss")
-INT_FIELDS = ("max_epoch", "max_tokens", "batch_tokens", "warmup", "decay_epoch", "decay_anchor", "max_update",
-              "layers", "decay_period", "beam", "average_last")
+INT_FIELDS = tuple(f.name for f in fields(Run) if f.type is int)  # --set reads them as whole numbers
 CHOICES = {"ln": VARIANTS, "dataset": DATASETS, "schedule": SCHEDULES, "optimizer": OPTIMIZERS,
            "share_embeddings": SHARES, "init": INITS}
 

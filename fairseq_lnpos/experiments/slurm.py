@@ -1,8 +1,7 @@
-"""The grid on a SLURM cluster (``grid.sh slurm``) and the state of a grid's folder (``grid.sh status``).
+"""The grid on a SLURM cluster (``grid.sh slurm``; ``grid.sh status`` is status.py).
 
     scripts/grid.sh slurm --only 'iwslt-*' --seeds 1,2 --data data-bin/iwslt14.de-en --out grid-out \\
         --partition gpu --gpus-per-run 1 --time 24:00:00 --max-running 8 [--dry-run]
-    scripts/grid.sh status grid-out
 
 ``slurm`` writes one sbatch script per grid, OUT/slurm-ID.sbatch, with OUT/slurm-ID.tasks next to it
 (line i+1: run, seed and fairseq args of array task i), and submits it as one job array with ``%K``
@@ -26,12 +25,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..common import one_line, write_text
-from ..errors import LnposError, StateError, run_main
+from ..errors import LnposError, run_main
 from .commands import batch_plan, total_updates
 from .options import RunOptions, run_parser, to_argv
 from .plan import make_jobs, select_runs
-from .report import collect
-from .rundir import grid_run_dirs, read_tasks, tasks_text
+from .rundir import tasks_text
 
 # options of `grid.sh run` a task does not take from the command line: set per task or by the allocation
 PER_TASK = {"only", "dry_run", "out", "seeds", "fairseq_args", "gpus", "runs_per_gpu", "jobs", "gpus_per_run"}
@@ -224,40 +222,6 @@ def worker(argv):
     env = dict(os.environ, SLURM_STEP_NODELIST=os.environ["SLURM_JOB_NODELIST"],
                SLURM_NNODES=os.environ["SLURM_JOB_NUM_NODES"], SLURM_NODEID=str(node), SLURM_NTASKS_PER_NODE="1")
     os.execvpe(cmd[0], cmd, env)
-
-
-def status_lines(out_dir):
-    """(lines, counts, first unreadable or None) for the run folders of ``out_dir`` and the SLURM tasks
-    listed there that have no folder yet."""
-    out = Path(out_dir)
-    queued = [(name, str(seed), tasks.stem) for tasks in sorted(out.glob("slurm-*.tasks")) for name, seed, _ in read_tasks(tasks)]
-    rows = collect(grid_run_dirs(out, "the --out folder of scripts/grid.sh run or slurm", queued=queued))
-    seen = {(r["run"], str(r["seed"])) for r in rows}
-    for name, seed, grid_id in queued:
-        if (name, seed) not in seen:
-            seen.add((name, seed))
-            rows.append({"run": name, "seed": seed, "status": f"queued ({grid_id})", "outcome": "queued", "epochs": 0})
-    lines, counts = [], {}
-    width = max(len(f"{r['run']} seed{r['seed']}") for r in rows)
-    for r in rows:
-        status = "unreadable" if r.get("unreadable") else r["status"]
-        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
-        epochs = f"{r['epochs']}/{r['max_epoch']}" if r.get("max_epoch") else str(r["epochs"])
-        best = (f"best BLEU {r['best_bleu_tok']:.2f} (epoch {r['best_epoch']})"
-                if r.get("best_bleu_tok") is not None else "best BLEU -")
-        lines.append(f"{r['run'] + ' seed' + str(r['seed']):<{width}}  {status:<28}  epochs {epochs:<7}  {best}")
-    bad = next((r["unreadable"] for r in rows if r.get("unreadable")), None)
-    return lines, counts, bad
-
-
-def cmd_status(opts):
-    lines, counts, bad = status_lines(opts.out_dir)
-    print("\n".join(lines))
-    print(f"{sum(counts.values())} runs: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
-    if bad:
-        sys.stdout.flush()
-        raise StateError(bad)
-    return 0
 
 
 def main(argv=None):

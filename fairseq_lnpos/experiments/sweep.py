@@ -24,8 +24,8 @@ options given on the command line win.
 import math
 from dataclasses import replace
 
-from ..errors import LnposError
-from ..variants import TINY, VARIANTS
+from ..errors import LnposError, comma_list
+from ..variants import GROUPS, TINY, VARIANTS
 from . import runs as R
 
 PRESETS = {
@@ -35,12 +35,12 @@ PRESETS = {
 }
 # the defaults of the axes, the seeds and the budget: the stability map (learning rate x warm-up at
 # depth 6; 4 x 4 x 2 cells x 3 seeds = 96 runs, 1.6 x the 60 one-seed runs of the earlier 5 x 3 grid) ...
-STABILITY_MAP = dict(archs="postln,preln,deepnorm,keel", lr="3e-4,1e-3,3e-3,1e-2", warmup="1,100",
+STABILITY_MAP = dict(archs=",".join(GROUPS["stability_map"]), lr="3e-4,1e-3,3e-3,1e-2", warmup="1,100",
                      layers="6", max_update=200, width=None, seeds="1,2,3")
 # ... and the depth map (no warm-up, depth 6 to 48 at a small width; 6 x 4 cells x 3 seeds = 72 runs,
 # 1.5 x the 48 one-seed runs of the earlier two learning rates); docs/results.md shows the timed
 # runs these were chosen from
-DEPTH_MAP = dict(archs="postln,preln,deepnorm,keel,admin,tfixup", lr="1e-3", warmup="1",
+DEPTH_MAP = dict(archs=",".join(GROUPS["depth_map"]), lr="1e-3", warmup="1",
                  layers="6,12,24,48", max_update=300, width=64, seeds="1,2,3")
 # one GPU: the paper's IWSLT model (d 512) on Multi30k (~115 updates an epoch), fp16, one seed
 DEPTH_MAP_REAL = dict(DEPTH_MAP, lr="5e-4,1e-3", layers="6,18,36,60,100", max_update=600, width=None, seeds="1")
@@ -49,37 +49,22 @@ GRAD_NORMS = dict(task="translation_lnpos", extra=("--log-grad-norms",))
 HEADS = TINY["attention_heads"]  # the tiny and the IWSLT size both have 4 heads
 
 
-def _list(text, kind, name):
-    try:
-        values = [kind(v) for v in str(text).split(",") if v.strip()]
-    except ValueError:
-        raise LnposError(f"--{name} {text}: give a comma-separated list of numbers") from None
-    if not values:
-        raise LnposError(f"--{name} is empty")
-    if len(set(values)) != len(values):
-        raise LnposError(f"--{name} {text}: a value is listed twice")
-    return values
-
-
 def parse_axes(archs, lrs, warmups, layers):
     """The axes from their command-line strings, range-checked."""
-    arch_list = [a.strip() for a in str(archs).split(",") if a.strip()]
-    unknown = [a for a in arch_list if a not in VARIANTS]
-    if unknown or not arch_list:
-        raise LnposError(f"--archs {archs}: give variants from {', '.join(VARIANTS)}")
-    lr_list = _list(lrs, float, "lr")
+    variant_list = comma_list(archs, "--archs", choices=VARIANTS, what="a variant")
+    lr_list = comma_list(lrs, "--lr", float)
     if any(not (math.isfinite(lr) and lr > 0) for lr in lr_list):
         raise LnposError(f"--lr {lrs}: learning rates must be positive finite numbers")
-    warm_list, layer_list = _list(warmups, int, "warmup"), _list(layers, int, "layers")
+    warm_list, layer_list = comma_list(warmups, "--warmup", int), comma_list(layers, "--layers", int)
     if any(w < 1 for w in warm_list):
         raise LnposError(f"--warmup {warmups}: give warm-up lengths of at least 1 (1 = none)")
     if any(n < 1 for n in layer_list):
         raise LnposError(f"--layers {layers}: depths must be at least 1")
-    return arch_list, lr_list, warm_list, layer_list
+    return variant_list, lr_list, warm_list, layer_list
 
 
-def cell_name(ln, layers, lr, warmup):
-    return f"sweep-{ln}-L{layers}-lr{lr:g}-wu{warmup}"
+def cell_name(variant, layers, lr, warmup):
+    return f"sweep-{variant}-L{layers}-lr{lr:g}-wu{warmup}"
 
 
 def width_args(width):
@@ -92,17 +77,17 @@ def width_args(width):
                  for a in (f"--{side}-embed-dim", str(width), f"--{side}-ffn-embed-dim", str(4 * width)))
 
 
-def expand(archs, lrs, warmups, layers, max_update, dataset="synthetic", task="translation", extra=()):
-    """One Run per cell, in a fixed order (arch, depth, warm-up, learning rate); names are unique.
+def expand(variants, lrs, warmups, layers, max_update, dataset="synthetic", task="translation", extra=()):
+    """One Run per cell, in a fixed order (variant, depth, warm-up, learning rate); names are unique.
     ``task`` and ``extra`` (fairseq-train flags) are the same for every cell."""
     if max_update < 1:
         raise LnposError(f"--max-update {max_update}: give the budget in updates, at least 1")
     base = R.Run(name="", dataset=dataset, ln="postln", optimizer="adam", lr=1.0, decay_anchor=10 ** 9,
                  max_epoch=10 ** 6, max_update=max_update, figure="sweep", paper_note="stability sweep",
                  task=task, extra=tuple(extra))
-    runs = [replace(base, name=cell_name(ln, n, lr, w), ln=ln, lr=lr, warmup=R.warmup_updates(w), layers=n)
+    runs = [replace(base, name=cell_name(v, n, lr, w), ln=v, lr=lr, warmup=R.warmup_updates(w), layers=n)
             .with_defaults()
-            for ln in archs for n in layers for w in warmups for lr in lrs]
+            for v in variants for n in layers for w in warmups for lr in lrs]
     names = {}
     for r in runs:
         if r.name in names:

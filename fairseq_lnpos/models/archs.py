@@ -7,14 +7,31 @@ Post-LN and Pre-LN are fairseq's ``transformer`` and its layers (model ``transfo
 ``--encoder-normalize-before --decoder-normalize-before`` (fairseq then adds the final
 LayerNorm of each stack itself), Post-LN is the same model without them.
 """
-from fairseq.models import register_model_architecture
+import importlib
+import pkgutil
+
+from fairseq.models import MODEL_REGISTRY, register_model_architecture
 from fairseq.models.transformer import base_architecture, transformer_iwslt_de_en, transformer_wmt_en_de
 
-from ..errors import check
+from ..errors import LnposError, check
 from .norms import norm_options
 from ..variants import SIZES, TINY, VARIANTS, arch_name
-from . import admin, deepnorm, keel, scalenorm, subln, tfixup, variant  # noqa: F401  (register the models named in variants.VARIANTS)
-from . import b2t, lnscaling, mixln, normformer, periln, residual, rezero  # noqa: F401
+
+
+def import_model_modules():
+    """Import every module of this package: each registers the fairseq models it defines (those that
+    variants.VARIANTS names); a variant whose model none registers is an error."""
+    package = importlib.import_module(__package__)
+    for info in pkgutil.iter_modules(package.__path__):
+        if f"{__package__}.{info.name}" != __name__:
+            importlib.import_module(f"{__package__}.{info.name}")
+    missing = sorted({v.model for v in VARIANTS.values()} - set(MODEL_REGISTRY))
+    if missing:
+        raise LnposError(f"no module of {package.__path__[0]} registers the model {', '.join(missing)} that "
+                         f"variants.VARIANTS names: register it there with @register_model")
+
+
+import_model_modules()
 
 
 def tiny_architecture(args):
