@@ -405,3 +405,27 @@ def test_the_bleu_figure_per_architecture(tmp_path):
     assert (tmp_path / "bleu.png").stat().st_size > 0
     no_bleu = [S.replace(c, bleu=None) for c in cells]
     assert S.plot_bleu(no_bleu, tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+
+
+def test_against_auto_judges_one_cell_per_architecture_against_the_depths_best(tmp_path, capsys):
+    """A depth map has one cell per architecture and depth: against its own best it would always be good,
+    so ``--against auto`` (the default) judges it against the best of any architecture at that depth; a
+    learning-rate map keeps each architecture's own best."""
+    assert S.auto_against([("preln", 6, 0, 1e-3), ("postln", 6, 0, 1e-3), ("postln", 12, 0, 1e-3)]) == "all"
+    assert S.auto_against([("preln", 6, 0, 1e-3), ("preln", 6, 0, 1e-2), ("postln", 6, 0, 1e-3),
+                           ("postln", 6, 100, 1e-3)]) == "arch"
+    for layers in (6, 24):
+        for seed in (1, 2):
+            write_run(tmp_path, "preln", 1e-3, 0, seed, final=1.6 + 0.02 * seed, layers=layers)
+            write_run(tmp_path, "postln", 1e-3, 0, seed, final=(4.3 if layers == 6 else 5.0) + 0.02 * seed,
+                      layers=layers)
+    assert S.main([str(tmp_path), "--no-figures"]) == 0
+    md = capsys.readouterr().out
+    assert "the best cell of any architecture at that depth (--against)" in md
+    cells = S.read_csv(tmp_path / "stability.csv")
+    assert {(c.variant, c.layers): c.good for c in cells} == {
+        ("preln", 6): True, ("preln", 24): True, ("postln", 6): False, ("postln", 24): False}
+    assert all(c.trains for c in cells)  # trains (5.0 < 0.6 x 9), yet not good
+    assert S.main([str(tmp_path), "--no-figures", "--against", "arch"]) == 0
+    capsys.readouterr()
+    assert all(c.good for c in S.read_csv(tmp_path / "stability.csv"))

@@ -40,7 +40,8 @@ from .map_common import group, num
 from .map_figures import (VERDICT_MARK, cell_mark, heatmap, loss_curves, overview,  # noqa: F401  (S.plot_* in tests)
                           bleu_points, plot_bleu, plot_heatmaps, plot_loss_vs_lr, plot_overview, plot_sensitivity)
 from .seeds import ESTIMATOR, pooled_sd, spread
-from .verdict import AGAINST, DEFAULT_NEAR, DEFAULT_NOISE_K, DEFAULT_RATIO, Rules, seeds_disagree, threshold, trains
+from .verdict import (AGAINST, DEFAULT_NEAR, DEFAULT_NOISE_K, DEFAULT_RATIO, Rules, auto_against, seeds_disagree,
+                      threshold, trains)
 
 DEFAULT_LAYERS = 6  # "layers" absent or null: the arch's default depth (6 for every size)
 SENSITIVITY = ("LR sensitivity (Wortsman et al. 2023, \"Small-scale proxies for large-scale Transformer "
@@ -469,17 +470,19 @@ def _main(argv):
     p.add_argument("--noise-k", type=float, default=DEFAULT_NOISE_K,
                    help="good: or within K seed standard deviations of the difference of means, if more "
                         "(default: %(default)s)")
-    p.add_argument("--against", choices=sorted(AGAINST), default="arch",
-                   help="good: near the best cell of the same architecture and depth (arch, for a learning-rate "
-                        "map) or of any architecture at that depth (all, for one cell per architecture; "
-                        "default: %(default)s)")
+    p.add_argument("--against", choices=sorted(AGAINST) + ["auto"], default="auto",
+                   help="good: near the best cell of the same architecture and depth (arch: a learning-rate map) "
+                        "or of any architecture there (all: one cell per architecture); auto (default): all where "
+                        "some architecture has one cell at a depth (the depth map), else arch")
     p.add_argument("--no-figures", action="store_true", help="write the CSV and Markdown only")
     args = p.parse_args(argv)
     if not (math.isfinite(args.noise_k) and args.noise_k >= 0):
         raise LnposError(f"--noise-k {args.noise_k}: give a number of at least 0")
-    rules = Rules(ratio=args.ratio, near=args.near, noise_k=args.noise_k, against=args.against)
     out = Path(args.out)
     records = load_records(out)
+    against = args.against if args.against != "auto" else auto_against(
+        (r.variant, r.layers, r.warmup, r.lr) for r in records if r.outcome in COUNTED)
+    rules = Rules(ratio=args.ratio, near=args.near, noise_k=args.noise_k, against=against)
     cells = make_cells(records, rules=rules)
     write_csv(cells, out / "stability.csv")
     deep = depth.along_depth(cells)
