@@ -14,7 +14,7 @@ LIGHT = ["fairseq_lnpos", "fairseq_lnpos.common", "fairseq_lnpos.errors", "fairs
 LIGHT += sorted(f"fairseq_lnpos.{p.parent.name}.{p.stem}" for d in ("data", "analysis", "experiments")
                 for p in (REPO / "fairseq_lnpos" / d).glob("*.py") if p.stem != "__init__")
 # these need torch (and fairseq) themselves: building models, in-memory corpora
-HEAVY = {"fairseq_lnpos.analysis.synthetic"}
+HEAVY = {"fairseq_lnpos.analysis.toy_corpus"}
 
 
 def import_graph(package_dir):

@@ -40,7 +40,7 @@ from typing import Optional, Tuple
 from fairseq_lnpos.common import fmt_time, read_json, write_json, write_text
 from fairseq_lnpos.errors import CommandParser, LnposError, at_least, check, comma_list, run_main
 from fairseq_lnpos.launch import config_hash, train_args
-from fairseq_lnpos.options import Options as CommandOptions, option
+from fairseq_lnpos.cli import Options as CommandOptions, option
 from fairseq_lnpos.variants import GROUPS, INITS, SIZES, VARIANTS, arch_name
 
 PROG = "init_grad_analysis"
@@ -163,7 +163,7 @@ def load_data(opts):
     if opts.data is None:
         from fairseq.tasks.translation import TranslationTask
 
-        from fairseq_lnpos.analysis.synthetic import make_corpus
+        from fairseq_lnpos.analysis.toy_corpus import make_corpus
 
         src_dict, tgt_dict, dataset = make_corpus(
             n_sentences=max(2000, opts.tokens * opts.batches // 10), vocab=opts.vocab)

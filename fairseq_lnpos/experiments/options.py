@@ -16,7 +16,7 @@ from typing import List, Optional
 
 from ..common import one_line
 from ..errors import CommandParser, LnposError, comma_list_type, finite_float
-from ..options import Options, option, to_argv  # noqa: F401  (slurm.py imports to_argv from here)
+from ..cli import Options, option, to_argv  # noqa: F401  (slurm.py imports to_argv from here)
 from .sweep import DEPTH_MAP, DEPTH_MAP_REAL, PRESETS, STABILITY_MAP
 
 
