@@ -202,7 +202,7 @@ def plot(cells, path):
                                (c.loss_min, c.loss_max) if c.finished > 1 else None))
         panels.setdefault((w, lr), {})[v] = points
     keys = sorted(panels)
-    fig, axes = plt.subplots(1, len(keys), squeeze=False, figsize=(4.4 * len(keys), 3.6), sharey=True)
+    fig, axes = plt.subplots(1, len(keys), squeeze=False, figsize=(max(6.4, 4.4 * len(keys)), 4.0), sharey=True)
     depths = sorted({c.layers for c in cells})
     for ax, key in zip(axes[0], keys):
         for i, (v, points) in enumerate(panels[key].items()):
@@ -225,6 +225,6 @@ def plot(cells, path):
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("final validation loss (bits)")
     axes[0][-1].legend(fontsize=7)
-    save(fig, path, "Final validation loss against depth: filled = good, hollow = not good, x = diverged or "
+    save(fig, path, "Final validation loss against depth: filled = good, hollow = not good,\nx = diverged or "
                     "stopped (at its initial loss); bars = the seeds' min-max")
     return panels
