@@ -30,7 +30,6 @@ DEFAULT_NOISE_K = 2.0
 AGAINST = {"arch": "the best cell of the same architecture and depth", "all": "the best cell of any architecture at that depth"}
 
 
-
 def auto_against(cells):
     """``--against auto`` for the cells (variant, layers, warm-up, lr) of a map: "all" where some
     architecture has a single cell at a depth, since against its own best such a cell is always good
@@ -39,6 +38,7 @@ def auto_against(cells):
     for variant, layers, warmup, lr in cells:
         settings.setdefault((variant, layers), set()).add((warmup, lr))
     return "all" if any(len(s) == 1 for s in settings.values()) else "arch"
+
 
 @dataclass(frozen=True)
 class Rules:
