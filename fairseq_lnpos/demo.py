@@ -59,10 +59,14 @@ LEARNED = {"synthetic": LEARNED_BLEU, "multi30k_cpu": 5.0}
 def learned_bleu(need):
     """The tok BLEU every seed of a control must reach, by the dataset of the rows ``need``."""
     return LEARNED.get(BY_NAME[need[1]].dataset, LEARNED_BLEU) if need[1] in BY_NAME else LEARNED_BLEU
-# measured wall time of the default demo from an empty folder (docs/results.md, "The demo")
-EXPECTED = "about 7 minutes on 2 idle cores, about twice that on cores shared with other jobs"
+# measured wall time of the default demo from an empty folder (docs/results.md, "The demo", "Real text on a CPU")
+EXPECTED = {"synthetic": "about 7 minutes on 2 idle cores, about twice that on cores shared with other jobs",
+            "multi30k": "about 28 minutes on 2 idle cores, the data's preparation included (12 s from --orig)"}
 EXPECTED_QUICK = "about 1.5 minutes on 2 cores"
 WIDTH = 100  # the summary's prose lines
+MAKE = {"synthetic": "make demo", "multi30k": "make demo-real"}  # --data: the command a user types
+DEFAULT_OUT = {"synthetic": "demo-out", "multi30k": "demo-real-out"}
+TEST_TEXT = {"synthetic": "the generated corpus", "multi30k": "Multi30k test2016"}
 
 
 def log(msg):
@@ -114,7 +118,7 @@ def run_grid(out, data, runs, seeds, jobs, quick):
 
     opts = grid_options(out, data, runs, seeds, jobs, quick)
     status = grid.run_grid(opts, plan.select_runs(opts))
-    check(status == 0, f"the grid stopped with status {status} (message above); `make demo` resumes it")
+    check(status == 0, f"the grid stopped with status {status} (message above); the same command resumes it")
 
 
 def make_table(out):
@@ -228,34 +232,37 @@ def seed_table(summary, runs):
     return lines
 
 
-def next_steps(out, seed):
-    """What to do next: more rows, a translation with a trained checkpoint, what to read."""
-    more = " ".join(([] if str(out) == "demo-out" else ["--out", shlex.quote(str(out))])
+def next_steps(out, seed, corpus="synthetic", data_dir=None):
+    """What to do next: more rows, a translation with a trained checkpoint, what to read. ``data_dir``:
+    the binarized data dir the runs trained on (default OUT/data/bin), its text beside it in ../text."""
+    more = " ".join(([] if str(out) == DEFAULT_OUT[corpus] else ["--out", shlex.quote(str(out))])
                     + [f"--with-{n.replace('_', '-')}" for n in OPTIONAL[:3]])
-    data, bpe = out / "data" / "bin", out / "data" / "text" / "bpe" / "spm.model"
-    ckpt = out / "grid" / "demo-preln-nowu" / f"seed{seed}" / "checkpoints" / "checkpoint_best.pt"
-    translate = (f"head -3 {shlex.quote(str(out / 'data' / 'text' / 'tok' / 'test.de'))} | .venv/bin/fairseq-interactive "
+    data = Path(data_dir) if data_dir else out / "data" / "bin"
+    text = data.parent / "text"
+    ckpt = out / "grid" / DEMO_ROWS[corpus][2] / f"seed{seed}" / "checkpoints" / "checkpoint_best.pt"
+    translate = (f"head -3 {shlex.quote(str(text / 'tok' / 'test.de'))} | .venv/bin/fairseq-interactive "
                  + shlex.join([str(data), "--user-dir", "fairseq_lnpos", "--task", "translation_lnpos",
                                "--source-lang", "de", "--target-lang", "en", "--path", str(ckpt),
-                               "--bpe", "sentencepiece", "--sentencepiece-model", str(bpe),
+                               "--bpe", "sentencepiece", "--sentencepiece-model", str(text / "bpe" / "spm.model"),
                                "--beam", "5", "--max-len-a", "1.2", "--max-len-b", "10", "--cpu"])
                  + " | grep '^D-'")
     return ["Next steps:",
             "- more rows (the finished runs are kept; every option: python -m fairseq_lnpos.demo --help):",
-            f"    make demo DEMO_ARGS=\"{more}\"",
-            "- translate test sentences (tokenized German of the generated corpus) with the Pre-LN checkpoint:",
+            f"    {MAKE[corpus]} DEMO_ARGS=\"{more}\"",
+            f"- translate test sentences (tokenized German of {TEST_TEXT[corpus]}) with the Pre-LN checkpoint:",
             f"    {translate}",
             "- read: README.md (what the demo shows, how it relates to the paper), docs/grid.md (the grid it",
             "  ran), docs/results.md (every measurement)"]
 
 
-def write_summary(out, summary, runs, shown_text, figures, seconds, seed, controls=CONTROLS, what="a generated task"):
+def write_summary(out, summary, runs, shown_text, figures, seconds, seed, controls=CONTROLS, what="a generated task",
+                  corpus="synthetic", data_dir=None):
     """summary.md and summary.json in ``out``; returns the Markdown's lines."""
     controls_need = (None, *controls)
     shown, text = shown_text
     train, score = seconds
     wrap = lambda text: textwrap.wrap(text, WIDTH, break_long_words=False, break_on_hyphens=False)  # noqa: E731
-    md = ["# `make demo`: summary", "", *seed_table(summary, runs), "", *wrap(f"Over seeds: {ESTIMATOR}."), "",
+    md = [f"# `{MAKE[corpus]}`: summary", "", *seed_table(summary, runs), "", *wrap(f"Over seeds: {ESTIMATOR}."), "",
           *wrap(f"Verdict: {text}."), "",
           *wrap(f"The rule: the controls (Post-LN with warm-up, Pre-LN without) must learn the task (tok BLEU >= "
                 f"{learned_bleu(controls_need):g} in every seed), and the best seed of Post-LN without warm-up must reach at most "
@@ -265,7 +272,7 @@ def write_summary(out, summary, runs, shown_text, figures, seconds, seed, contro
     if train:
         md += [*wrap(f"Time: scoring {score:.0f} s of evaluator time, training {train:.0f} s (both summed over "
                      f"the runs, which ran side by side; ratio {score / train:.2f})."), ""]
-    md += next_steps(out, seed)
+    md += next_steps(out, seed, corpus, data_dir)
     write_text(out / "summary.md", "\n".join(md) + "\n")
     write_json(out / "summary.json", {
         "estimator": ESTIMATOR, "verdict": {"shown": shown, "text": text, "learned_bleu": learned_bleu(controls_need),
@@ -288,7 +295,7 @@ def main(argv=None):
     p.add_argument("--seeds", default="1,2", help="seeds, comma-separated (default 1,2)")
     for name in OPTIONAL:
         p.add_argument(f"--with-{name.replace('_', '-')}", action="store_true",
-                       help=f"add demo-{name}-nowu, about 2 more minutes (--data multi30k: real-{name}-nowu)")
+                       help=f"add demo-{name}-nowu, about 2 more minutes (--data multi30k: real-{name}-nowu, about 9)")
     p.add_argument("--jobs", type=int, default=2, help="runs side by side on the CPU (default 2)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the grid's fairseq commands (rows x seeds) and exit; prepares no data, trains nothing")
@@ -301,7 +308,7 @@ def main(argv=None):
 
     first_seed = str(parse_seeds(args.seeds)[0])  # a bad --seeds is refused before anything is prepared
     t0 = time.time()
-    out = Path(args.out or {"synthetic": "demo-out", "multi30k": "demo-real-out"}[args.data])
+    out = Path(args.out or DEFAULT_OUT[args.data])
     extra = [name for name in OPTIONAL if getattr(args, f"with_{name}")]
     core = list(DEMO_ROWS[args.data])
     runs = core + [DEMO_OPTIONAL[args.data].format(name) for name in extra if DEMO_OPTIONAL[args.data].format(name) not in core]
@@ -319,7 +326,7 @@ def main(argv=None):
              "gradient norms of the first updates", "Fig. 3 at initialization (tiny size)"]
     say = lambda i: log(f"step {i}/{len(steps)}: {steps[i - 1]} (elapsed {time.time() - t0:.0f} s)")  # noqa: E731
 
-    log(f"expected time: {EXPECTED_QUICK if args.quick else EXPECTED} (docs/results.md); the same "
+    log(f"expected time: {EXPECTED_QUICK if args.quick else EXPECTED[args.data]} (docs/results.md); the same "
         "command resumes after an interruption")
     say(1)
     data = make_data(out, args.quick, args.data, args.orig, args.bin)
@@ -336,7 +343,8 @@ def main(argv=None):
     summary = summarize(rows)
     shown_text = verdict(summary, tuple(core[:3]))
     what = "a generated task" if args.data == "synthetic" else "real text (Multi30k test2016, the tiny model)"
-    md = write_summary(out, summary, runs, shown_text, figures, time_split(rows), first_seed, core[1:3], what)
+    md = write_summary(out, summary, runs, shown_text, figures, time_split(rows), first_seed, core[1:3], what,
+                       args.data, data)
     print()
     verdict_at = md.index(next(line for line in md if line.startswith("Verdict: ")))
     end = md.index("", verdict_at)

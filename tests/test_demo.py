@@ -249,6 +249,22 @@ def test_real_verdict_not_shown_when_one_no_warmup_seed_learns(tmp_path):
     assert shown is False and text.startswith("effect NOT shown")
 
 
+def test_real_summary_names_its_own_command_rows_and_data(tmp_path):
+    """The summary of `make demo-real` on a data dir given with --bin: its own command, its Pre-LN row's
+    checkpoint and the text prepared beside that data dir, not the generated corpus's."""
+    out, data = tmp_path / "demo-real-out", tmp_path / "m30k" / "bin"
+    summary = demo.summarize(demo.make_table(record_grid(out, MEASURED))[0])
+    md = write_summary(out, summary, list(REAL_ROWS), demo.verdict(summary, REAL_ROWS), [], (0, 0), "2",
+                       REAL_ROWS[1:], "real text", corpus="multi30k", data_dir=data)
+    text = "\n".join(md)
+    assert md[0] == "# `make demo-real`: summary"
+    assert f'    make demo-real DEMO_ARGS="--out {out} --with-keel --with-admin --with-tfixup"' in md
+    assert f"--path {out}/grid/real-preln-nowu/seed2/checkpoints/checkpoint_best.pt" in text
+    assert f"head -3 {tmp_path}/m30k/text/tok/test.de | " in text and f" {data} --user-dir" in text
+    assert f"--sentencepiece-model {tmp_path}/m30k/text/bpe/spm.model" in text
+    assert "Multi30k test2016" in text and "generated corpus" not in text
+
+
 @pytest.mark.slow
 def test_real_preset_end_to_end_on_a_multi30k_format_fixture(tmp_path):
     """`make demo-real --quick` on the six .gz files in the published format (generated captions),
