@@ -339,8 +339,9 @@ RUNS = [
     *[_demo(f"demo-{v}-nowu", v) for v in VARIANTS if v != "postln"],
     # --- `make demo-real` (Multi30k, _tiny archs, CPU) and every architecture on real text -------------
     *[_real(f"real-{v}-nowu", v) for v in VARIANTS],
-    _real("real-postln-wu100", "postln", warmup=100),
-    _real("real-preln-wu100", "preln", warmup=100),
+    # the warm-up controls: Post-LN, Pre-LN, and the Post-LN fixes that are poor without warm-up on
+    # real text after one epoch (docs/results.md, "Every architecture on real text")
+    *[_real(f"real-{v}-wu100", v, warmup=100) for v in ("postln", "preln", "deepnorm", "b2t")],
 ]
 
 # The demos' rows, per corpus: `make demo` (the generated corpus) and `make demo-real` (Multi30k), each
