@@ -32,10 +32,10 @@ ROW_NAMES = [
     "real-dyt-nowu", "real-derf-nowu", "real-scalenorm-nowu", "real-subln-nowu",
     "real-periln-nowu", "real-b2t-nowu", "real-residual-nowu", "real-mixln-nowu",
     "real-lnscaling-nowu", "real-rezero-nowu", "real-rezero_postln-nowu", "real-normformer-nowu",
-    "real-postln-wu100", "real-preln-wu100",
+    "real-postln-wu100", "real-preln-wu100", "real-deepnorm-wu100", "real-b2t-wu100",
 ]
 # the config hash of every row together, and of a few rows: a row's fields (and so its run folders' hash) unchanged
-ALL_ROWS_HASH = "0e56bd2837e61a7a693b94b0dfb15e2c7e8e952809e2bc2fc421a9662098b639"
+ALL_ROWS_HASH = "951d0e183e582bb3f39617aa1eac545b98e4d784d67145d2a5ed4bb22f95cd3a"
 ROW_HASHES = {"demo-dyt-nowu": "c080bd21c5bcb8a3", "multi30k-normformer-adam-lr5e-4-nowu": "1952b42d3a01dc2a",
               "real-preln-wu100": "406194569da6e544", "iwslt-tfixup-adam-lr1e-3-nowu": "09dc949fbee6a0d0"}
 
