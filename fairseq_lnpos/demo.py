@@ -67,6 +67,7 @@ WIDTH = 100  # the summary's prose lines
 MAKE = {"synthetic": "make demo", "multi30k": "make demo-real"}  # --data: the command a user types
 DEFAULT_OUT = {"synthetic": "demo-out", "multi30k": "demo-real-out"}
 TEST_TEXT = {"synthetic": "the generated corpus", "multi30k": "Multi30k test2016"}
+WHAT = {"synthetic": "a generated task", "multi30k": "real text (Multi30k test2016, the tiny model)"}  # the verdict's scope
 
 
 def log(msg):
@@ -255,8 +256,8 @@ def next_steps(out, seed, corpus="synthetic", data_dir=None):
             "  ran), docs/results.md (every measurement)"]
 
 
-def write_summary(out, summary, runs, shown_text, figures, seconds, seed, controls=CONTROLS, what="a generated task",
-                  corpus="synthetic", data_dir=None):
+def write_summary(out, summary, runs, shown_text, figures, seconds, seed, controls=CONTROLS, corpus="synthetic",
+                  data_dir=None):
     """summary.md and summary.json in ``out``; returns the Markdown's lines."""
     controls_need = (None, *controls)
     shown, text = shown_text
@@ -266,7 +267,7 @@ def write_summary(out, summary, runs, shown_text, figures, seconds, seed, contro
           *wrap(f"Verdict: {text}."), "",
           *wrap(f"The rule: the controls (Post-LN with warm-up, Pre-LN without) must learn the task (tok BLEU >= "
                 f"{learned_bleu(controls_need):g} in every seed), and the best seed of Post-LN without warm-up must reach at most "
-                f"half the BLEU of the worst seed of each control. A CPU-scale illustration on {what}, "
+                f"half the BLEU of the worst seed of each control. A CPU-scale illustration on {WHAT[corpus]}, "
                 "not the paper's IWSLT14 numbers (README.md)."), "",
           *wrap("Figures: " + ", ".join(str(f) for f in figures)), ""]
     if train:
@@ -342,16 +343,14 @@ def main(argv=None):
 
     summary = summarize(rows)
     shown_text = verdict(summary, tuple(core[:3]))
-    what = "a generated task" if args.data == "synthetic" else "real text (Multi30k test2016, the tiny model)"
-    md = write_summary(out, summary, runs, shown_text, figures, time_split(rows), first_seed, core[1:3], what,
-                       args.data, data)
+    md = write_summary(out, summary, runs, shown_text, figures, time_split(rows), first_seed, core[1:3], args.data, data)
     print()
     verdict_at = md.index(next(line for line in md if line.startswith("Verdict: ")))
     end = md.index("", verdict_at)
     print("\n".join(md[2:verdict_at] + md[end + 1:]))  # the verdict comes last
     print()
     log(shown_text[1])
-    log(f"a CPU-scale illustration on {what}, not the paper's IWSLT14 numbers (README.md)")
+    log(f"a CPU-scale illustration on {WHAT[args.data]}, not the paper's IWSLT14 numbers (README.md)")
     log(f"written: {out / 'summary.md'}, {out / 'summary.json'}, {out / 'results.md'} and "
         f"{out / 'results.csv'} (per seed); total wall time {time.time() - t0:.0f} s")
     return 0

@@ -255,7 +255,7 @@ def test_real_summary_names_its_own_command_rows_and_data(tmp_path):
     out, data = tmp_path / "demo-real-out", tmp_path / "m30k" / "bin"
     summary = demo.summarize(demo.make_table(record_grid(out, MEASURED))[0])
     md = write_summary(out, summary, list(REAL_ROWS), demo.verdict(summary, REAL_ROWS), [], (0, 0), "2",
-                       REAL_ROWS[1:], "real text", corpus="multi30k", data_dir=data)
+                       REAL_ROWS[1:], corpus="multi30k", data_dir=data)
     text = "\n".join(md)
     assert md[0] == "# `make demo-real`: summary"
     assert f'    make demo-real DEMO_ARGS="--out {out} --with-keel --with-admin --with-tfixup"' in md
