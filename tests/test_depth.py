@@ -22,6 +22,7 @@ from fairseq_lnpos.fairseq_log import LogState
 from fairseq_lnpos.experiments.options import RunOptions
 from fairseq_lnpos.experiments.records import DoneRecord, EpochRecord, Outcome
 from fairseq_lnpos.experiments.rundir import RunDir
+from fairseq_lnpos.variants import VARIANTS
 
 REPO = Path(__file__).resolve().parents[1]
 HOLD = Path(__file__).resolve().parent / "hold"  # sitecustomize.py: fairseq-train waits after an epoch
@@ -60,6 +61,26 @@ def test_the_depth_preset_expands_along_depth(capsys, tmp_path):
     assert sorted({c.split("--seed ")[1].split()[0] for c in cmds}) == ["1", "2", "3"]
     assert run_main("grid", G.main, ["sweep", "--dry-run", "--depth-map", "--width", "30", "--out", str(tmp_path)]) == 2
     assert "--width 30: give a multiple of 4" in capsys.readouterr().err
+
+
+def test_the_all_archs_preset_is_every_variant_on_the_stability_grid_at_width_96(capsys, tmp_path):
+    cmds = trains(capsys, "--all-archs", "--out", str(tmp_path / "a"))
+    assert len(cmds) == len(VARIANTS) * 3 * 2 * 3 == 342
+    assert {c.split("--arch ")[1].split()[0] for c in cmds} == {f"transformer_{v}_tiny" for v in VARIANTS}
+    assert {c.split("--lr ")[1].split()[0] for c in cmds} == {"0.0003", "0.001", "0.003"}
+    assert {c.split("--warmup-updates ")[1].split()[0] for c in cmds} == {"1", "100"}
+    assert {c.split("--seed ")[1].split()[0] for c in cmds} == {"1", "2", "3"}
+    assert all("--encoder-embed-dim 96 --encoder-ffn-embed-dim 384 --decoder-embed-dim 96" in c
+               and "--encoder-layers 6 --decoder-layers 6 " in c and "--max-update 200 " in c
+               and "--log-grad-norms" not in c for c in cmds)
+    # options given win over the preset
+    cmds = trains(capsys, "--all-archs", "--archs", "keel", "--width", "128", "--seeds", "1", "--out", str(tmp_path / "b"))
+    assert len(cmds) == 6 and all("transformer_keel_tiny" in c and "--encoder-embed-dim 128 " in c for c in cmds)
+    # two presets, or the CPU map on the GPU preset: refused with what to do
+    for other, hint in (("--depth-map", "give one"), ("--real", "drop --real")):
+        assert run_main("grid", G.main, ["sweep", "--dry-run", "--all-archs", other, "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert hint in err and len(err.strip().splitlines()) == 1
 
 
 # ---------------------------------------------------------------- a recorded depth map

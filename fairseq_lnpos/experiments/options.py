@@ -17,7 +17,7 @@ from typing import List, Optional
 from ..common import one_line
 from ..errors import CommandParser, LnposError, comma_list_type, finite_float
 from ..cli import Options, option, to_argv  # noqa: F401  (slurm.py imports to_argv from here)
-from .sweep import DEPTH_MAP, DEPTH_MAP_REAL, PRESETS, STABILITY_MAP
+from .sweep import ALL_MAP, DEPTH_MAP, DEPTH_MAP_REAL, PRESETS, STABILITY_MAP
 
 
 def positive_int(minimum):
@@ -165,6 +165,9 @@ class SweepAxes(Options):
     depth_map: bool = option(
         False, f"the depth map: defaults {_describe(DEPTH_MAP)}; with --real {_describe(DEPTH_MAP_REAL)}, "
                f"--fp16; logs per-layer gradient norms (the stability map's defaults: {_describe(STABILITY_MAP)})")
+    all_archs: bool = option(
+        False, f"the map of every architecture (CPU): defaults {_describe(ALL_MAP)}; 342 runs, about 80 "
+               f"minutes of 2 idle cores (docs/results.md)")
     checkpoint_activations: bool = option(
         False, "fairseq's --checkpoint-activations for every cell (less memory; activations are "
                "recomputed in the backward pass)")
@@ -178,16 +181,17 @@ class SweepAxes(Options):
 
 @dataclass
 class SweepOptions(RunFields, SweepAxes):
-    """``grid.sh sweep`` (sweep.py). The preset (``--real``, ``--depth-map``) fills the axes not
-    given, and sets ``arch_size`` and, for the depth map on a GPU, ``fp16``."""
+    """``grid.sh sweep`` (sweep.py). The preset (``--real``, ``--depth-map``, ``--all-archs``) fills the
+    axes not given, and sets ``arch_size`` and, for the depth map on a GPU, ``fp16``."""
     out: str = "sweep-out"
     patience: int = 50
     no_bleu: bool = True
     early_stop: bool = True
     seeds: Optional[str] = option(help=(
         "comma-separated seeds of every cell (default: %s: 3 seeds, 96 runs, about 1.6 x the CPU time of the "
-        "earlier one-seed 5 x 3 grid, less with early stopping; the depth map's: %s, 72 runs; with --real %s)"
-        % (STABILITY_MAP["seeds"], DEPTH_MAP["seeds"], DEPTH_MAP_REAL["seeds"])))
+        "earlier one-seed 5 x 3 grid, less with early stopping; the depth map's: %s, 72 runs; with --real %s; "
+        "--all-archs: %s, 342 runs)" % (STABILITY_MAP["seeds"], DEPTH_MAP["seeds"], DEPTH_MAP_REAL["seeds"],
+                                       ALL_MAP["seeds"])))
     arch_size: str = None  # the preset's; given, it must be the preset's
 
     def __post_init__(self):
@@ -199,7 +203,14 @@ class SweepOptions(RunFields, SweepAxes):
         if self.arch_size not in (None, preset):
             raise LnposError(f"--arch-size {self.arch_size}: this sweep's cells are of size {preset} "
                              f"({'--real' if self.real else 'without --real'}): drop --arch-size")
-        defaults = (DEPTH_MAP_REAL if self.real else DEPTH_MAP) if self.depth_map else STABILITY_MAP
+        if self.all_archs and self.depth_map:
+            raise LnposError("--all-archs and --depth-map are two presets: give one (--depth-map --archs ... "
+                             "puts other architectures on the depth map)")
+        if self.all_archs and self.real:
+            raise LnposError("--all-archs is a CPU map (the tiny model on the generated corpus): drop --real, or "
+                             "train every architecture on Multi30k with grid.sh run --only 'real-*'")
+        defaults = ((DEPTH_MAP_REAL if self.real else DEPTH_MAP) if self.depth_map
+                    else ALL_MAP if self.all_archs else STABILITY_MAP)
         for key, value in defaults.items():
             if getattr(self, key) is None:
                 setattr(self, key, value)

@@ -3,6 +3,7 @@
     scripts/grid.sh sweep --archs postln,preln,deepnorm,keel --lr 3e-4,1e-3,3e-3,1e-2 \\
         --warmup 1,100 --layers 6 --seeds 1,2,3 --max-update 200 --out sweep-out --jobs 2
     scripts/grid.sh sweep --depth-map --jobs 2 --out depth-out     # the depth map's defaults (DEPTH_MAP)
+    scripts/grid.sh sweep --all-archs --jobs 2 --out all-out       # every architecture (ALL_MAP)
     scripts/stability_map.sh sweep-out
 
 Every cell is a run of the grid (resume, runs side by side, scoring as everywhere), named
@@ -19,7 +20,8 @@ Presets: the default is the laptop map (the `_tiny` archs on the generated corpu
 only); ``--real`` is the paper's IWSLT model on Multi30k (data-prep/prepare-multi30k.sh) for one GPU.
 ``--depth-map`` changes the defaults of the axes, the budget and the width to the depth map's
 (:data:`DEPTH_MAP`, with ``--real`` :data:`DEPTH_MAP_REAL`) and logs per-layer gradient norms;
-options given on the command line win.
+``--all-archs`` to the map of every architecture's (:data:`ALL_MAP`, CPU only); options given on the
+command line win.
 """
 import math
 from dataclasses import replace
@@ -44,6 +46,10 @@ DEPTH_MAP = dict(archs=",".join(GROUPS["depth_map"]), lr="1e-3", warmup="1",
                  layers="6,12,24,48", max_update=300, width=64, seeds="1,2,3")
 # one GPU: the paper's IWSLT model (d 512) on Multi30k (~115 updates an epoch), fp16, one seed
 DEPTH_MAP_REAL = dict(DEPTH_MAP, lr="5e-4,1e-3", layers="6,18,36,60,100", max_update=600, width=None, seeds="1")
+# ... and the map of every architecture (19 x 3 x 2 cells x 3 seeds = 342 runs) at width 96, where the
+# 200 updates cost about 0.6 of the tiny size's (d 128) and leave its contrasts; docs/results.md has
+# the timed cells this was chosen from
+ALL_MAP = dict(STABILITY_MAP, archs=",".join(VARIANTS), lr="3e-4,1e-3,3e-3", width=96)
 # what the depth map measures beside the loss: per-layer gradient norms (<save-dir>/grad_norms.jsonl)
 GRAD_NORMS = dict(task="translation_lnpos", extra=("--log-grad-norms",))
 HEADS = TINY["attention_heads"]  # the tiny and the IWSLT size both have 4 heads
