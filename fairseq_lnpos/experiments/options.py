@@ -166,7 +166,7 @@ class SweepAxes(Options):
         False, f"the depth map: defaults {_describe(DEPTH_MAP)}; with --real {_describe(DEPTH_MAP_REAL)}, "
                f"--fp16; logs per-layer gradient norms (the stability map's defaults: {_describe(STABILITY_MAP)})")
     all_archs: bool = option(
-        False, f"the map of every architecture (CPU): defaults {_describe(ALL_MAP)}; 342 runs, about 80 "
+        False, f"the map of every architecture (CPU): defaults {_describe(ALL_MAP)}; 342 runs, 88 "
                f"minutes of 2 idle cores (docs/results.md)")
     checkpoint_activations: bool = option(
         False, "fairseq's --checkpoint-activations for every cell (less memory; activations are "
