@@ -10,6 +10,7 @@ e.g. ``RunOptions(only="iwslt-*", out="grid-out")``. Values derived from the opt
 a sweep's preset) are computed here.
 """
 import argparse
+import math
 import re
 from dataclasses import MISSING, dataclass, field, fields
 from typing import List, Optional
@@ -150,6 +151,11 @@ def _describe(preset):
     return ", ".join(f"{k.replace('_', '-')} {v}" for k, v in preset.items() if v is not None)
 
 
+def _runs(preset):
+    """How many runs a preset's map is: its archs x learning rates x warm-ups x depths x seeds."""
+    return math.prod(len(str(preset[axis]).split(",")) for axis in ("archs", "lr", "warmup", "layers", "seeds"))
+
+
 @dataclass
 class SweepAxes(Options):
     """The options of ``grid.sh sweep`` besides the grid's own; the axes default to the preset's."""
@@ -166,7 +172,7 @@ class SweepAxes(Options):
         False, f"the depth map: defaults {_describe(DEPTH_MAP)}; with --real {_describe(DEPTH_MAP_REAL)}, "
                f"--fp16; logs per-layer gradient norms (the stability map's defaults: {_describe(STABILITY_MAP)})")
     all_archs: bool = option(
-        False, f"the map of every architecture (CPU): defaults {_describe(ALL_MAP)}; 342 runs, 88 "
+        False, f"the map of every architecture (CPU): defaults {_describe(ALL_MAP)}; {_runs(ALL_MAP)} runs, 88 "
                f"minutes of 2 idle cores (docs/results.md)")
     checkpoint_activations: bool = option(
         False, "fairseq's --checkpoint-activations for every cell (less memory; activations are "
@@ -188,10 +194,10 @@ class SweepOptions(RunFields, SweepAxes):
     no_bleu: bool = True
     early_stop: bool = True
     seeds: Optional[str] = option(help=(
-        "comma-separated seeds of every cell (default: %s: 3 seeds, 96 runs, about 1.6 x the CPU time of the "
-        "earlier one-seed 5 x 3 grid, less with early stopping; the depth map's: %s, 72 runs; with --real %s; "
-        "--all-archs: %s, 342 runs)" % (STABILITY_MAP["seeds"], DEPTH_MAP["seeds"], DEPTH_MAP_REAL["seeds"],
-                                       ALL_MAP["seeds"])))
+        "comma-separated seeds of every cell (default: %s: 3 seeds, %d runs, about 1.6 x the CPU time of the "
+        "earlier one-seed 5 x 3 grid, less with early stopping; the depth map's: %s, %d runs; with --real %s; "
+        "--all-archs: %s, %d runs)" % (STABILITY_MAP["seeds"], _runs(STABILITY_MAP), DEPTH_MAP["seeds"],
+                                      _runs(DEPTH_MAP), DEPTH_MAP_REAL["seeds"], ALL_MAP["seeds"], _runs(ALL_MAP))))
     arch_size: str = None  # the preset's; given, it must be the preset's
 
     def __post_init__(self):
