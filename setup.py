@@ -25,7 +25,8 @@ setup(
         # precede every one-line error of the project's commands
         "tensorboardX>=2.5",
         "matplotlib>=3.5",
-        # Student's t quantiles of the seed intervals (analysis/seeds.py)
+        # the table of every run and its views (analysis/frame.py); the verdicts' tests (analysis/verdict.py)
+        "pandas>=1.5",
         "scipy>=1.7",
     ],
     extras_require={"test": ["pytest>=7"]},

@@ -85,6 +85,11 @@ class LogState:
         return number(self.valid[max(self.valid)].get("valid_loss")) if self.valid else None
 
     @property
+    def final_valid_nll(self):
+        """The last validation NLL fairseq logged (bits, no label smoothing), or None."""
+        return number(self.valid[max(self.valid)].get("valid_nll_loss")) if self.valid else None
+
+    @property
     def cuda_peak_mb(self):
         """CUDA's peak over the logged updates (MB), or None off a GPU."""
         if self.cuda_total_gb is None or self.min_gb_free is None:

@@ -3,8 +3,7 @@
 For a map of more than one depth (``scripts/grid.sh sweep --depth-map``):
 
 - the largest good depth per architecture, warm-up and learning rate: the deepest model of the
-  grid whose cell is good by the map's rules (:mod:`.verdict`: it trains and is near the best cell
-  of its architecture and depth), and the deepest that trains, in OUT/largest_depth.csv and the
+  grid whose cell is good against every cell at its depth (:mod:`.verdict`), and the deepest that trains, in OUT/largest_depth.csv and the
   Markdown, beside the final loss at every depth;
 - OUT/depth_loss.png: final validation loss against depth (log axis), one line per architecture,
   one panel per warm-up and learning rate, error bars the seeds' min-max; cells that are not good
@@ -67,7 +66,7 @@ def along_depth(cells):
     return {k: sorted(g, key=lambda c: c.layers) for k, g in group(cells, lambda c: (c.variant, c.warmup, c.lr)).items()}
 
 
-def largest_depth(cells, ok=lambda c: c.good):
+def largest_depth(cells, ok=lambda c: c.good_depth):
     """{(variant, warmup, lr): (the deepest depth whose cell is ``ok`` (default: good) or None,
     [shallower depths that are not])}."""
     out = {}
@@ -99,15 +98,6 @@ def write_csv(cells, path):
     return write_text(path, buf.getvalue())
 
 
-def read_csv(path):
-    """The rows of :func:`write_csv` as {(variant, warmup, lr): (largest good or None, [not good below])}."""
-    with open(path, encoding="utf-8", newline="") as f:
-        return {(r["variant"], int(r["warmup"]), float(r["lr"])):
-                (int(r["largest_good_depth"]) if r["largest_good_depth"] else None,
-                 [int(x) for x in r["not_good_below"].split()])
-                for r in csv.DictReader(f)}
-
-
 # ---------------------------------------------------------------- Markdown
 
 def _table(values, corner, fmt, col_fmt=str):
@@ -123,8 +113,8 @@ def _table(values, corner, fmt, col_fmt=str):
 def _cell_loss(c):
     if c.finished == 0:
         return "x" if c.diverged == c.seeds else "s" if c.stopped == c.seeds else f"x {c.diverged}/{c.seeds}, s {c.stopped}/{c.seeds}"
-    text = num(c.final_valid_loss, ".2f") + (f" [{c.loss_min:.2f}-{c.loss_max:.2f}]" if c.finished > 1 else "")
-    text = (f"**{text}**" if c.good else text if c.trains else f"({text})") + f" n{c.seeds}" + ("?" if c.disagree else "")
+    text = num(c.nll, ".2f") + (f" [{c.nll_min:.2f} to {c.nll_max:.2f}]" if c.finished > 1 else "")
+    text = (f"**{text}**" if c.good_depth else text if c.trains else f"({text})") + f" n{c.seeds}" + ("?" if c.disagree else "")
     return text + "".join(f", {m} {k}/{c.seeds}" for m, k in (("x", c.diverged), ("s", c.stopped)) if k)
 
 
@@ -136,7 +126,7 @@ def markdown(cells):
         deepest = max(c.layers for c in cells)
         label = {(v, w): f"{VARIANTS[v].label}, warm-up {warmup_label(w)}" for v, w, _ in line}
         lines += ["", "## Largest good depth", "",
-                  "The deepest model of the grid whose cell is good (the rules above); '(not N)': shallower depths "
+                  "The deepest model of the grid whose cell is good against every cell at its depth (the rules above); '(not N)': shallower depths "
                   "that were not good; '-': none. Beside it, after '/', the deepest that trains (the lax rule alone).",
                   ""]
         trains = largest_depth(cells, lambda c: c.trains)
@@ -144,8 +134,8 @@ def markdown(cells):
                         "architecture", lambda t: f"{_fmt_depth(t[0], deepest)} / {_fmt_depth(t[1], deepest)}",
                         lambda lr: f"lr {lr:g}")
         for w, lr in dict.fromkeys((w, lr) for _, w, lr in line):
-            lines += ["", f"### Final validation loss along depth, warm-up {warmup_label(w)}, lr {lr:g} (bits)", "",
-                      "**loss**: good; loss: trains, not near the best; (loss): does not train; [min-max] over "
+            lines += ["", f"### Final validation NLL along depth, warm-up {warmup_label(w)}, lr {lr:g} (bits)", "",
+                      "**NLL**: good at its depth; NLL: trains, not good; (NLL): does not train; [min to max] over "
                       "the seeds; n seeds; ?: the seeds disagree; x: diverged; s: stopped early.", ""]
             lines += _table({(VARIANTS[c.variant].label, c.layers): c for c in cells if (c.warmup, c.lr) == (w, lr)},
                             "architecture \\ layers", _cell_loss)
@@ -196,10 +186,10 @@ def plot(cells, path):
         points = []
         for c in line:
             if c.finished == 0:
-                points.append((c.layers, c.initial_loss, "diverged", None))
-            elif c.final_valid_loss is not None:
-                points.append((c.layers, c.final_valid_loss, "good" if c.good else "not good",
-                               (c.loss_min, c.loss_max) if c.finished > 1 else None))
+                points.append((c.layers, c.unigram_bits, "diverged", None))
+            elif c.nll is not None:
+                points.append((c.layers, c.nll, "good" if c.good_depth else "not good",
+                               (c.nll_min, c.nll_max) if c.finished > 1 else None))
         panels.setdefault((w, lr), {})[v] = points
     keys = sorted(panels)
     fig, axes = plt.subplots(1, len(keys), squeeze=False, figsize=(max(6.4, 4.4 * len(keys)), 4.0), sharey=True)
@@ -223,8 +213,8 @@ def plot(cells, path):
         ax.set_xlabel("layers (encoder = decoder)")
         ax.set_title(f"warm-up {warmup_label(key[0])}, lr {key[1]:g}", fontsize=9)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("final validation loss (bits)")
+    axes[0][0].set_ylabel("final validation NLL (bits)")
     axes[0][-1].legend(fontsize=7)
-    save(fig, path, "Final validation loss against depth: filled = good, hollow = not good,\nx = diverged or "
-                    "stopped (at its initial loss); bars = the seeds' min-max")
-    return panels
+    save(fig, path, "Final validation NLL against depth: filled = good at its depth, hollow = not good,\nx = diverged "
+                    "or stopped (at the unigram bits); bars = the seeds' min-max")
+    return path

@@ -6,7 +6,7 @@ import math
 from ..experiments.runs import warmup_label
 from ..variants import VARIANTS
 from .map_common import pyplot, save
-from .verdict import AGAINST
+from .stability import cell_mark
 
 
 def heatmap(cells, variant, layers):
@@ -17,8 +17,8 @@ def heatmap(cells, variant, layers):
     def get(attr, empty):
         return [[getattr(sel[w, lr], attr) if (w, lr) in sel else empty for lr in lrs] for w in warmups]
 
-    loss = [[math.nan if v is None else v for v in row] for row in get("final_valid_loss", None)]
-    verdicts = [[sel[w, lr].verdict() if (w, lr) in sel else "" for lr in lrs] for w in warmups]
+    loss = [[math.nan if v is None else v for v in row] for row in get("nll", None)]
+    verdicts = [[sel[w, lr].verdict if (w, lr) in sel else "" for lr in lrs] for w in warmups]
     return {"warmups": warmups, "lrs": lrs, "loss": loss, "bleu": get("bleu", None),
             "diverged": get("diverged", 0), "stopped": get("stopped", 0), "seeds": get("seeds", 0),
             "verdict": verdicts, "disagree": get("disagree", False)}
@@ -31,7 +31,7 @@ def plot_heatmaps(cells, path):
 
     variants = [v for v in VARIANTS if any(c.variant == v for c in cells)]
     depths = sorted({c.layers for c in cells})
-    finite = [c.final_valid_loss for c in cells if c.final_valid_loss is not None and not c.diverged]
+    finite = [c.nll for c in cells if c.nll is not None and not c.diverged]
     vmin, vmax = (min(finite), max(finite)) if finite else (0, 1)
     fig, axes = plt.subplots(len(depths), len(variants), squeeze=False,
                              figsize=(3.6 * len(variants), 3.0 * len(depths)))
@@ -70,13 +70,13 @@ def plot_heatmaps(cells, path):
             ax.set_xlabel("learning rate", fontsize=8)
             ax.set_ylabel("warm-up updates", fontsize=8)
             fig.colorbar(im, ax=ax, fraction=0.046)
-    save(fig, path, "Final validation loss (bits, mean over the seeds that finished; then test tok BLEU where "
-                    "scored); G = good (white frame), p = poor, - = does not train, ? = seeds disagree (orange), "
-                    "n = seeds; x = diverged, s = stopped early")
-    return drawn
+    save(fig, path, "Final validation NLL (bits, mean over the seeds that finished; then test tok BLEU where "
+                    "scored); G = good against its architecture's cells (white frame), p = poor, - = does not train,\n"
+                    "· = one seed, ? = seeds disagree (orange), n = seeds; x = diverged, s = stopped early")
+    return path
 
 
-VERDICT_MARK = {"good": "G", "poor": "p", "no-train": "-"}
+VERDICT_MARK = {"good": "G", "poor": "p", "no-train": "-", "NA": "·"}
 
 
 def overview(cells, layers):
@@ -88,7 +88,7 @@ def overview(cells, layers):
     return {"variants": variants, "cols": cols, "cells": [[sel.get((v, w, lr)) for w, lr in cols] for v in variants]}
 
 
-def plot_overview(cells, path, against=AGAINST["arch"]):
+def plot_overview(cells, path):
     """OUT/stability_overview.png: every architecture in one heatmap per depth (rows architecture,
     columns warm-up x learning rate): the mean final loss, its verdict mark and n; returns
     {layers: overview(...)} as drawn."""
@@ -97,14 +97,14 @@ def plot_overview(cells, path, against=AGAINST["arch"]):
 
     depths = sorted({c.layers for c in cells})
     drawn = {d: overview(cells, d) for d in depths}
-    finite = [c.final_valid_loss for c in cells if c.final_valid_loss is not None]
+    finite = [c.nll for c in cells if c.nll is not None]
     vmin, vmax = (min(finite), max(finite)) if finite else (0, 1)
     fig, axes = plt.subplots(1, len(depths), squeeze=False,
                              figsize=(max(5.0, 1.05 * len(drawn[depths[0]]["cols"]) + 2.2) * len(depths),
                                       0.36 * max(len(m["variants"]) for m in drawn.values()) + 1.6))
     for ax, d in zip(axes[0], depths):
         m = drawn[d]
-        loss = [[math.nan if c is None or c.final_valid_loss is None else c.final_valid_loss for c in row]
+        loss = [[math.nan if c is None or c.nll is None else c.nll for c in row]
                 for row in m["cells"]]
         im = ax.imshow(loss, cmap="viridis_r", vmin=vmin, vmax=vmax, aspect="auto")
         for r, row in enumerate(m["cells"]):
@@ -112,7 +112,7 @@ def plot_overview(cells, path, against=AGAINST["arch"]):
                 if c is None:
                     continue
                 text = cell_mark(c)
-                if c.good:
+                if c.good_own:
                     ax.add_patch(Rectangle((k - 0.47, r - 0.45), 0.94, 0.9, fill=False, color="white", lw=1.5))
                 if c.disagree:
                     ax.add_patch(Rectangle((k - 0.4, r - 0.38), 0.8, 0.76, fill=False, color="orange", lw=1.2, ls="--"))
@@ -124,10 +124,10 @@ def plot_overview(cells, path, against=AGAINST["arch"]):
         ax.set_yticklabels([VARIANTS[v].label for v in m["variants"]], fontsize=7)
         ax.set_title(f"{d} layers", fontsize=9)
         fig.colorbar(im, ax=ax, fraction=0.03)
-    save(fig, path, "Final validation loss (bits), mean over seeds; n seeds\nG good (white frame; against "
-                    f"{against}), p poor, - does not train\n? seeds disagree (orange), x diverged, "
-                    "s stopped early")
-    return drawn
+    save(fig, path, "Final validation NLL (bits), mean over seeds; n seeds\nG good against its architecture's "
+                    "cells (white frame), + also against every cell at that depth,\np poor, - does not train, · one "
+                    "seed, ? seeds disagree (orange), x diverged, s stopped early")
+    return path
 
 
 def bleu_points(cells):
@@ -144,11 +144,11 @@ def bleu_points(cells):
     for (layers, warmup, variant), c in sorted(best.items(), key=lambda kv: (kv[0][0], kv[0][1], list(VARIANTS).index(kv[0][2]))):
         out.setdefault(layers, {}).setdefault(warmup, []).append(
             (variant, c.bleu, c.bleu if c.bleu_min is None else c.bleu_min,
-             c.bleu if c.bleu_max is None else c.bleu_max, c.good))
+             c.bleu if c.bleu_max is None else c.bleu_max, bool(c.good_own)))
     return out
 
 
-def plot_bleu(cells, path, against=AGAINST["arch"]):
+def plot_bleu(cells, path):
     """OUT/bleu.png, where test BLEU was scored: tok BLEU per architecture (rows), one marker per
     warm-up, bars the seeds' min-max, filled where the cell is good; one panel per depth. Returns
     :func:`bleu_points` as drawn, or None when no cell has a BLEU."""
@@ -175,17 +175,9 @@ def plot_bleu(cells, path, against=AGAINST["arch"]):
         ax.set_title(f"{layers} layers", fontsize=9)
         ax.grid(alpha=0.3, axis="x")
         ax.legend(fontsize=7)
-    save(fig, path, f"Test BLEU per architecture: mean over seeds, bars = min-max\nfilled: good (against {against})")
-    return points
-
-
-def cell_mark(c):
-    """A cell's text in the overview: the mean loss (or x / s), its verdict mark and n."""
-    if c.finished == 0:
-        head = "x" if c.diverged == c.seeds else "s" if c.stopped == c.seeds else f"x{c.diverged} s{c.stopped}"
-    else:
-        head = f"{c.final_valid_loss:.2f} {VERDICT_MARK.get(c.verdict(), '')}{'?' if c.disagree else ''}"
-    return f"{head} n{c.seeds}"
+    save(fig, path, "Test BLEU per architecture: mean over seeds, bars = min-max\nfilled: good against its "
+                    "architecture's cells")
+    return path
 
 
 def loss_curves(cells):
@@ -193,9 +185,9 @@ def loss_curves(cells):
     of the cells with a finished seed, as :func:`plot_loss_vs_lr` draws it."""
     panels = {}
     for c in sorted(cells, key=lambda c: c.lr):
-        if c.final_valid_loss is not None:
+        if c.nll is not None:
             panels.setdefault((c.layers, c.warmup), {}).setdefault(c.variant, []).append(
-                (c.lr, c.final_valid_loss, c.loss_min, c.loss_max))
+                (c.lr, c.nll, c.nll_min, c.nll_max))
     return {k: dict(sorted(v.items(), key=lambda kv: list(VARIANTS).index(kv[0]))) for k, v in sorted(panels.items())}
 
 
@@ -208,8 +200,8 @@ def plot_loss_vs_lr(cells, path):
     for ax, ((layers, warmup), lines) in zip(axes[0], panels.items()):
         for v, pts in lines.items():
             i = list(VARIANTS).index(v)
-            lo = [m - a for _, m, a, _ in pts]
-            hi = [b - m for _, m, _, b in pts]
+            lo = [m - (m if a is None else a) for _, m, a, _ in pts]
+            hi = [(m if b is None else b) - m for _, m, _, b in pts]
             ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[lo, hi], marker="o", ms=3, capsize=2,
                         lw=1, color=f"C{i % 10}", ls=("-", "--")[i // 10 % 2], label=VARIANTS[v].label)
         ax.set_xscale("log")
@@ -220,11 +212,11 @@ def plot_loss_vs_lr(cells, path):
         ax.set_xlabel("learning rate")
         ax.set_title(f"{layers} layers, warm-up {warmup_label(warmup)}", fontsize=9)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("final validation loss (bits)")
+    axes[0][0].set_ylabel("final validation NLL (bits)")
     axes[0][-1].legend(fontsize=6, ncol=2)
-    save(fig, path, "Final validation loss against the learning rate: mean over the seeds that finished, "
+    save(fig, path, "Final validation NLL against the learning rate: mean over the seeds that finished, "
                     "bars = min-max over the seeds")
-    return panels
+    return path
 
 
 def plot_sensitivity(sens, path):
@@ -250,4 +242,4 @@ def plot_sensitivity(sens, path):
         if drawn[w]:
             ax.legend(fontsize=7)
     save(fig, path)
-    return drawn
+    return path

@@ -1,91 +1,111 @@
-"""The map's two rules, stated once: "trains" and "good" (near the best of its architecture).
+"""The maps' verdicts, stated once: on the validation NLL, each cell with its own variance, the
+number of cells and the choice of the best accounted for.
 
-- **trains** (:func:`trains`): no seed diverged or was stopped early, and the final validation loss
-  (mean over the seeds) is at most ``ratio`` times the initial loss (the training loss of the first
-  update). It separates training from not training; on its own it calls a slow, poor run "stable".
-- **near best** (:func:`threshold`): the cell's mean final loss is within ``delta`` of the best cell
-  of the same architecture and depth (over every warm-up and learning rate of the map), where
-  ``delta = max(near x best, noise_k x s x sqrt(1/n + 1/n_best))``: ``near`` a relative floor
-  (default 10 % of the best loss), ``s`` the pooled standard deviation between seeds of the map's
-  cells that train (:func:`~.seeds.pooled_sd`), ``n`` and ``n_best`` the seeds of the cell and of the
-  best cell. A map of one seed per cell has no ``s``: its delta is the floor alone, and it says so.
-- **good** = trains and near best: the headline ("largest good learning rate", "largest good depth").
-- **seeds disagree** (:func:`seeds_disagree`): some seeds of the cell are good by themselves (their own
-  final loss trains and is within the threshold) and some are not. Such a cell is marked, never
-  silently decided: its verdict is the mean's, with the mark beside it.
+The quantity is the final validation NLL in bits (fairseq's ``valid_nll_loss``: no label smoothing,
+which would add a constant of about 1.3 bits to every cell). A cell is one configuration
+(architecture, depth, warm-up, learning rate); its runs are its seeds.
 
-Measured on the generated corpus (docs/results.md): runs that train end at 0.17-0.49 of their first
-loss, stalled runs at 0.68-0.79; two machines running the same commands differed by 0.13 bit on a
-cell near 4.1 bits, which the relative floor (0.41 bit there) absorbs.
+- **trains**: every seed of the cell ran to its end (none diverged or was stopped early) and the mean
+  NLL is at most ``trains`` (default :data:`DEFAULT_TRAINS`) times the unigram bits of the corpus
+  (:func:`~fairseq_lnpos.data.unigram.unigram_bits`: what a model that ignores source and context
+  reaches), so that one threshold means the same on every corpus.
+- **poor**: a cell that trains is poor when it is worse than some other cell of its family by more
+  than the practical ``margin`` (bits), with the error rate controlled over the whole family:
+  for every ordered pair (i, j) of the family's cells that train, the one-sided hypothesis
+  mu_i - mu_j <= margin is tested with Welch's t (each cell with its own variance), and the k (k - 1) tests
+  are corrected by Holm's step-down procedure at level ``alpha``; cell i is poor when one of its
+  hypotheses is rejected. No best cell is selected before testing, so the selection needs no
+  correction: when every cell of a family has the same mean, the chance that any cell is called
+  poor is at most ``alpha`` (:func:`false_poor_rate` checks it by simulation).
+- a cell of one seed has no variance: it is compared with nothing and cannot be called poor; its
+  "good" is unknown (``NA``) unless it is the only cell of its family that trains. With two seeds a
+  cell's variance rests on one degree of freedom and only large differences are detected: the
+  rate is controlled, the power is not (run three seeds or more where the verdict matters).
+- **good** = trains and not poor. Two families, two named verdicts: ``good_own`` among the cells of
+  the same architecture and depth (does this architecture need its warm-up or a smaller learning rate),
+  ``good_depth`` among every cell at that depth (is it as good as the best of any architecture there).
+- **seeds disagree**: some seeds of a cell train on their own and some do not.
 """
 import math
-from dataclasses import dataclass
 
-DEFAULT_RATIO = 0.6
-DEFAULT_NEAR = 0.10
-DEFAULT_NOISE_K = 2.0
-# the best cell "good" is judged against: of the same architecture and depth (a learning-rate map),
-# or of any architecture at that depth (a map of one cell per architecture, e.g. every variant at one
-# setting on real text, where an architecture's only cell is always its own best)
-AGAINST = {"arch": "the best cell of the same architecture and depth", "all": "the best cell of any architecture at that depth"}
+import numpy as np
 
-
-def auto_against(cells):
-    """``--against auto`` for the cells (variant, layers, warm-up, lr) of a map: "all" where some
-    architecture has a single cell at a depth, since against its own best such a cell is always good
-    (the depth map; every architecture at one setting), else "arch" (a learning-rate map)."""
-    settings = {}
-    for variant, layers, warmup, lr in cells:
-        settings.setdefault((variant, layers), set()).add((warmup, lr))
-    return "all" if any(len(s) == 1 for s in settings.values()) else "arch"
+DEFAULT_TRAINS = 0.8
+DEFAULT_MARGIN = 0.1
+DEFAULT_ALPHA = 0.05
+FAMILIES = {"own": ("variant", "layers"), "depth": ("layers",)}
+FAMILY_WORDS = {"own": "the cells of the same architecture and depth", "depth": "every cell at that depth"}
 
 
-@dataclass(frozen=True)
-class Rules:
-    ratio: float = DEFAULT_RATIO
-    near: float = DEFAULT_NEAR
-    noise_k: float = DEFAULT_NOISE_K
-    against: str = "arch"
-
-    def __post_init__(self):
-        if self.against not in AGAINST:
-            raise ValueError(f"against {self.against!r}: one of {', '.join(AGAINST)}")
-
-    def reference(self, variant, layers):
-        """The key of the best cell a cell of ``variant`` at ``layers`` is judged against."""
-        return (variant, layers) if self.against == "arch" else layers
-
-    def describe(self, noise=None):
-        """The two rules in words, with their numbers, as the map's outputs state them."""
-        s = ("no seed-to-seed spread measured (one seed per cell): delta is the floor alone" if noise is None
-             else f"s = {noise[0]:.3f} bits pooled over {noise[1]} degrees of freedom")
-        return (f"Trains: no seed diverged or stopped early and the final validation loss is at most "
-                f"{self.ratio:g} x the initial loss (the training loss of the first update; means over the seeds; "
-                f"--ratio). Good: trains, and the mean is within delta of {AGAINST[self.against]} "
-                f"(--against), delta = max({self.near:g} x best, {self.noise_k:g} x s x sqrt(1/n + 1/n_best)) "
-                f"(--near, --noise-k; {s}). '?': the seeds disagree on the verdict (some good on their own, "
-                f"some not).")
+def describe(trains=DEFAULT_TRAINS, margin=DEFAULT_MARGIN, alpha=DEFAULT_ALPHA):
+    """The rules in words, with their numbers, as every output states them."""
+    return (f"Quantity: final validation NLL (bits, no label smoothing), mean over the seeds. Trains: no seed "
+            f"diverged or was stopped early and the NLL is at most {trains:g} x the corpus's unigram bits "
+            f"(--trains). Poor: worse than another cell of its family by more than {margin:g} bit (--margin), "
+            f"Welch's t (each cell its own variance), every ordered pair of the family tested, Holm-corrected at "
+            f"{alpha:g} (--alpha): identical cells are called poor at most {alpha:.0%} of the time. Good: trains "
+            f"and not poor; good (own): against {FAMILY_WORDS['own']}; good (depth): against "
+            f"{FAMILY_WORDS['depth']}. '?': the seeds disagree on 'trains'; NA: one seed, not compared.")
 
 
-def trains(final, initial, diverged, ratio):
-    """The "trains" rule on means: no seed diverged or stopped (``diverged`` counts both)."""
-    if diverged or final is None or initial is None or not math.isfinite(final):
-        return False
-    return final <= ratio * initial
+# ---------------------------------------------------------------- the test
+
+def pair_pvalues(means, variances, ns, margin):
+    """P[i, j]: the one-sided p-value of mu_i - mu_j <= margin, Welch's t with Welch-Satterthwaite
+    degrees of freedom on the cells' sample variances; NaN on the diagonal and where a cell has
+    fewer than two seeds (no variance)."""
+    from scipy.stats import t as student
+
+    m, v, n = (np.asarray(x, float) for x in (means, variances, ns))
+    d = n - 1
+    a = v / n
+    se2 = a[:, None] + a[None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        part = a * a / d
+        terms = part[:, None] + part[None, :]
+        df = np.where(terms > 0, se2 * se2 / terms, 1e12)
+        diff = m[:, None] - m[None, :] - margin
+        z = diff / np.sqrt(se2)
+        p = student.sf(z, np.minimum(df, 1e12))
+    p = np.where(se2 > 0, p, np.where(diff > 0, 0.0, 1.0))
+    bad = ~np.isfinite(a) | (d == 0)
+    p[bad, :] = np.nan
+    p[:, bad] = np.nan
+    np.fill_diagonal(p, np.nan)
+    return p
 
 
-def threshold(best, n_best, n, rules, noise):
-    """The largest mean final loss that is near ``best`` (the best mean of the architecture and depth,
-    over ``n_best`` seeds) for a cell of ``n`` seeds."""
-    delta = rules.near * best
-    if noise is not None and n and n_best:
-        delta = max(delta, rules.noise_k * noise[0] * math.sqrt(1 / n + 1 / n_best))
-    return best + delta
+def holm_rejects(p, alpha):
+    """The Holm step-down rejections of the finite p-values of ``p`` (same shape, booleans)."""
+    flat = p.ravel()
+    idx = [i for i in np.argsort(flat, kind="stable") if math.isfinite(flat[i])]
+    rejected = np.zeros(flat.shape, bool)
+    m = len(idx)
+    for r, i in enumerate(idx):
+        if flat[i] > alpha / (m - r):
+            break
+        rejected[i] = True
+    return rejected.reshape(p.shape)
 
 
-def seeds_disagree(seed_finals, seed_initials, limit, ratio):
-    """Do the seeds of a cell (final losses, None for a diverged or stopped seed) disagree on "good"
-    when each is judged alone against ``limit``?"""
-    alone = [f is not None and i is not None and math.isfinite(f) and f <= ratio * i and f <= limit
-             for f, i in zip(seed_finals, seed_initials)]
-    return len(alone) > 1 and any(alone) and not all(alone)
+def poor(means, variances, ns, margin=DEFAULT_MARGIN, alpha=DEFAULT_ALPHA):
+    """For each cell of one family (its seeds' mean, sample variance and number): is it poor?"""
+    if len(means) < 2:
+        return np.zeros(len(means), bool)
+    return holm_rejects(pair_pvalues(means, variances, ns, margin), alpha).any(axis=1)
+
+
+# ---------------------------------------------------------------- checking the error rate
+
+def false_poor_rate(cells, seeds, sims=2000, margin=0.0, alpha=DEFAULT_ALPHA, sd=0.1, sd_spread=0.0, seed=0):
+    """The share of ``sims`` simulated families of ``cells`` identical cells of ``seeds`` seeds each
+    (normal, standard deviation ``sd``; each cell's own sd drawn log-normally with ``sd_spread`` in
+    log units) in which some cell is called poor."""
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for _ in range(sims):
+        sds = sd * np.exp(sd_spread * rng.standard_normal(cells))
+        x = rng.standard_normal((cells, seeds)) * sds[:, None]
+        var = x.var(axis=1, ddof=1) if seeds > 1 else np.full(cells, np.nan)
+        hits += bool(poor(x.mean(axis=1), var, [seeds] * cells, margin, alpha).any())
+    return hits / sims

@@ -217,8 +217,11 @@ class DoneRecord(Record):
     train_seconds: float = spec(NUMBER, written=True)
     train_cpu_seconds: float = spec(NUMBER, written=True)  # absent in older runs, null unknown
     final_valid_loss: float = spec(NUMBER, written=True)
+    final_valid_nll: float = spec(NUMBER)       # the last validation NLL (bits, no smoothing); absent in older runs
+    unigram_bits: float = spec(NUMBER)          # what a trivial model reaches on the run's data (data/unigram.py)
     peak_rss_mb: float = spec(NUMBER, written=True)
     cuda_peak_mb: float = spec(NUMBER, written=True)
+    provenance: dict = spec(OBJECT)             # code, versions and machine (provenance.py); absent in older runs
 
     @classmethod
     def failed(cls, reason):
@@ -243,7 +246,7 @@ class DoneRecord(Record):
     def to_json(self):
         out = {"status": self.text, **super().to_json()}
         if self.outcome is Outcome.FAILED:  # it did not train to an outcome: no statistics
-            out = {k: v for k, v in out.items() if k in ("status", "outcome", "reason")}
+            out = {k: v for k, v in out.items() if k in ("status", "outcome", "reason", "provenance", "unigram_bits")}
         return out
 
     @classmethod

@@ -34,6 +34,8 @@ from pathlib import Path
 
 from ..common import hold_lock, read_json, read_lines, write_json, write_text
 from ..errors import LnposError, StateError
+from ..data.unigram import unigram_bits
+from ..provenance import provenance
 from .records import (BOOL, INT, NUMBER, OBJECT, PLAIN_NAME, STRING, AverageRecord, DoneRecord, EpochRecord, Outcome,
                       check_shape, list_of, optional, shape_error, short)
 from .runs import LATER_FIELDS, Run
@@ -291,7 +293,19 @@ class RunDir:
         return None if done is None else done.outcome
 
     def write_done(self, record):
-        """Write DONE.json (a :class:`~.records.DoneRecord`)."""
+        """Write DONE.json (a :class:`~.records.DoneRecord`), with this process's provenance
+        (:func:`~fairseq_lnpos.provenance.provenance`) and the unigram bits of the run's data
+        (:func:`~fairseq_lnpos.data.unigram.unigram_bits`) where the record has none."""
+        if record.provenance is None:
+            record = dataclasses.replace(record, provenance=provenance())
+        if record.unigram_bits is None and record.outcome is not Outcome.FAILED:
+            cfg = self.config() or {}
+            if cfg.get("data"):
+                try:
+                    bits = unigram_bits(str(Path(cfg["data"]).resolve()))
+                except (OSError, ValueError, IndexError):  # a damaged data folder: the reference stays unknown
+                    bits = None
+                record = dataclasses.replace(record, unigram_bits=bits)
         write_json(self.done_path, record.to_json())
 
     @property

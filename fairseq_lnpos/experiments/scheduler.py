@@ -409,7 +409,7 @@ class Grid:
                               initial_loss=st.first_loss, updates=st.updates,
                               train_seconds=round(st.train_seconds, 1),
                               train_cpu_seconds=st.cpu_seconds and round(st.cpu_seconds, 1),
-                              final_valid_loss=st.final_valid_loss,
+                              final_valid_loss=st.final_valid_loss, final_valid_nll=st.final_valid_nll,
                               peak_rss_mb=st.peak_rss_mb, cuda_peak_mb=st.cuda_peak_mb)
             rd.write_done(done)
             p.phase, p.done = Phase.DONE, done

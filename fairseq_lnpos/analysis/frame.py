@@ -1,0 +1,186 @@
+"""One tidy table of every run: the data every map, table, summary and results page is a view of.
+
+:func:`runs_frame` reads a grid's folder (``OUT/NAME/seedS/``, :mod:`~fairseq_lnpos.experiments.rundir`)
+into a pandas DataFrame with one row per run (one seed of one configuration), :func:`epochs_frame`
+one row per run and recorded epoch. The columns (:data:`RUN_COLUMNS`):
+
+- the configuration: ``run`` (the run table's name), ``variant``, ``arch``, ``layers``, ``warmup``
+  (updates, 0 = none), ``lr``, ``seed``, ``optimizer``, ``max_update``, ``hash`` (the config's),
+  ``settings`` (every other setting as JSON: runs that differ in it are not one experiment);
+- the outcome, as the grid recorded it (:class:`~fairseq_lnpos.experiments.records.Outcome`: finished,
+  diverged, stopped early, failed, unfinished, not started), ``diverged_at``, ``stopped_at``, ``updates``;
+- the numbers: ``initial_loss`` (the first update's training loss, label-smoothed, bits),
+  ``final_valid_loss`` (label-smoothed), ``final_valid_nll`` (the last validation NLL in bits, no
+  smoothing: the quantity the verdicts are on), ``unigram_bits`` (what a trivial model reaches on this
+  corpus, :func:`~fairseq_lnpos.data.unigram.unigram_bits`), ``nll_ratio`` = final_valid_nll / unigram_bits, ``bleu_tok`` and
+  ``sacrebleu`` of the last scored epoch, ``best_bleu_tok`` (best on the test set), ``epochs``;
+- the cost: ``train_seconds`` (wall), ``train_cpu_seconds``, ``peak_rss_mb``, ``cuda_peak_mb``;
+- the provenance (:mod:`~fairseq_lnpos.provenance`): ``code``, ``model_code``, ``python``, ``torch``,
+  ``fairseq``, ``cpu``, ``cores``, ``gpu``, ``load``; empty for runs recorded before it was;
+- ``path``: the run folder.
+
+Columns a run did not record are NaN (numbers) or empty. ``runs.csv`` (:func:`write_runs_csv`) is
+this table as CSV, the per-seed data a results page publishes and every verdict can be re-derived from.
+"""
+import json
+import math
+from pathlib import Path
+
+from ..common import write_text
+from ..data.unigram import unigram_bits
+from ..errors import LnposError, StateError
+from ..experiments.records import Outcome
+from ..experiments.rundir import grid_run_dirs
+from ..experiments.runs import warmup_updates
+from ..provenance import describe_code
+from ..variants import VARIANTS, arch_names
+
+DEFAULT_LAYERS = 6  # "layers" absent or null: the arch's default depth (6 for every size)
+# fields of a recorded run that are the maps' axes or only name or describe it
+NOT_SETTINGS = {"name", "ln", "layers", "warmup", "lr", "figure", "paper_bleu", "paper_valid_loss", "paper_note"}
+COUNTED = (Outcome.FINISHED.value, Outcome.DIVERGED.value, Outcome.STOPPED.value)  # what a cell counts
+RUN_COLUMNS = ["run", "variant", "arch", "layers", "warmup", "lr", "seed", "optimizer", "max_update", "outcome",
+               "diverged_at", "stopped_at", "updates", "epochs", "initial_loss", "final_valid_loss", "final_valid_nll",
+               "unigram_bits", "nll_ratio", "bleu_tok", "sacrebleu", "best_bleu_tok", "train_seconds",
+               "train_cpu_seconds", "peak_rss_mb", "cuda_peak_mb", "code", "model_code", "python", "torch", "fairseq",
+               "cpu", "cores", "gpu", "load", "hash", "settings", "path"]
+EPOCH_COLUMNS = ["run", "variant", "layers", "warmup", "lr", "seed", "epoch", "num_updates", "train_loss",
+                 "valid_loss", "valid_nll_loss", "bleu_tok", "sacrebleu", "path"]
+
+
+def pandas():
+    import pandas as pd
+
+    return pd
+
+
+def settings(cfg):
+    """The settings of a recorded config besides the maps' axes, as sorted (name, value) pairs: the
+    fields of its run, the model size (not the arch name, which names the architecture too) and the
+    grid's options that change results (data, fp16, fairseq and generation flags, beam)."""
+    run = {k: v for k, v in cfg["run"].items() if k not in NOT_SETTINGS}
+    rest = {k: v for k, v in cfg.items() if k not in ("hash", "seed", "run", "arch")}
+    variant_size = arch_names().get(cfg["arch"])
+    arch = {"model size": variant_size[1]} if variant_size else {"arch": cfg["arch"]}
+    return tuple(sorted({**run, **rest, **arch}.items(), key=lambda kv: kv[0]))
+
+
+def _num(v):
+    return math.nan if v is None else float(v)
+
+
+def run_row(rec):
+    """The row of one run (a :class:`~fairseq_lnpos.experiments.rundir.RunRecord`)."""
+    run, done, cfg = rec.run, rec.done, rec.config
+    if run.ln not in VARIANTS:
+        raise StateError(f"{rec.dir.config_path}: unknown architecture {run.ln!r} (known: {', '.join(VARIANTS)})")
+    nll = done.final_valid_nll if done is not None and done.final_valid_nll is not None else rec.last("valid_nll_loss")
+    if done is None or done.outcome is Outcome.FAILED:
+        nll = None  # an unfinished or failed run has no final loss
+    prov = (done.provenance if done is not None else None) or {}
+    uni = done.unigram_bits if done is not None and done.unigram_bits is not None else (
+        unigram_bits(str(Path(cfg["data"]).resolve())) if cfg.get("data") else None)
+    scored = rec.scored
+    row = {
+        "run": run.name, "variant": run.ln, "arch": cfg["arch"], "layers": run.layers or DEFAULT_LAYERS,
+        "warmup": warmup_updates(run.warmup or 0), "lr": float(run.lr), "seed": rec.seed,
+        "optimizer": run.optimizer, "max_update": run.max_update, "outcome": rec.outcome.value,
+        "diverged_at": _num(done and done.diverged_at), "stopped_at": _num(done and done.stopped_at),
+        "updates": _num(done and done.updates), "epochs": len(rec.evals),
+        "initial_loss": _num(done and done.initial_loss),
+        "final_valid_loss": _num(rec.final_valid_loss if done is not None and done.outcome is not Outcome.FAILED
+                                 else None),
+        "final_valid_nll": _num(nll), "unigram_bits": _num(uni),
+        "bleu_tok": _num(scored[-1].bleu_tok if scored else None),
+        "sacrebleu": _num(scored[-1].sacrebleu if scored else None),
+        "best_bleu_tok": _num(rec.best.bleu_tok if rec.best else None),
+        "train_seconds": _num(done and done.train_seconds), "train_cpu_seconds": _num(done and done.train_cpu_seconds),
+        "peak_rss_mb": _num(done and done.peak_rss_mb), "cuda_peak_mb": _num(done and done.cuda_peak_mb),
+        "code": describe_code(prov.get("code")) if prov else "", "model_code": prov.get("model_code", ""),
+        "python": prov.get("python", ""), "torch": prov.get("torch", ""), "fairseq": prov.get("fairseq", ""),
+        "cpu": prov.get("cpu", ""), "cores": _num(prov.get("cores")), "gpu": ", ".join(prov.get("gpu") or []),
+        "load": _num(prov.get("load")), "hash": cfg["hash"],
+        "settings": json.dumps(dict(settings(cfg)), sort_keys=True, default=str), "path": str(rec.dir.path),
+    }
+    row["nll_ratio"] = row["final_valid_nll"] / row["unigram_bits"] if row["unigram_bits"] else math.nan
+    return row
+
+
+def runs_frame(out, what="the output folder of a sweep or grid (OUT/NAME/seedS/)"):
+    """The table of every run of ``out`` (:data:`RUN_COLUMNS`, one row per run folder); a run folder
+    that cannot be read raises :class:`StateError` naming it."""
+    rows = [run_row(rd.record()) for rd in grid_run_dirs(out, what)]
+    return pandas().DataFrame(rows, columns=RUN_COLUMNS)
+
+
+def epochs_frame(out, what="the output folder of a sweep or grid (OUT/NAME/seedS/)"):
+    """One row per run and recorded epoch (:data:`EPOCH_COLUMNS`)."""
+    rows = []
+    for rd in grid_run_dirs(out, what):
+        rec = rd.record()
+        key = {"run": rec.run.name, "variant": rec.run.ln, "layers": rec.run.layers or DEFAULT_LAYERS,
+               "warmup": warmup_updates(rec.run.warmup or 0), "lr": float(rec.run.lr), "seed": rec.seed}
+        for e in rec.evals:
+            rows.append({**key, "epoch": e.epoch, "num_updates": _num(e.num_updates), "train_loss": _num(e.train_loss),
+                         "valid_loss": _num(e.valid_loss), "valid_nll_loss": _num(e.valid_nll_loss),
+                         "bleu_tok": _num(e.bleu_tok), "sacrebleu": _num(e.sacrebleu), "path": str(rd.path)})
+    return pandas().DataFrame(rows, columns=EPOCH_COLUMNS)
+
+
+def check_one_experiment(out, runs):
+    """A map compares runs along its axes only: refuse ``runs`` that differ in another setting, and
+    cells whose seeds are not distinct runs (the same seed twice: a copied folder)."""
+    if runs.empty:
+        return
+    first = json.loads(runs["settings"].iloc[0])
+    for _, r in runs.iterrows():
+        other = json.loads(r["settings"])
+        differ = sorted(k for k in first.keys() | other.keys() if first.get(k, "(absent)") != other.get(k, "(absent)"))
+        if differ:
+            k = differ[0]
+            raise LnposError(
+                f"{out}: its runs differ in {', '.join(differ)} ({k} {first.get(k, '(absent)')!r} in "
+                f"{runs['path'].iloc[0]}, {other.get(k, '(absent)')!r} in {r['path']}), not only in the map's axes "
+                f"(architecture, depth, warm-up, learning rate, seed): map one experiment per folder (a sweep's --out)")
+    twice = runs[runs.duplicated(["variant", "layers", "warmup", "lr", "seed"], keep=False)]
+    if not twice.empty:
+        paths = sorted(twice["path"])
+        raise LnposError(f"{out}: {len(paths)} run folders hold the same cell and seed ({paths[0]}, {paths[1]}): "
+                         f"a cell's seeds must be distinct runs; move the copies away")
+
+
+def check_model_code(runs, allow_mixed=False):
+    """Runs whose model code differs (``model_code``, :mod:`~fairseq_lnpos.provenance`) are not compared
+    unless ``allow_mixed``: :class:`LnposError` listing the versions and a run of each. Returns a line
+    saying which code versions the runs used (for the outputs)."""
+    known = runs[runs["model_code"] != ""]
+    versions = known.groupby("model_code")["path"].agg(["count", "first"])
+    unknown = len(runs) - len(known)
+    text = ("model code " + ", ".join(f"{v} ({n} runs)" for v, (n, _) in versions.iterrows()) if len(versions)
+            else "model code not recorded") + (f"; {unknown} runs recorded no code version" if unknown and len(versions) else "")
+    if len(versions) > 1 and not allow_mixed:
+        listed = "; ".join(f"{v}: {n} runs, e.g. {first}" for v, (n, first) in versions.iterrows())
+        raise LnposError(f"the runs were trained by {len(versions)} versions of the model code ({listed}): "
+                         f"re-run the older ones, or pass --allow-mixed-code to compare them anyway")
+    return text
+
+
+def write_runs_csv(runs, path):
+    """``runs.csv``: the table as CSV, one row per run (floats in full precision)."""
+    return write_text(path, runs.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
+
+
+def read_runs_csv(path):
+    """The table of :func:`write_runs_csv` (a published ``runs.csv``)."""
+    pd = pandas()
+    try:
+        runs = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    except (OSError, ValueError) as e:
+        raise LnposError(f"{path}: cannot read it as a runs.csv ({e}): give a runs.csv a results page published") from None
+    missing = [c for c in RUN_COLUMNS if c not in runs.columns]
+    if missing:
+        raise LnposError(f"{path} is not a runs.csv of this project (no column {missing[0]!r}): give one a results "
+                         f"page published")
+    for c in ("code", "model_code", "python", "torch", "fairseq", "cpu", "gpu", "settings"):
+        runs[c] = runs[c].fillna("").astype(str)
+    return runs

@@ -1,0 +1,69 @@
+"""Results pages: a study as the lab's own command wrote it, never typed by hand.
+
+:func:`publish` writes a folder (``docs/results/NAME/``): ``index.md`` with the command that made it,
+the date, the machine and its load while the runs ran, the code versions of the runs and of the
+command, then the study's own Markdown (tables, rules) and its figures; beside it ``runs.csv`` (one
+row per run: the per-seed data every number on the page is derived from, :mod:`.frame`) and the
+files the study wrote (figures, CSVs). A page is replaced whole when the command runs again.
+"""
+import datetime
+from pathlib import Path
+
+from ..common import replace_file, write_text
+from ..provenance import code_version, describe_code, machine
+from .frame import write_runs_csv
+
+PAGE = "index.md"
+MARKER = "<!-- written by the lab's own command (see below); run it again to rewrite this page -->"
+
+
+def _machine_line(runs):
+    """Where the runs ran, from their records; the publishing machine where they recorded nothing."""
+    if runs is not None and len(runs) and (runs["cpu"] != "").any():
+        rec = runs[runs["cpu"] != ""]
+        machines = rec.groupby(["cpu", "cores", "gpu"], dropna=False).size()
+        parts = [f"{cpu}, {cores:g} cores" + (f", {gpu}" if gpu else "") + f" ({n} runs)"
+                 for (cpu, cores, gpu), n in machines.items()]
+        load = rec["load"].dropna()
+        text = "; ".join(parts)
+        if len(load):
+            text += f". Load (1-minute average) when the runs ended: {load.min():.2f} to {load.max():.2f}, median {load.median():.2f}"
+        cpu = rec["train_cpu_seconds"].dropna()
+        if len(cpu):
+            text += f". Training CPU time: {cpu.sum():.0f} CPU-s over {len(cpu)} runs"
+        return text
+    m = machine()
+    return f"{m['cpu']}, {m['cores']} cores" + (f", {', '.join(m['gpu'])}" if m["gpu"] else "") + " (this page's)"
+
+
+def _code_line(runs):
+    if runs is None or not len(runs):
+        return f"page written by code {describe_code(code_version())}"
+    codes = runs["code"].replace("", "not recorded").value_counts()
+    return ("runs trained by code " + ", ".join(f"{c} ({n} runs)" for c, n in codes.items())
+            + f"; page written by code {describe_code(code_version())}")
+
+
+def page_text(title, body_md, runs, command, files, when=None):
+    """The text of ``index.md``."""
+    when = when or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    body = body_md.split("\n", 1)[1].lstrip("\n") if body_md.startswith("# ") else body_md
+    figures = [Path(f).name for f in files if str(f).endswith(".png")]
+    data = [Path(f).name for f in files if not str(f).endswith(".png")]
+    head = [MARKER, f"# {title}", "", f"- Command: `{command}`", f"- Written: {when}",
+            f"- Machine: {_machine_line(runs)}", f"- Code: {_code_line(runs)}",
+            "- Data: [runs.csv](runs.csv) (one row per run and seed)" + "".join(f", [{d}]({d})" for d in data), ""]
+    return "\n".join(head + [body.rstrip(), ""] + [f"![{f}]({f})" for f in figures]) + "\n"
+
+
+def publish(dest, title, body_md, runs, files, command, when=None):
+    """Write the results page folder ``dest``; returns the path of its ``index.md``."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    files = [Path(f) for f in files if f and Path(f).name != "runs.csv"]
+    for f in files:
+        if f.resolve() != (dest / f.name).resolve():
+            replace_file(dest / f.name, lambda out, f=f: out.write(f.read_bytes()))
+    if runs is not None:
+        write_runs_csv(runs, dest / "runs.csv")
+    return write_text(dest / PAGE, page_text(title, body_md, runs, command, files, when))
