@@ -15,6 +15,8 @@ one row per run and recorded epoch. The columns (:data:`RUN_COLUMNS`):
   corpus, :func:`~fairseq_lnpos.data.unigram.unigram_bits`), ``nll_ratio`` = final_valid_nll / unigram_bits, ``bleu_tok`` and
   ``sacrebleu`` of the last scored epoch, ``best_bleu_tok`` (best on the test set), ``epochs``;
 - the cost: ``train_seconds`` (wall), ``train_cpu_seconds``, ``peak_rss_mb``, ``cuda_peak_mb``;
+- ``grad_ratio_encoder`` / ``_decoder``: the first over the last layer's gradient norm in the first
+  updates, where the run logged them (:func:`~.depth.grad_ratios`);
 - the provenance (:mod:`~fairseq_lnpos.provenance`): ``code``, ``model_code``, ``python``, ``torch``,
   ``fairseq``, ``cpu``, ``cores``, ``gpu``, ``load``; empty for runs recorded before it was;
 - ``path``: the run folder.
@@ -34,6 +36,7 @@ from ..experiments.rundir import grid_run_dirs
 from ..experiments.runs import warmup_updates
 from ..provenance import describe_code
 from ..variants import VARIANTS, arch_names
+from .depth import grad_ratios
 
 DEFAULT_LAYERS = 6  # "layers" absent or null: the arch's default depth (6 for every size)
 # fields of a recorded run that are the maps' axes or only name or describe it
@@ -42,7 +45,7 @@ COUNTED = (Outcome.FINISHED.value, Outcome.DIVERGED.value, Outcome.STOPPED.value
 RUN_COLUMNS = ["run", "variant", "arch", "layers", "warmup", "lr", "seed", "optimizer", "max_update", "outcome",
                "diverged_at", "stopped_at", "updates", "epochs", "initial_loss", "final_valid_loss", "final_valid_nll",
                "unigram_bits", "nll_ratio", "bleu_tok", "sacrebleu", "best_bleu_tok", "train_seconds",
-               "train_cpu_seconds", "peak_rss_mb", "cuda_peak_mb", "code", "model_code", "python", "torch", "fairseq",
+               "train_cpu_seconds", "peak_rss_mb", "cuda_peak_mb", "grad_ratio_encoder", "grad_ratio_decoder", "code", "model_code", "python", "torch", "fairseq",
                "cpu", "cores", "gpu", "load", "hash", "settings", "path"]
 EPOCH_COLUMNS = ["run", "variant", "layers", "warmup", "lr", "seed", "epoch", "num_updates", "train_loss",
                  "valid_loss", "valid_nll_loss", "bleu_tok", "sacrebleu", "path"]
@@ -103,6 +106,8 @@ def run_row(rec):
         "settings": json.dumps(dict(settings(cfg)), sort_keys=True, default=str), "path": str(rec.dir.path),
     }
     row["nll_ratio"] = row["final_valid_nll"] / row["unigram_bits"] if row["unigram_bits"] else math.nan
+    ratios = grad_ratios(rec.dir.save_dir, row["layers"]) if done is not None else None
+    row["grad_ratio_encoder"], row["grad_ratio_decoder"] = ratios or (math.nan, math.nan)
     return row
 
 
@@ -150,9 +155,10 @@ def check_one_experiment(out, runs):
 
 
 def check_model_code(runs, allow_mixed=False):
-    """Runs whose model code differs (``model_code``, :mod:`~fairseq_lnpos.provenance`) are not compared
-    unless ``allow_mixed``: :class:`LnposError` listing the versions and a run of each. Returns a line
-    saying which code versions the runs used (for the outputs)."""
+    """Counted runs (:data:`COUNTED`) whose model code differs (``model_code``,
+    :mod:`~fairseq_lnpos.provenance`) are not compared unless ``allow_mixed``: :class:`LnposError`
+    listing the versions and a run of each. Returns a line saying which code versions the runs used."""
+    runs = runs[runs["outcome"].isin(COUNTED)]
     known = runs[runs["model_code"] != ""]
     versions = known.groupby("model_code")["path"].agg(["count", "first"])
     unknown = len(runs) - len(known)
@@ -182,5 +188,5 @@ def read_runs_csv(path):
         raise LnposError(f"{path} is not a runs.csv of this project (no column {missing[0]!r}): give one a results "
                          f"page published")
     for c in ("code", "model_code", "python", "torch", "fairseq", "cpu", "gpu", "settings"):
-        runs[c] = runs[c].fillna("").astype(str)
+        runs[c] = runs[c].astype(object).where(runs[c].notna(), "").astype(str)
     return runs

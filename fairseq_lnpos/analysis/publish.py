@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..common import replace_file, write_text
 from ..provenance import code_version, describe_code, machine
-from .frame import write_runs_csv
+from .frame import COUNTED, write_runs_csv
 
 PAGE = "index.md"
 MARKER = "<!-- written by the lab's own command (see below); run it again to rewrite this page -->"
@@ -45,13 +45,15 @@ def _code_line(runs):
 
 
 def page_text(title, body_md, runs, command, files, when=None):
-    """The text of ``index.md``."""
+    """The text of ``index.md``; its machine and code lines describe the runs the study counts
+    (finished, diverged or stopped early)."""
+    counted = None if runs is None else runs[runs["outcome"].isin(COUNTED)]
     when = when or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = body_md.split("\n", 1)[1].lstrip("\n") if body_md.startswith("# ") else body_md
     figures = [Path(f).name for f in files if str(f).endswith(".png")]
     data = [Path(f).name for f in files if not str(f).endswith(".png")]
     head = [MARKER, f"# {title}", "", f"- Command: `{command}`", f"- Written: {when}",
-            f"- Machine: {_machine_line(runs)}", f"- Code: {_code_line(runs)}",
+            f"- Machine: {_machine_line(counted)}", f"- Code: {_code_line(counted)}",
             "- Data: [runs.csv](runs.csv) (one row per run and seed)" + "".join(f", [{d}]({d})" for d in data), ""]
     return "\n".join(head + [body.rstrip(), ""] + [f"![{f}]({f})" for f in figures]) + "\n"
 

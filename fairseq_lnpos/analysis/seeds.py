@@ -25,10 +25,10 @@ class Spread:
     ci_high: float = None
 
     def text(self, fmt=".2f"):
-        """``mean (min-max, CI lo-hi, n=3)``, or ``mean (1 seed)``."""
+        """``mean (min to max, CI lo to hi, n=3)``, or ``mean (1 seed)``."""
         if self.n == 1:
             return f"{self.mean:{fmt}} (1 seed)"
-        return (f"{self.mean:{fmt}} ({self.min:{fmt}}-{self.max:{fmt}}, CI {self.ci_low:{fmt}}-{self.ci_high:{fmt}}, "
+        return (f"{self.mean:{fmt}} ({self.min:{fmt}} to {self.max:{fmt}}, CI {self.ci_low:{fmt}} to {self.ci_high:{fmt}}, "
                 f"n={self.n})")
 
     def as_dict(self):

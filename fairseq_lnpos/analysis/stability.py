@@ -70,17 +70,21 @@ def make_cells(runs, trains=V.DEFAULT_TRAINS, margin=V.DEFAULT_MARGIN, alpha=V.D
     cells["nll_sd"] = cells["nll_var"] ** 0.5
     cells["trains"] = (cells["finished"] == cells["seeds"]) & (cells["nll"] <= trains * cells["unigram_bits"])
     cells["disagree"] = (cells["seeds_train"] > 0) & (cells["seeds_train"] < cells["seeds"])
+    trained = cells[cells["trains"]]
+    prior = V.variance_prior(trained["nll_var"].fillna(0), trained["finished"] - 1)
     for family, keys in V.FAMILIES.items():
         cells[f"good_{family}"] = None
         cells[f"gap_{family}"] = math.nan
-        for _, idx in cells[cells["trains"]].groupby(list(keys) if len(keys) > 1 else keys[0]).groups.items():
+        for _, idx in trained.groupby(list(keys) if len(keys) > 1 else keys[0]).groups.items():
             fam = cells.loc[idx]
-            bad = V.poor(fam["nll"].to_numpy(), fam["nll_var"].to_numpy(), fam["finished"].to_numpy(), margin, alpha)
-            for i, is_poor, n in zip(idx, bad, fam["finished"]):
-                cells.at[i, f"good_{family}"] = False if is_poor else (True if n > 1 or len(idx) == 1 else None)
+            bad, tested = V.poor(fam["nll"].to_numpy(), fam["nll_var"].to_numpy(), fam["finished"].to_numpy(),
+                                 prior, margin, alpha)
+            for i, is_poor, has in zip(idx, bad, tested):
+                cells.at[i, f"good_{family}"] = False if is_poor else (True if has or len(idx) == 1 else None)
             cells.loc[idx, f"gap_{family}"] = fam["nll"] - fam["nll"].min()
         cells.loc[~cells["trains"], f"good_{family}"] = False
     cells["verdict"] = [_verdict(c) for c in cells.itertuples()]
+    cells.attrs["prior"] = prior
     return order(cells)
 
 
@@ -205,7 +209,7 @@ def markdown(title, runs, cells, rules, code_line):
              + ". Failed, unfinished and not started runs are not counted. "
              + (f"Unigram bits of the corpus: {uni.iloc[0]:.3f}. " if len(uni) and uni.nunique() == 1 else "")
              + f"Seeds per cell: {', '.join(map(str, sorted(cells['seeds'].unique())))}. {code_line}.", "",
-             V.describe(*rules), "", cost_line(runs), ""]
+             V.describe(*rules, prior=cells.attrs.get("prior")), "", cost_line(runs), ""]
     if cells.empty:
         return "\n".join(lines + ["No run finished, diverged or was stopped early: nothing to map.", ""])
     lines += overview_table(cells)
@@ -237,15 +241,6 @@ def markdown(title, runs, cells, rules, code_line):
 
 
 # ---------------------------------------------------------------- the command
-
-def load_runs(out):
-    """The runs of a sweep's folder, with the gradient-norm ratios of those that logged them."""
-    runs = runs_frame(out, "the output folder of a sweep (OUT/NAME/seedS/)")
-    ratios = [depth.grad_ratios(Path(p) / "checkpoints", layers) for p, layers in zip(runs["path"], runs["layers"])]
-    runs["grad_ratio_encoder"] = [r[0] if r else math.nan for r in ratios]
-    runs["grad_ratio_decoder"] = [r[1] if r else math.nan for r in ratios]
-    return runs
-
 
 def write_map(out, runs, cells, md, figures=True):
     """Write the map's files into ``out``; returns the paths written."""
@@ -301,7 +296,7 @@ def _main(argv):
         out.mkdir(parents=True, exist_ok=True)
     else:
         out = Path(args.out)
-        runs, title = load_runs(out), str(out)
+        runs, title = runs_frame(out, "the output folder of a sweep (OUT/NAME/seedS/)"), str(out)
     check_one_experiment(title, runs)
     code_line = check_model_code(runs, args.allow_mixed_code)
     rules = (args.trains, args.margin, args.alpha)

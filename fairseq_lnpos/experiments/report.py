@@ -26,7 +26,8 @@ CSV_COLUMNS = ["run", "arch", "optimizer", "lr", "warmup", "schedule", "seed", "
                "sacrebleu", "last_sacrebleu", "best_valid_loss", "epochs", "avg_bleu_tok", "avg_sacrebleu",
                "avg_epochs", "source", "best_bleu_tok_cs", "avg_bleu_tok_cs"]
 MD_MARKER = "<!-- written by scripts/make_table.sh, which rewrites this file -->"
-CSV_KNOWN_PREFIX = "run,arch,optimizer,lr,warmup,schedule,seed,status,"  # results.csv of every version
+# the header of results.csv before the compound-split columns (a file with it is replaced)
+CSV_EARLIER = ",".join(c for c in CSV_COLUMNS if c not in ("best_bleu_tok_cs", "avg_bleu_tok_cs"))
 # the seeds of a run: (row key, label) of each metric aggregated
 SEED_METRICS = (("best_bleu_tok", "tok BLEU best"), ("avg_bleu_tok", "tok BLEU avg"), ("sacrebleu", "sacreBLEU"),
                 ("best_valid_loss", "best valid loss"))
@@ -233,15 +234,15 @@ def figures(rows, out_dir):
 
 def _check_ours(path, first_line):
     """Refuse to replace ``path`` unless this command wrote it: its first line is ``first_line``, or, for
-    a CSV, a header of an earlier version (the same first columns, :data:`CSV_KNOWN_PREFIX`)."""
+    results.csv, the header of the earlier version (:data:`CSV_EARLIER`); a header with a column of the
+    user's (an extra one) is not ours."""
     if not path.exists() and not path.is_symlink():
         return
     refuse_folder(path)
     try:
         with open(path, encoding="utf-8") as f:
             line = f.readline().rstrip("\n")
-        ours = line == first_line or (path.suffix == ".csv" and line.startswith(CSV_KNOWN_PREFIX)
-                                      and first_line.startswith(CSV_KNOWN_PREFIX))
+        ours = line == first_line or (line == CSV_EARLIER and first_line == ",".join(CSV_COLUMNS))
     except (OSError, UnicodeDecodeError):
         ours = False
     if not ours:
