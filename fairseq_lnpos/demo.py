@@ -190,15 +190,19 @@ def label(run):
     return f"{VARIANTS[row.ln].label}, " + (f"warm-up {row.warmup}" if row.warmup > 1 else "no warm-up")
 
 
+SUMMARY_METRICS = {"best_bleu_tok": (0.0, 100.0), "final_valid_nll": (0.0, None)}  # and their ranges
+
+
 def summarize(rows):
-    """Per run: its label, seeds, statuses, and the :class:`~.analysis.seeds.Spread` over seeds of
-    best tokenized BLEU and best validation loss (None without a value)."""
+    """Per run: its label, seeds, outcomes, and the :class:`~.analysis.seeds.Spread` over seeds of
+    best tokenized BLEU and the final validation NLL (None without a value); ``rows``: the rows of the
+    table of every run (:func:`~.analysis.frame.runs_frame`'s records)."""
     by_run = {}
     for r in rows:
         by_run.setdefault(r["run"], []).append(r)
     return {run: {"label": label(run) if run in BY_NAME else run, "seeds": len(rs),
-                  "status": sorted({r["status"] for r in rs}),
-                  **{key: spread(r.get(key) for r in rs) for key in ("best_bleu_tok", "best_valid_loss")}}
+                  "status": sorted({r["outcome"] for r in rs}),
+                  **{key: spread((r.get(key) for r in rs), bounds) for key, bounds in SUMMARY_METRICS.items()}}
             for run, rs in by_run.items()}
 
 
@@ -224,12 +228,12 @@ def verdict(summary, need=tuple(RUNS[:3])):
 def seed_table(summary, runs):
     """The table over seeds (Markdown) of ``runs``, in that order."""
     cell = lambda sp: sp.text() if sp else ""  # noqa: E731
-    lines = ["| run | seeds | tok BLEU best: mean (min-max, 95 % CI) | best valid loss: mean (min-max, 95 % CI) "
-             "| status |", "|---|---|---|---|---|"]
+    lines = ["| run | seeds | tok BLEU best: mean (min to max, 95 % CI) | final valid NLL, bits: mean (min to max, "
+             "95 % CI) | status |", "|---|---|---|---|---|"]
     for run in runs:
         s = summary.get(run) or {"label": label(run), "seeds": 0, "status": ["not run"]}
         lines.append(f"| {s['label']} (`{run}`) | {s['seeds']} | {cell(s.get('best_bleu_tok'))} | "
-                     f"{cell(s.get('best_valid_loss'))} | {', '.join(s['status'])} |")
+                     f"{cell(s.get('final_valid_nll'))} | {', '.join(s['status'])} |")
     return lines
 
 
@@ -278,7 +282,7 @@ def write_summary(out, summary, runs, shown_text, figures, seconds, seed, contro
     write_json(out / "summary.json", {
         "estimator": ESTIMATOR, "verdict": {"shown": shown, "text": text, "learned_bleu": learned_bleu(controls_need),
                                              "controls": list(controls)},
-        "runs": {run: {**s, **{k: s[k].as_dict() if s.get(k) else None for k in ("best_bleu_tok", "best_valid_loss")}}
+        "runs": {run: {**s, **{k: s[k].as_dict() if s.get(k) else None for k in SUMMARY_METRICS}}
                  for run, s in summary.items()},
         "seconds": {"training_summed_over_runs": train, "scoring_summed_over_runs": score},
         "figures": [str(f) for f in figures]})
@@ -302,6 +306,9 @@ def main(argv=None):
                    help="print the grid's fairseq commands (rows x seeds) and exit; prepares no data, trains nothing")
     p.add_argument("--quick", action="store_true",
                    help="CI check: 600 training pairs, one epoch, small Fig. 3 (shows no effect)")
+    p.add_argument("--publish", metavar="DIR",
+                   help="also write the summary, the per-seed table (runs.csv) and the figures as a results page "
+                        "into DIR (docs/results/demo)")
     args = p.parse_args(argv)
     if args.data != "multi30k" and (args.orig or args.bin):
         p.error("--orig and --bin are options of --data multi30k")
@@ -341,7 +348,10 @@ def main(argv=None):
     fig3_dir = fig3(out, variants, args.quick)
     figures += [fig3_dir / "fig3.png", fig3_dir / "lemma2.png"]
 
-    summary = summarize(rows)
+    from .analysis.frame import runs_frame
+
+    runs_table = runs_frame(out / "grid")
+    summary = summarize(runs_table.to_dict("records"))
     shown_text = verdict(summary, tuple(core[:3]))
     md = write_summary(out, summary, runs, shown_text, figures, time_split(rows), first_seed, core[1:3], args.data, data)
     print()
@@ -353,6 +363,13 @@ def main(argv=None):
     log(f"a CPU-scale illustration on {WHAT[args.data]}, not the paper's IWSLT14 numbers (README.md)")
     log(f"written: {out / 'summary.md'}, {out / 'summary.json'}, {out / 'results.md'} and "
         f"{out / 'results.csv'} (per seed); total wall time {time.time() - t0:.0f} s")
+    if args.publish:
+        from .analysis.publish import publish
+        from .analysis.stability import argv_of
+
+        page = publish(args.publish, f"The demo (`{MAKE[args.data]}`)", "\n".join(md[:md.index("Next steps:")]) + "\n",
+                       runs_table, figures + [out / "summary.json"], argv_of("python -m fairseq_lnpos.demo", argv))
+        log(f"results page: {page}")
     return 0
 
 

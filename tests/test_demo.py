@@ -67,7 +67,7 @@ def test_verdict_cannot_be_judged_without_bleu_for_a_core_run(missing):
 
 def rows(bleu):
     """Table rows (report.collect's keys) of the three core runs, per seed."""
-    return [{"run": run, "seed": i + 1, "status": "finished", "best_bleu_tok": b, "best_valid_loss": 1.4 + i}
+    return [{"run": run, "seed": i + 1, "outcome": "finished", "best_bleu_tok": b, "final_valid_nll": 1.4 + i}
             for run, seeds in bleu.items() for i, b in enumerate(seeds)]
 
 
@@ -80,7 +80,8 @@ def test_summary_files_are_labelled_and_give_the_seed_spread(tmp_path):
     assert (tmp_path / "summary.md").read_text() == "\n".join(md) + "\n"
     text = "\n".join(md)
     pre = spread(FULL_DEMO["preln"])
-    assert f"| Pre-LN, no warm-up (`demo-preln-nowu`) | 2 | {pre.text()} | 1.90 (1.40-2.40, CI " in text
+    assert (f"| Pre-LN, no warm-up (`demo-preln-nowu`) | 2 | {pre.text()} | 1.90 (1.40 to 2.40, n=2; no interval "
+            f"from 2 seeds) | finished |") in text
     assert "| DeepNorm, no warm-up (`demo-deepnorm-nowu`) | 0 |  |  | not run |" in text
     flat = " ".join(md)  # prose is wrapped at 100 columns
     assert "Verdict: effect SHOWN: Post-LN without warm-up reaches tokenized BLEU 0.7 (best seed 1.4)" in flat
@@ -303,11 +304,12 @@ def test_stability_map_reads_the_real_text_comparison(tmp_path, capsys):
                     **{"real-postln-nowu": {1: [2.29, 2.41], 2: [2.0, 2.2]}})
     out = record_grid(tmp_path, recorded) / "grid"
     assert stability.main([str(out), "--no-figures"]) == 0
-    with open(out / "stability.csv", newline="") as f:
+    with open(out / "cells.csv", newline="") as f:
         cells = {(c["variant"], c["warmup"]): c for c in csv.DictReader(f)}
     assert sorted(cells) == [("deepnorm", "0"), ("postln", "0"), ("postln", "100"), ("preln", "0"), ("preln", "100")]
     assert cells["postln", "0"]["seeds"] == "2" and {c["seeds"] for k, c in cells.items() if k != ("postln", "0")} == {"1"}
     assert float(cells["postln", "0"]["bleu"]) == pytest.approx((2.41 + 2.2) / 2)  # the last epoch, seeds averaged
+    assert cells["postln", "0"]["trains"] == "False"  # no unigram bits of a data dir that is gone: not judged
     assert float(cells["preln", "0"]["bleu"]) == 28.29
 
 

@@ -113,7 +113,7 @@ def _table(values, corner, fmt, col_fmt=str):
 def _cell_loss(c):
     if c.finished == 0:
         return "x" if c.diverged == c.seeds else "s" if c.stopped == c.seeds else f"x {c.diverged}/{c.seeds}, s {c.stopped}/{c.seeds}"
-    text = num(c.nll, ".2f") + (f" [{c.nll_min:.2f} to {c.nll_max:.2f}]" if c.finished > 1 else "")
+    text = num(c.nll, ".2f") + (f" [{c.nll_min:.2f} to {c.nll_max:.2f}]" if c.finished > 1 and c.nll is not None else "")
     text = (f"**{text}**" if c.good_depth else text if c.trains else f"({text})") + f" n{c.seeds}" + ("?" if c.disagree else "")
     return text + "".join(f", {m} {k}/{c.seeds}" for m, k in (("x", c.diverged), ("s", c.stopped)) if k)
 

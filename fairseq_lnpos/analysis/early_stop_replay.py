@@ -1,19 +1,23 @@
-"""Calibrating early stopping: replay the rule over a sweep made without it.
+"""Calibrating early stopping: replay the rule over sweeps made without it, and score it on another.
 
     python -m fairseq_lnpos.analysis.early_stop_replay OUT [--after F] [--ratio R] [--progress P]
-                                                          [--window W] [--scan]
+                                                          [--window W] [--scan] [--score-on OTHER ...]
 
 OUT is a sweep's folder (``grid.sh sweep --no-early-stop``): every run that finished is replayed
 update by update from its train.log (:func:`~fairseq_lnpos.experiments.early_stop.first_stop`) and
-judged by how it really ended, each seed alone against its cell's threshold (:mod:`.verdict`):
-"good" (it trains and is within the good limit of its architecture and depth), "trains" (only the
-lax rule), "not trained". Printed: the share of runs that end "not trained" that the rule stops and
-at which fraction of the budget, every stop of a run that trains (a stop of a good run is a false
-stop; the calibration asks for none), and the training time saved (fairseq-train's wall seconds
-from DONE.json, pro rata of the updates not run). ``--scan`` prints the same for a grid of
-``--after`` x ``--ratio`` values.
+judged by how it really ended (:mod:`.verdict`, on the table of every run, :mod:`.frame`): "good"
+(its cell is good against its architecture's cells), "trains" (its own NLL within the "trains"
+threshold of the unigram bits, its cell not good), "not trained". Printed: the share of runs that end
+"not trained" that the rule stops and at which fraction of the budget, every stop of a run that
+trains (a stop of a good run is a false stop), and the training time saved (wall seconds from
+DONE.json, pro rata of the updates not run). Runs that a live rule already stopped are counted and
+listed apart: their end is unknown, so they cannot score a rule.
+
+``--scan`` replays a grid of ``--after`` x ``--ratio`` values and chooses the rule that stops the most
+runs that end not trained without a false stop of a good run (then the one that saves most); with
+``--score-on OTHER`` that chosen rule (without --scan: the given one) is then scored on OTHER, maps
+it was not chosen on: a rule is only as good as it is on runs it was not tuned on.
 """
-import math
 import statistics
 import sys
 from dataclasses import replace
@@ -23,29 +27,28 @@ from ..errors import CommandParser, LnposError, fraction, run_main
 from ..experiments.early_stop import DEFAULT_RULE, StopRule, first_stop
 from ..fairseq_log import LogState
 from . import stability as S
-from .verdict import DEFAULT_RATIO
+from .frame import runs_frame
+from .verdict import DEFAULT_TRAINS
+
+SCAN_AFTER = (0.3, 0.4, 0.5, 0.6, 0.7)
+SCAN_RATIO = (0.6, 0.7, 0.8)
 
 
 def outcomes(out):
-    """[(record, how it ended: good | trains | not trained, [(update, loss)], budget)] of the runs of
-    ``out`` that finished."""
-    records = S.load_records(out)
-    cells = {(c.variant, c.layers, c.warmup, c.lr): c for c in S.make_cells(records)}
+    """([(run row, how it ended: good | trains | not trained, [(update, loss)], budget)] of the runs of
+    ``out`` that finished with a budget in updates, [the rows of runs a live rule stopped])."""
+    runs = runs_frame(out, "a sweep's output folder, made with --no-early-stop")
+    cells = S.make_cells(runs).set_index(S.KEYS)
     rows = []
-    for r in records:
-        if r.outcome != "finished":
-            continue
-        budget = dict(r.settings).get("max_update")
+    for r in runs[runs["outcome"] == "finished"].itertuples():
         log = Path(r.path) / "train.log"
-        if not budget or not log.is_file():
+        if not r.max_update or not log.is_file():
             continue
         losses = LogState.of(log.read_text(encoding="utf-8", errors="replace")).losses
-        c = cells[r.variant, r.layers, r.warmup, r.lr]
-        trained = (r.final_valid_loss is not None and r.initial_loss is not None
-                   and r.final_valid_loss <= DEFAULT_RATIO * r.initial_loss)
-        good = trained and c.good_limit is not None and r.final_valid_loss <= c.good_limit
-        rows.append((r, "good" if good else "trains" if trained else "not trained", losses, budget))
-    return rows
+        trained = r.nll_ratio <= DEFAULT_TRAINS
+        good = trained and cells.loc[(r.variant, r.layers, r.warmup, r.lr), "good_own"] is True
+        rows.append((r, "good" if good else "trains" if trained else "not trained", losses, r.max_update))
+    return rows, list(runs[runs["outcome"] == "stopped early"].itertuples())
 
 
 def replay(rows, rule):
@@ -54,14 +57,18 @@ def replay(rows, rule):
     hopeless = [s for s in stops if s[1] == "not trained"]
     caught = [s for s in hopeless if s[2]]
     fractions = [hit[0] / budget for _, _, hit, budget in caught]
-    seconds = sum(r.train_seconds or 0.0 for r, _, _, _ in stops)
-    saved = sum((r.train_seconds or 0.0) * (1 - hit[0] / budget) for r, _, hit, budget in stops if hit)
+    seconds = sum(_secs(r) for r, _, _, _ in stops)
+    saved = sum(_secs(r) * (1 - hit[0] / budget) for r, _, hit, budget in stops if hit)
     return {"runs": len(stops), "not_trained": len(hopeless), "stopped": len(caught),
             "fraction_median": statistics.median(fractions) if fractions else None,
             "fraction_max": max(fractions) if fractions else None,
             "false_good": [(r, hit) for r, how, hit, _ in stops if hit and how == "good"],
             "false_trains": [(r, hit) for r, how, hit, _ in stops if hit and how == "trains"],
             "seconds": seconds, "saved": saved}
+
+
+def _secs(r):
+    return 0.0 if r.train_seconds != r.train_seconds else r.train_seconds  # NaN: not recorded
 
 
 def _pct(x):
@@ -79,9 +86,38 @@ def report(res, rule):
              f"training time saved: {res['saved']:.0f} of {res['seconds']:.0f} s "
              f"({_pct(res['saved'] / res['seconds']) if res['seconds'] else '-'})"]
     for kind, found in (("good", res["false_good"]), ("trains", res["false_trains"])):
-        lines += [f"  stopped, ends {kind}: {r.path} at update {hit[0]} (final {r.final_valid_loss:.2f})"
+        lines += [f"  stopped, ends {kind}: {r.path} at update {hit[0]} (final NLL {r.final_valid_nll:.2f})"
                   for r, hit in found]
     return "\n".join(lines)
+
+
+def choose(rows, rule):
+    """(the rule of the scan that stops the most runs that end not trained with no false stop of a good
+    run, then saves most; the scan's Markdown lines)."""
+    lines = ["| after | ratio | stopped of not trained | median fraction | false stops (good / trains) | time saved |",
+             "|---|---|---|---|---|---|"]
+    best = None
+    for after in SCAN_AFTER:
+        for ratio in SCAN_RATIO:
+            cand = replace(rule, after=after, ratio=ratio)
+            res = replay(rows, cand)
+            lines.append(f"| {after:g} | {ratio:g} | {res['stopped']}/{res['not_trained']} | "
+                         f"{_pct(res['fraction_median'])} | {len(res['false_good'])} / {len(res['false_trains'])} | "
+                         f"{_pct(res['saved'] / res['seconds']) if res['seconds'] else '-'} |")
+            key = (res["stopped"], res["saved"])
+            if not res["false_good"] and (best is None or key > best[0]):
+                best = (key, cand)
+    return (best[1] if best else rule), lines
+
+
+def _replayable(out):
+    rows, live = outcomes(Path(out))
+    if not rows:
+        raise LnposError(f"{out}: no finished run with a train.log and a budget in updates"
+                         + (f" ({len(live)} were stopped early by a live rule: their end is unknown, so they "
+                            f"cannot score a rule; run the sweep with --no-early-stop)" if live else "")
+                         + ": give a sweep's folder")
+    return rows, live
 
 
 def _main(argv):
@@ -90,22 +126,22 @@ def _main(argv):
     for name in ("after", "ratio", "progress", "window"):
         p.add_argument(f"--{name}", type=fraction(name), default=getattr(DEFAULT_RULE, name),
                        help=f"the rule's {name} (default: %(default)s)")
-    p.add_argument("--scan", action="store_true", help="also a grid of --after x --ratio")
+    p.add_argument("--scan", action="store_true", help="also a grid of --after x --ratio, and the rule it chooses")
+    p.add_argument("--score-on", nargs="+", default=[], metavar="OTHER",
+                   help="score the rule (the scan's choice with --scan) on these sweeps' folders")
     args = p.parse_args(argv)
     rule = StopRule(after=args.after, ratio=args.ratio, progress=args.progress, window=args.window)
-    rows = outcomes(Path(args.out))
-    if not rows:
-        raise LnposError(f"{args.out}: no finished run with a train.log and a budget in updates: give a sweep's folder")
+    rows, live = _replayable(args.out)
     print(report(replay(rows, rule), rule))
+    if live:
+        print(f"stopped early by a live rule (not replayed, their end unknown): {len(live)} runs")
     if args.scan:
-        print("\n| after | ratio | stopped of not trained | median fraction | false stops (good / trains) | time saved |")
-        print("|---|---|---|---|---|---|")
-        for after in (0.3, 0.4, 0.5, 0.6, 0.7):
-            for ratio in (0.6, 0.7, 0.8):
-                res = replay(rows, replace(rule, after=after, ratio=ratio))
-                print(f"| {after:g} | {ratio:g} | {res['stopped']}/{res['not_trained']} | {_pct(res['fraction_median'])} "
-                      f"| {len(res['false_good'])} / {len(res['false_trains'])} | "
-                      f"{_pct(res['saved'] / res['seconds']) if res['seconds'] else '-'} |")
+        rule, lines = choose(rows, rule)
+        print("\n" + "\n".join(lines))
+        print(f"\nchosen on {args.out}: after {rule.after:g}, ratio {rule.ratio:g}")
+    for other in args.score_on:
+        held, _ = _replayable(other)
+        print(f"\nheld out, {other} (the rule was not chosen on it):\n" + report(replay(held, rule), rule))
     return 0
 
 

@@ -122,7 +122,7 @@ def cell_text(c):
     if c.finished == 0:
         return ", ".join(f"{mark} {k}/{c.seeds}" for mark, k in (("x", c.diverged), ("s", c.stopped)) if k)
     text = num(c.nll)
-    if c.finished > 1:
+    if c.finished > 1 and c.nll is not None:
         text += f" [{c.nll_min:.2f} to {c.nll_max:.2f}]"
     text += f" n{c.seeds}" + (f" BLEU {c.bleu:.1f}" if c.bleu is not None else "")
     text += f" **{c.verdict}**" if c.verdict == "good" else f" {c.verdict}"
@@ -136,7 +136,7 @@ def cell_mark(c):
     if c.finished == 0:
         head = "x" if c.diverged == c.seeds else "s" if c.stopped == c.seeds else f"x{c.diverged} s{c.stopped}"
     else:
-        head = (f"{c.nll:.2f} {VERDICT_MARK.get(c.verdict, '')}{'+' if c.good_depth else ''}"
+        head = (f"{num(c.nll, '.2f')} {VERDICT_MARK.get(c.verdict, '')}{'+' if c.good_depth else ''}"
                 f"{'?' if c.disagree else ''}")
     return f"{head} n{c.seeds}"
 

@@ -115,7 +115,7 @@ def over_seeds(rows):
             entry["values"].setdefault(key, []).append(r.get(key))
     for entry in out.values():
         for key, _ in SEED_METRICS:
-            entry[key] = spread(entry["values"][key])
+            entry[key] = spread(entry["values"][key], (0.0, 100.0) if "bleu" in key else (None, None))
         del entry["values"]
     return out
 
