@@ -80,8 +80,9 @@ def _trigamma_inverse(y):
 
 def variance_prior(variances, dfs):
     """(s0^2, d0, pooled df): Smyth's prior of the cells' variances from their sample variances and
-    degrees of freedom (cells with df 0 or variance 0 are left out); d0 = inf when the variances scatter
-    no more than sampling alone explains; None with fewer than two such cells."""
+    degrees of freedom (cells with df 0 or variance 0 are left out); d0 = inf, and s0^2 the pooled
+    variance, when the variances scatter no more than sampling alone explains; None with fewer than
+    two such cells."""
     from scipy.special import digamma, polygamma
 
     v, d = np.asarray(variances, float), np.asarray(dfs, float)
@@ -92,8 +93,8 @@ def variance_prior(variances, dfs):
     e = np.log(v) - digamma(d / 2) + np.log(d / 2)
     mean_e, pooled = float(e.mean()), float(d.sum())
     var_e = float(((e - mean_e) ** 2).sum() / (len(v) - 1) - polygamma(1, d / 2).mean())
-    if var_e <= 0:
-        return float(np.exp(mean_e)), math.inf, pooled
+    if var_e <= 0:  # no more scatter than sampling alone: the pooled variance
+        return float((d * v).sum() / pooled), math.inf, pooled
     d0 = 2 * _trigamma_inverse(var_e)
     return float(np.exp(mean_e + digamma(d0 / 2) - np.log(d0 / 2))), d0, pooled
 

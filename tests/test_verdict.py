@@ -1,0 +1,74 @@
+"""The verdict's statistics: Welch's t against scipy's, Holm's procedure by hand, the variances'
+prior, and the error rate on identical cells checked by simulation for the maps' shapes."""
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from fairseq_lnpos.analysis import verdict as V
+
+
+@pytest.mark.parametrize("cells, seeds", [(6, 3), (19, 3), (23, 2)])
+def test_identical_cells_are_called_poor_at_most_five_percent_of_the_time(cells, seeds):
+    """The maps' shapes (a learning-rate map of one architecture: 6 cells of 3 seeds; one setting of
+    every architecture: 19 x 3; real text: 23 x 2): simulated maps of identical cells, margin 0 (the
+    strictest), the rate at which some cell is called poor."""
+    assert V.false_poor_rate(cells, seeds, sims=2000, seed=1) <= 0.05
+
+
+def test_a_cell_far_worse_than_the_others_is_found():
+    """Not a test that can never reject: one cell 1 bit (10 standard deviations) worse than five others
+    is called poor in nearly every simulated map of 3 seeds."""
+    rng = np.random.default_rng(2)
+    found = 0
+    for _ in range(200):
+        x = rng.standard_normal((6, 3)) * 0.1
+        x[0] += 1.0
+        var = x.var(axis=1, ddof=1)
+        bad, _ = V.poor(x.mean(axis=1), var, [3] * 6, V.variance_prior(var, [2] * 6), margin=0.1)
+        found += bool(bad[0]) and not bad[1:].any()
+    assert found >= 190
+
+
+def test_welchs_p_value_is_scipys():
+    a, b = np.array([4.0, 4.3, 4.1]), np.array([3.0, 3.05, 3.2, 3.1])
+    p = V.pair_pvalues([a.mean(), b.mean()], [a.var(ddof=1), b.var(ddof=1)], [3, 4], [2, 3], margin=0.0)
+    ref = stats.ttest_ind(a, b, equal_var=False, alternative="greater").pvalue
+    assert p[0, 1] == pytest.approx(ref, rel=1e-9)
+    assert p[1, 0] == pytest.approx(1 - ref, rel=1e-9) and math.isnan(p[0, 0])
+    # a margin shifts the hypothesis: mu_a - mu_b <= 0.5
+    shifted = V.pair_pvalues([a.mean(), b.mean()], [a.var(ddof=1), b.var(ddof=1)], [3, 4], [2, 3], margin=0.5)
+    assert shifted[0, 1] == pytest.approx(stats.ttest_ind(a - 0.5, b, equal_var=False, alternative="greater").pvalue)
+
+
+def test_holm_step_down_by_hand():
+    p = np.array([[np.nan, 0.005, 0.04], [0.5, np.nan, 0.009], [0.9, 0.03, np.nan]])
+    # six p-values; sorted 0.005 <= 0.05/6, 0.009 <= 0.05/5, 0.03 > 0.05/4: stop
+    assert V.holm_rejects(p, 0.05).tolist() == [[False, True, False], [False, False, True], [False, False, False]]
+
+
+def test_a_difference_within_the_margin_is_never_poor():
+    """Two cells without spread (the same numbers from every seed): 0.09 bit apart is within the margin
+    of 0.1; 0.11 is beyond it."""
+    assert not V.poor([1.09, 1.0], [0.0, 0.0], [3, 3], None, margin=0.1)[0].any()
+    assert V.poor([1.11, 1.0], [0.0, 0.0], [3, 3], None, margin=0.1)[0].tolist() == [True, False]
+
+
+def test_the_prior_and_a_cells_variance():
+    """Equal variances scatter only by sampling: a pooled prior (d0 infinite), capped at the pooled df;
+    a cell keeps its own variance when it is larger than the moderated one; a one-seed cell gets the
+    prior; fewer than two cells with a spread give no prior, and a one-seed cell is then untested."""
+    prior = V.variance_prior([0.01, 0.01, 0.01], [2, 2, 2])
+    assert prior[1] == math.inf and prior[0] == pytest.approx(0.01) and prior[2] == 6
+    assert V.cell_variance(0.005, 2, prior) == (pytest.approx(0.01), 6)
+    assert V.cell_variance(0.04, 2, prior) == (0.04, 2)
+    assert V.cell_variance(math.nan, 0, prior) == (pytest.approx(0.01), 6)
+    assert V.variance_prior([0.01, 0.0], [2, 0]) is None
+    assert V.poor([1.0, 2.0], [math.nan, 0.01], [1, 3], None)[1].tolist() == [False, True]
+
+
+def test_the_rule_is_stated_with_its_numbers():
+    text = V.describe(0.8, 0.1, 0.05, (0.0004, math.inf, 12))
+    assert "at most 0.8 x the corpus's unigram bits" in text and "by more than 0.1 bit" in text
+    assert "Holm-corrected at 0.05" in text and "s0 = 0.02 bit on d0 = inf df (pooled df 12)" in text
