@@ -365,7 +365,7 @@ def main(argv=None):
         f"{out / 'results.csv'} (per seed); total wall time {time.time() - t0:.0f} s")
     if args.publish:
         from .analysis.publish import publish
-        from .analysis.stability import argv_of
+        from .analysis.publish import argv_of
 
         page = publish(args.publish, f"The demo (`{MAKE[args.data]}`)", "\n".join(md[:md.index("Next steps:")]) + "\n",
                        runs_table, figures + [out / "summary.json"], argv_of("python -m fairseq_lnpos.demo", argv))

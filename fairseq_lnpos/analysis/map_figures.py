@@ -6,7 +6,7 @@ import math
 from ..experiments.runs import warmup_label
 from ..variants import VARIANTS
 from .map_common import pyplot, save
-from .stability import cell_mark
+from .map_common import num
 
 
 def heatmap(cells, variant, layers):
@@ -77,6 +77,16 @@ def plot_heatmaps(cells, path):
 
 
 VERDICT_MARK = {"good": "G", "poor": "p", "no-train": "-", "NA": "·"}
+
+
+def cell_mark(c):
+    """A cell's short text (overview): the mean NLL (or x / s), its verdict mark (+: good at its depth) and n."""
+    if c.finished == 0:
+        head = "x" if c.diverged == c.seeds else "s" if c.stopped == c.seeds else f"x{c.diverged} s{c.stopped}"
+    else:
+        head = (f"{num(c.nll, '.2f')} {VERDICT_MARK.get(c.verdict, '')}{'+' if c.good_depth else ''}"
+                f"{'?' if c.disagree else ''}")
+    return f"{head} n{c.seeds}"
 
 
 def overview(cells, layers):

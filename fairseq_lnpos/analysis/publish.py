@@ -7,6 +7,8 @@ row per run: the per-seed data every number on the page is derived from, :mod:`.
 files the study wrote (figures, CSVs). A page is replaced whole when the command runs again.
 """
 import datetime
+import shlex
+import sys
 from pathlib import Path
 
 from ..common import replace_file, write_text
@@ -69,3 +71,8 @@ def publish(dest, title, body_md, runs, files, command, when=None):
     if runs is not None:
         write_runs_csv(runs, dest / "runs.csv")
     return write_text(dest / PAGE, page_text(title, body_md, runs, command, files, when))
+
+
+def argv_of(prog, argv):
+    """The command line as typed (for a results page)."""
+    return " ".join([prog] + [shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)])

@@ -30,6 +30,8 @@ from ..variants import VARIANTS
 from . import depth, verdict as V
 from .frame import COUNTED, check_model_code, check_one_experiment, read_runs_csv, runs_frame, write_runs_csv
 from .map_common import num
+from .map_figures import cell_mark
+from .publish import argv_of
 
 KEYS = ["variant", "layers", "warmup", "lr"]
 SENSITIVITY = ("LR sensitivity (after Wortsman et al. 2023, \"Small-scale proxies for large-scale Transformer "
@@ -37,7 +39,6 @@ SENSITIVITY = ("LR sensitivity (after Wortsman et al. 2023, \"Small-scale proxie
                "the best final NLL on the grid, per architecture, depth and warm-up; a run that diverged or was "
                "stopped counts as the unigram bits; seeds are averaged per learning rate. 0: every learning rate "
                "of the grid reached the best.")
-VERDICT_MARK = {"good": "G", "poor": "p", "no-train": "-", "NA": "·"}
 
 
 def order(frame):
@@ -129,16 +130,6 @@ def cell_text(c):
     text += " +depth" if c.good_depth else ""
     text += "?" if c.disagree else ""
     return text + "".join(f", {mark} {k}/{c.seeds}" for mark, k in (("x", c.diverged), ("s", c.stopped)) if k)
-
-
-def cell_mark(c):
-    """A cell's short text (overview): the mean NLL (or x / s), its verdict mark (+: good at its depth) and n."""
-    if c.finished == 0:
-        head = "x" if c.diverged == c.seeds else "s" if c.stopped == c.seeds else f"x{c.diverged} s{c.stopped}"
-    else:
-        head = (f"{num(c.nll, '.2f')} {VERDICT_MARK.get(c.verdict, '')}{'+' if c.good_depth else ''}"
-                f"{'?' if c.disagree else ''}")
-    return f"{head} n{c.seeds}"
 
 
 def _pivot_lines(values, index, columns, fmt, corner):
@@ -313,13 +304,6 @@ def _main(argv):
         raise LnposError(f"{title}: no run finished, diverged or was stopped early, so there is no map "
                          f"(the runs are listed in {out / 'stability.md'}): run or resume the sweep first")
     return 0
-
-
-def argv_of(prog, argv):
-    """The command line as typed (for a results page)."""
-    import shlex
-
-    return " ".join([prog] + [shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)])
 
 
 def main(argv=None):

@@ -214,7 +214,7 @@ def _main(argv):
     print(md, end="")
     if args.publish:
         from .publish import publish
-        from .stability import argv_of
+        from .publish import argv_of
 
         publish(args.publish, "The verdict's error rate, simulated", md, None, [],
                 argv_of("python -m fairseq_lnpos.analysis.verdict", argv))
