@@ -10,7 +10,7 @@ logged update; groups are those of :mod:`fairseq_lnpos.gradnorm` (``encoder/3/fc
   decay).
 - ``adaptive_lr_median``, ``adaptive_lr_p99``, ``adaptive_lr_max``: percentiles of Adam's
   per-weight step size lr / (sqrt(v_hat) + eps), v_hat = v / (1 - beta2^t), over each sub-layer's
-  weights after the update (from at most 4096 evenly strided weights of each tensor, as a full sort
+  weights after the update (from at most 1024 evenly strided weights of each tensor, as a full sort
   per sub-layer would cost more than the update; the maximum from all weights;
   weights whose v is still 0, e.g. the embeddings of words not seen yet,
   are left out): how large Adam's early second-moment estimate lets the steps be
@@ -57,7 +57,7 @@ from .gradnorm import GradNormPlan, finite_or_none, groups_of
 DIAGNOSTICS_JSONL = "diagnostics.jsonl"
 TAG_PREFIX = "diag/"
 PERCENTILES = (("median", 0.5), ("p99", 0.99))
-QUANTILE_SAMPLE = 4096  # weights per tensor the percentiles are taken from (the maximum uses all)
+QUANTILE_SAMPLE = 1024  # weights per tensor the percentiles are taken from (the maximum uses all)
 
 
 def parse_updates(text, option="--diagnostics-hessian-updates"):
@@ -187,9 +187,8 @@ def _math_attention():
 
 def _quantiles(values, qs):
     """Nearest-rank quantiles ``qs`` of a 1-d tensor."""
-    ordered = values.float().sort().values
-    n = ordered.numel()
-    return [float(ordered[min(n - 1, max(0, round(q * (n - 1))))]) for q in qs]
+    n = values.numel()
+    return [float(values.float().kthvalue(min(n, max(1, round(q * (n - 1)) + 1))).values) for q in qs]
 
 
 class Diagnostics:

@@ -351,7 +351,7 @@ RUNS = [
 # one row is both. Every row writes the diagnostics (diagnostics.jsonl, grad_norms.jsonl). Three seeds:
 #     scripts/grid.sh run --only 'why-*' --seeds 1,2,3 --data synthetic=DIR --data multi30k_cpu=DIR
 WHY_DIAGNOSTICS = ("--log-grad-norms", "--log-diagnostics", "--diagnostics-first", "50", "--diagnostics-interval", "10",
-                   "--diagnostics-hessian-updates", "1,10,100")
+                   "--diagnostics-hessian-updates", "1,50")
 WHY_BASELINES = {"synthetic": _demo("", "postln"), "multi30k": _real("", "postln")}
 # (row name, the fields it changes (a function of the baseline where it scales one), what it tests)
 WHY_INTERVENTIONS = [
