@@ -26,6 +26,14 @@ def loss(ps, step):
     return sum(((p - 0.3 * step) ** 2).sum() + 0.05 * p.pow(4).sum() for p in ps)
 
 
+def step_each(step, *pairs):
+    """One update of every (parameters, optimizer) pair on the loss of ``step``."""
+    for ps, opt in pairs:
+        opt.zero_grad()
+        loss(ps, step).backward()
+        opt.step()
+
+
 def test_first_step_is_the_formula_by_hand():
     ps = params()
     before = [p.detach().clone() for p in ps]
@@ -56,19 +64,13 @@ def test_later_steps_are_adams_recursion_from_the_prefilled_state():
             b.copy_(a)
     adam.load_state_dict(copy.deepcopy(opt.state_dict()))  # load_state_dict would share the tensors
     for step in range(1, 8):
-        for ps, o in ((ours, opt), (ref, adam)):
-            o.zero_grad()
-            loss(ps, step).backward()
-            o.step()
-        for a, b in zip(ours, ref):
-            assert torch.equal(a, b), step
+        step_each(step, (ours, opt), (ref, adam))
+        assert all(torch.equal(a, b) for a, b in zip(ours, ref)), step
     # ... and differs from Adam started from v_0 = 0
     plain = params()
     adam0 = torch.optim.Adam(plain, lr=LR, betas=(B1, B2), eps=EPS)
     for step in range(8):
-        adam0.zero_grad()
-        loss(plain, step).backward()
-        adam0.step()
+        step_each(step, (plain, adam0))
     assert not torch.allclose(plain[0], ours[0], atol=1e-4)
 
 
