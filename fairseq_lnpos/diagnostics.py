@@ -7,7 +7,8 @@ logged update; groups are those of :mod:`fairseq_lnpos.gradnorm` (``encoder/3/fc
 - ``update_ratio``: ||W_after - W_before|| / ||W_before|| of the update, per group: the relative
   (angular) size of the first updates (Kosson et al. 2024). Taken around fairseq's
   ``task.optimizer_step``, so it is the step the optimizer took (after clipping, lr schedule, weight
-  decay).
+  decay); ``null`` for a group whose weights are all 0 before the update (Admin's deltas at first).
+  The log line's ``diag/update_ratio_max`` is the largest of the whole layers (``encoder/3``).
 - ``adaptive_lr_median``, ``adaptive_lr_p99``, ``adaptive_lr_max``: percentiles of Adam's
   per-weight step size lr / (sqrt(v_hat) + eps), v_hat = v / (1 - beta2^t), over each sub-layer's
   weights after the update (from at most 1024 evenly strided weights of each tensor, as a full sort
@@ -52,7 +53,7 @@ import torch
 
 from .common import open_log
 from .errors import check
-from .gradnorm import GradNormPlan, finite_or_none, groups_of
+from .gradnorm import LAYER_GROUP, GradNormPlan, finite_or_none, groups_of
 
 DIAGNOSTICS_JSONL = "diagnostics.jsonl"
 TAG_PREFIX = "diag/"
@@ -316,8 +317,10 @@ class Diagnostics:
             after = [p.detach() for p in plan.params]
             diff = plan.norms_of([a - b for a, b in zip(after, before)])
             weight = plan.norms_of(before)
-        ratio = plan.group_norms(diff) / plan.group_norms(weight).clamp(min=1e-30)
-        rec = OrderedDict(update_ratio=OrderedDict((g, finite_or_none(v)) for g, v in zip(plan.groups, ratio.tolist())))
+        weight = plan.group_norms(weight)
+        ratio = plan.group_norms(diff) / weight.clamp(min=1e-30)
+        rec = OrderedDict(update_ratio=OrderedDict(  # a group that starts at 0 (Admin's deltas) has none
+            (g, finite_or_none(r) if w > 0 else None) for g, r, w in zip(plan.groups, ratio.tolist(), weight.tolist())))
         rec.update(self.adaptive_lr(optimizer))
         if self.attn:
             rec.update(self.attention_record())
@@ -379,8 +382,8 @@ class Diagnostics:
         except Exception:  # an optimizer without param groups yet
             pass
         self.last = rec
-        ratios = [v for v in rec["update_ratio"].values() if v is not None]
-        if ratios:
+        ratios = [v for g, v in rec["update_ratio"].items() if v is not None and LAYER_GROUP.match(g)]
+        if ratios:  # of whole layers, as gnorm/layer_max
             metrics.log_scalar(TAG_PREFIX + "update_ratio_max", max(ratios), weight=1, priority=1100, round=None)
         logits = [v for v in rec.get("attn_max_logit", {}).values() if v is not None]
         if logits:

@@ -37,6 +37,7 @@ STACK_ALIASES = {
     "layer_norm": "final_ln",
 }
 _LAYER = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.(.+)$")
+LAYER_GROUP = re.compile(r"^(encoder|decoder)/\d+$")  # the group of a whole layer: encoder/3, decoder/5
 # Upstream fairseq 0.12.2 gives every encoder layer zero-initialised copies of its attention
 # and FFN weights (``encoder.layers.N.fc1_weight`` ...) for an inference-only fused kernel;
 # training never uses them (their .grad stays None), so they are not reported.

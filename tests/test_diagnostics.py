@@ -227,3 +227,24 @@ def test_fairseq_train_writes_diagnostics_and_a_short_log_line(toy_data, tmp_pat
     lines = [line for line in (result.stdout + result.stderr).splitlines() if "train_inner" in line]
     assert lines and all("diag/update_ratio_max=" in line and "diag/attn_logit_max=" in line for line in lines)
     assert all(len(line) < 500 for line in lines), max(map(len, lines))
+
+
+def test_a_group_that_starts_at_zero_has_no_update_ratio():
+    """||dW|| / ||W|| is undefined for weights that are all 0 (Admin's deltas before their first update)."""
+    model = torch.nn.Module()
+    model.encoder = torch.nn.Module()
+    model.encoder.layers = torch.nn.ModuleList([torch.nn.Module()])
+    model.encoder.layers[0].fc1 = torch.nn.Linear(3, 2)
+    model.encoder.layers[0].delta = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sum(p.sum() for p in model.parameters()).backward()
+    diag = Diagnostics(interval=1)
+    diag._bind(model)
+    before = [p.detach().clone() for p in diag.plan.params]
+    opt.step()
+    ratio = diag.measure(opt, before)["update_ratio"]
+    assert ratio["encoder/0/delta"] is None
+    fc1 = model.encoder.layers[0].fc1
+    old = dict(zip(diag.plan.names, before))
+    w = math.hypot(float(old["encoder.layers.0.fc1.weight"].norm()), float(old["encoder.layers.0.fc1.bias"].norm()))
+    assert ratio["encoder/0/fc1"] == pytest.approx(0.1 * math.sqrt(fc1.weight.numel() + fc1.bias.numel()) / w, rel=1e-5)

@@ -29,7 +29,6 @@ import json
 import logging
 import math
 import os
-import re
 import time
 from dataclasses import dataclass, field
 
@@ -45,7 +44,7 @@ from fairseq_lnpos.data.bindir import check_data_dir
 from fairseq_lnpos.data.download import DataError
 from fairseq_lnpos.diagnostics import DIAGNOSTICS_JSONL, Diagnostics, parse_updates
 from fairseq_lnpos.errors import LnposError, check
-from fairseq_lnpos.gradnorm import GradNormPlan, finite_or_none
+from fairseq_lnpos.gradnorm import LAYER_GROUP, GradNormPlan, finite_or_none
 from fairseq_lnpos.models.variant import without_fused_inference
 
 logger = logging.getLogger(__name__)
@@ -54,7 +53,6 @@ JSONL_NAME = GRAD_NORMS_JSONL
 TAG_PREFIX = "gnorm/"
 # the one number of the log line (and TensorBoard): the largest gradient norm of a whole layer
 LOG_LINE_KEY = TAG_PREFIX + "layer_max"
-LAYER_GROUP = re.compile(r"^(encoder|decoder)/\d+$")
 # fairseq imports the plugin while it parses the command line, before fairseq-train creates --save-dir
 LOADED_AT = time.time()
 
