@@ -248,3 +248,24 @@ def test_a_group_that_starts_at_zero_has_no_update_ratio():
     old = dict(zip(diag.plan.names, before))
     w = math.hypot(float(old["encoder.layers.0.fc1.weight"].norm()), float(old["encoder.layers.0.fc1.bias"].norm()))
     assert ratio["encoder/0/fc1"] == pytest.approx(0.1 * math.sqrt(fc1.weight.numel() + fc1.bias.numel()) / w, rel=1e-5)
+
+
+def test_micro_batches_of_an_update_are_pooled():
+    """--update-freq: the largest logit over the micro-batches, the entropy averaged over all their rows."""
+    from fairseq_lnpos.diagnostics import _AttentionAccumulator
+
+    m = _mha(self_attention=True)
+    a, b = torch.randn(4, 2, 8), 3 * torch.randn(6, 3, 8)
+    acc = _AttentionAccumulator()
+    with torch.no_grad():
+        parts = [attention_stats(*attention_logits(m, x, x)) for x in (a, b)]
+        both = [attention_logits(m, x, x) for x in (a, b)]
+    for s in parts:
+        acc.add(s)
+    max_logit, entropy, entropy_min = acc.result()
+    assert max_logit == max(float(lg.max()) for lg, _ in both)
+    rows = sum(s["rows"] for s in parts)
+    assert rows == 2 * 4 * 2 + 3 * 6 * 2
+    assert entropy == pytest.approx(sum(s["entropy_sum"] for s in parts) / rows)
+    per_head = (parts[0]["head_entropy_sum"] + parts[1]["head_entropy_sum"]) / (parts[0]["head_rows"] + parts[1]["head_rows"])
+    assert entropy_min == pytest.approx(float(per_head.min())) and entropy_min <= entropy
