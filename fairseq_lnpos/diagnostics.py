@@ -204,6 +204,7 @@ class Diagnostics:
         self.hessian_updates, self.hessian_iters = set(hessian_updates), hessian_iters
         self.jsonl_path = jsonl_path
         self.model = self.plan = self.attention = None
+        self.leaf = []  # per parameter of the plan: its sub-layer group (Adam's step sizes are per sub-layer)
         self.pending_update = None  # the update whose forward statistics are being gathered
         self.attn, self.logits, self.extra = {}, None, {}
         self.overhead = 0.0
