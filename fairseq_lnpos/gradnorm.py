@@ -37,6 +37,7 @@ STACK_ALIASES = {
     "layer_norm": "final_ln",
 }
 _LAYER = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.(.+)$")
+LAYER_GROUP = re.compile(r"^(encoder|decoder)/\d+$")  # the group of a whole layer: encoder/3, decoder/5
 # Upstream fairseq 0.12.2 gives every encoder layer zero-initialised copies of its attention
 # and FFN weights (``encoder.layers.N.fc1_weight`` ...) for an inference-only fused kernel;
 # training never uses them (their .grad stays None), so they are not reported.
@@ -132,16 +133,20 @@ class GradNormPlan:
     def tensor_norms(self, scale=1.0):
         """Norms of every parameter's ``.grad`` times ``scale`` (0 where there is no grad):
         one ``torch._foreach_norm`` call per device, one host sync."""
-        with_grad = [i for i, p in enumerate(self.params) if p.grad is not None]
-        sq = torch.zeros(len(self.params), dtype=torch.float64)
-        if with_grad:
-            by_device = OrderedDict()
-            for i in with_grad:
-                by_device.setdefault(self.params[i].grad.device, []).append(i)
-            for idx in by_device.values():
-                sq[idx] = torch.stack(float32_norms([self.params[i].grad for i in idx])).double().cpu() ** 2
         scale = float(scale.item() if torch.is_tensor(scale) else scale)
-        return sq.sqrt() * abs(scale)
+        return self.norms_of([p.grad for p in self.params]) * abs(scale)
+
+    def norms_of(self, tensors):
+        """Norms of ``tensors`` (one per parameter, in the plan's order; ``None`` counts 0): one
+        ``torch._foreach_norm`` call per device, one host sync."""
+        present = [i for i, t in enumerate(tensors) if t is not None]
+        sq = torch.zeros(len(tensors), dtype=torch.float64)
+        by_device = OrderedDict()
+        for i in present:
+            by_device.setdefault(tensors[i].device, []).append(i)
+        for idx in by_device.values():
+            sq[idx] = torch.stack(float32_norms([tensors[i] for i in idx])).double().cpu() ** 2
+        return sq.sqrt()
 
     def group_norms(self, tensor_norms):
         """Frobenius norm of each group from per-tensor norms."""

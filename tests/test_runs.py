@@ -31,8 +31,10 @@ def flag(cmd, name):
 
 
 def find(**want):
-    """The one row of the table, other papers' recipes (``R.REFERENCE``) aside, with the fields ``want``."""
-    hits = [r for r in R.RUNS if r not in R.REFERENCE and all(getattr(r, k) == v for k, v in want.items())]
+    """The one row of the table, other papers' recipes (``R.REFERENCE``) and the warm-up study's rows
+    (``R.WHY``, tests/test_warmup_study.py) aside, with the fields ``want``."""
+    hits = [r for r in R.RUNS if r not in R.REFERENCE and r not in R.WHY
+            and all(getattr(r, k) == v for k, v in want.items())]
     assert len(hits) == 1, f"expected one run with {want}, found {[r.name for r in hits]}"
     return hits[0]
 

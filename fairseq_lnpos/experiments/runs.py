@@ -87,7 +87,7 @@ DATASETS = {
 # polynomial_decay --power 1 (warm-up from 0, then down to end_lr at the last update)
 SCHEDULES = ("inverse_sqrt", "fairseq_inverse_sqrt", "inverse_sqrt_nowarmup", "step_decay", "linear", "fixed")
 SHARES = ("none", "decoder", "all")  # --share-decoder-input-output-embed, --share-all-embeddings
-OPTIMIZERS = ("adam", "sgd", "radam")
+OPTIMIZERS = ("adam", "sgd", "radam", "giadam")
 
 
 @dataclass(frozen=True)
@@ -343,6 +343,46 @@ RUNS = [
     # real text after one epoch (docs/results.md, "Every architecture on real text")
     *[_real(f"real-{v}-wu100", v, warmup=100) for v in ("postln", "preln", "deepnorm", "b2t")],
 ]
+
+# --- Why does Post-LN need warm-up? (docs/warmup_study.md) --------------------------------------------
+# The failing setting of each CPU corpus (the demos' Post-LN without warm-up: Adam (0.9, 0.98), lr 1e-3)
+# and one intervention at a time, each testing one explanation; the controls are Pre-LN and Post-LN with
+# warm-up 100, which is also the warm-up of 2 / (1 - beta2) updates (Ma & Yarats 2021) at beta2 0.98, so
+# one row is both. Every row writes the diagnostics (diagnostics.jsonl, grad_norms.jsonl). Three seeds:
+#     scripts/grid.sh run --only 'why-*' --seeds 1,2,3 --data synthetic=DIR --data multi30k_cpu=DIR
+WHY_DIAGNOSTICS = ("--log-grad-norms", "--log-diagnostics", "--diagnostics-first", "50", "--diagnostics-interval", "10",
+                   "--diagnostics-hessian-updates", "1,50")
+WHY_BASELINES = {"synthetic": _demo("", "postln"), "multi30k": _real("", "postln")}
+# (row name, the fields it changes (a function of the baseline where it scales one), what it tests)
+WHY_INTERVENTIONS = [
+    ("postln-nowu", {}, "the failing setting: Post-LN, Adam lr 1e-3, no warm-up"),
+    ("preln-nowu", {"ln": "preln"}, "control: Pre-LN"),
+    ("postln-wu100", {"warmup": 100}, "control: Post-LN with warm-up 100 = 2/(1-beta2) (Ma & Yarats 2021)"),
+    ("postln-radam", {"optimizer": "radam"}, "RAdam: Adam's early second moment rectified"),
+    ("postln-giadam", {"optimizer": "giadam"}, "GI-Adam: v_0 = g^2 of the first update (Kalra & Barkeshli 2024)"),
+    ("postln-beta2-0.95", {"adam_betas": "(0.9, 0.95)"}, "beta2 0.95: a second moment that adapts sooner"),
+    ("postln-beta2-0.999", {"adam_betas": "(0.9, 0.999)"}, "beta2 0.999: a slower second moment"),
+    ("postln-clip1", {"clip_norm": 1.0}, "gradient clipping at norm 1.0"),
+    ("postln-clip0.1", {"clip_norm": 0.1}, "gradient clipping at norm 0.1"),
+    ("postln-lr5e-4", {"lr": 5e-4}, "lr 5e-4"),
+    ("postln-lr3e-4", {"lr": 3e-4}, "lr 3e-4"),
+    ("postln-batch-x4", {"batch_tokens": lambda b: 4 * b.batch_tokens}, "4 x the batch, the same tokens (epochs)"),
+    ("postln-batch-div4", {"batch_tokens": lambda b: b.batch_tokens // 4}, "1/4 of the batch, the same tokens (epochs)"),
+    ("postln-L3", {"layers": 3}, "3 layers instead of 6"),
+    ("postln-init08", {"init": "fairseq-0.8"}, "fairseq 0.8's initialization (Xavier FFN, zero biases)"),
+    ("admin-nowu", {"ln": "admin"}, "Admin: the output change kept small (Liu et al. 2020)"),
+]
+
+
+def _why(corpus, suffix, changes, note):
+    base = WHY_BASELINES[corpus].with_defaults()
+    changes = {k: v(base) if callable(v) else v for k, v in changes.items()}
+    return replace(base, name=f"why-{corpus}-{suffix}", figure=f"why-{corpus}", paper_note=note,
+                   task="translation_lnpos", extra=WHY_DIAGNOSTICS, **changes)
+
+
+WHY = [_why(corpus, *row) for corpus in WHY_BASELINES for row in WHY_INTERVENTIONS]
+RUNS += WHY
 
 # The demos' rows, per corpus: `make demo` (the generated corpus) and `make demo-real` (Multi30k), each
 # the row without warm-up of every variant of its group (variants.GROUPS "demo", "paper") with Post-LN's

@@ -1,1 +1,1 @@
-from . import lr_scheduler, radam  # noqa: F401  (registers `radam`, `warmup_inverse_sqrt`, `step_decay`)
+from . import giadam, lr_scheduler, radam  # noqa: F401  (registers `giadam`, `radam`, `warmup_inverse_sqrt`, `step_decay`)

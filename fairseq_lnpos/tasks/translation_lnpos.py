@@ -16,7 +16,14 @@ optimizers this only updates a pending factor that also holds 1/loss-scale) and 
 ``optimizer.clip_grad_norm``. That call is the first place where the gradient of the mean loss
 of the whole update is final, so on logging updates the task wraps it: norms are taken from
 the parameters' ``.grad`` times the optimizer's pending ``_multiply_factor`` (1 when absent),
-before clipping changes anything. On other updates the wrapper only compares two integers.
+before clipping changes anything. On other updates the wrapper only compares two integers. The
+per-group norms go to grad_norms.jsonl only; fairseq's log line gets one number, ``gnorm/layer_max``
+(the largest norm of a whole layer), so that a line stays short whatever the depth.
+
+``--log-diagnostics`` (:mod:`fairseq_lnpos.diagnostics`) measures each logged update around
+fairseq's ``task.optimizer_step`` (update ratios, Adam's step sizes) and, with forward hooks
+installed for that update's micro-batches only, the attention logits and entropies and the output
+logits; it writes ``diagnostics.jsonl`` into --save-dir.
 """
 import json
 import logging
@@ -35,14 +42,17 @@ from fairseq_lnpos.checkpoint import guard_checkpoint_loading, guard_state_loadi
 from fairseq_lnpos.common import GRAD_NORMS_JSONL, open_log
 from fairseq_lnpos.data.bindir import check_data_dir
 from fairseq_lnpos.data.download import DataError
+from fairseq_lnpos.diagnostics import DIAGNOSTICS_JSONL, Diagnostics, parse_updates
 from fairseq_lnpos.errors import LnposError, check
-from fairseq_lnpos.gradnorm import GradNormPlan, finite_or_none
+from fairseq_lnpos.gradnorm import LAYER_GROUP, GradNormPlan, finite_or_none
 from fairseq_lnpos.models.variant import without_fused_inference
 
 logger = logging.getLogger(__name__)
 
 JSONL_NAME = GRAD_NORMS_JSONL
 TAG_PREFIX = "gnorm/"
+# the one number of the log line (and TensorBoard): the largest gradient norm of a whole layer
+LOG_LINE_KEY = TAG_PREFIX + "layer_max"
 # fairseq imports the plugin while it parses the command line, before fairseq-train creates --save-dir
 LOADED_AT = time.time()
 
@@ -52,14 +62,35 @@ class TranslationLnposConfig(TranslationConfig):
     log_grad_norms: bool = field(
         default=False,
         metadata={
-            "help": "log per-layer gradient norms of the mean loss (before clipping) as "
-            "gnorm/<stack>/<layer>/<sublayer> in the train log lines and TensorBoard, and to "
-            "grad_norms.jsonl in --save-dir"
+            "help": "log per-layer gradient norms of the mean loss (before clipping) to grad_norms.jsonl in "
+            "--save-dir, and the largest per-layer norm as gnorm/layer_max in the train log lines and TensorBoard"
         },
     )
     grad_norm_interval: int = field(
         default=0,
         metadata={"help": "log gradient norms every N updates (0: use --log-interval)"},
+    )
+    log_diagnostics: bool = field(
+        default=False,
+        metadata={
+            "help": "write per-layer training diagnostics to diagnostics.jsonl in --save-dir: update ratio "
+            "||dW||/||W||, Adam's step sizes lr/(sqrt(v_hat)+eps), max attention logit and attention entropy, "
+            "output logit norm, and the top Hessian eigenvalue at --diagnostics-hessian-updates"
+        },
+    )
+    diagnostics_interval: int = field(
+        default=0, metadata={"help": "diagnostics every N updates (0: use --log-interval)"}
+    )
+    diagnostics_first: int = field(
+        default=0, metadata={"help": "also diagnose each of the first N updates"}
+    )
+    diagnostics_hessian_updates: str = field(
+        default="",
+        metadata={"help": "comma-separated updates at which to estimate the top Hessian eigenvalue by power "
+                  "iteration (tiny models: each costs about 2 x --diagnostics-hessian-iters backward passes)"},
+    )
+    diagnostics_hessian_iters: int = field(
+        default=20, metadata={"help": "power iterations per Hessian estimate"}
     )
     # taken from the rest of the config (not command-line options of the task)
     log_interval: int = II("common.log_interval")
@@ -131,9 +162,9 @@ class GradNormLogger:
     def record(self, norms, optimizer=None):
         groups, params = norms
         self.last = norms
-        for i, (g, v) in enumerate(groups.items()):
-            # priority after fairseq's own stats; no rounding (the log line prints 6 digits)
-            metrics.log_scalar(TAG_PREFIX + g, v, weight=1, priority=1000 + i, round=None)
+        layer_max = max((v for g, v in groups.items() if LAYER_GROUP.match(g) and math.isfinite(v)), default=None)
+        if layer_max is not None:  # priority after fairseq's own stats; no rounding (6 digits)
+            metrics.log_scalar(LOG_LINE_KEY, layer_max, weight=1, priority=1000, round=None)
         if self.jsonl_path is None:
             return
         rec = {"update": self.update_num + 1, "time": round(time.time(), 3)}
@@ -169,6 +200,18 @@ def _remove_new_empty_folder(path):
         pass
 
 
+def make_diagnostics(cfg):
+    """The :class:`~fairseq_lnpos.diagnostics.Diagnostics` of ``--log-diagnostics`` (rank 0 writes the file)."""
+    interval = cfg.diagnostics_interval or cfg.log_interval
+    rank0 = (getattr(cfg, "distributed_rank", 0) or 0) == 0
+    path = os.path.join(cfg.save_dir, DIAGNOSTICS_JSONL) if rank0 and cfg.save_dir else None
+    diagnostics = Diagnostics(interval, cfg.diagnostics_first, parse_updates(cfg.diagnostics_hessian_updates),
+                              cfg.diagnostics_hessian_iters, path)
+    logger.info(f"diagnostics every {interval} updates" + (f" and the first {cfg.diagnostics_first}"
+                if cfg.diagnostics_first else "") + (f" to {path}" if path else ""))
+    return diagnostics
+
+
 @register_task("translation_lnpos", dataclass=TranslationLnposConfig)
 class TranslationLnposTask(TranslationTask):
     """fairseq's translation task; ``--log-grad-norms`` adds per-layer gradient norms."""
@@ -187,6 +230,9 @@ class TranslationLnposTask(TranslationTask):
                 f"logging per-layer gradient norms every {interval} updates"
                 + (f" to {path} and the train log" if path else "")
             )
+        self.diagnostics = None
+        if getattr(cfg, "log_diagnostics", False):
+            self.diagnostics = make_diagnostics(cfg)
 
     @classmethod
     def setup_task(cls, cfg, **kwargs):
@@ -215,4 +261,13 @@ class TranslationLnposTask(TranslationTask):
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         if self.grad_norm_logger is not None:
             self.grad_norm_logger.attach(optimizer, model, update_num)
+        if self.diagnostics is not None and not ignore_grad:  # forward hooks on logged updates only
+            return self.diagnostics.train_step(sample, model, criterion, update_num, lambda: super(
+                TranslationLnposTask, self).train_step(sample, model, criterion, optimizer, update_num, ignore_grad))
         return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+
+    def optimizer_step(self, optimizer, model, update_num):
+        if self.diagnostics is None:
+            return super().optimizer_step(optimizer, model, update_num)
+        return self.diagnostics.optimizer_step(optimizer, model, update_num, lambda: super(
+            TranslationLnposTask, self).optimizer_step(optimizer, model, update_num))
