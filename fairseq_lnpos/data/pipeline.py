@@ -20,7 +20,7 @@ import signal
 import time
 from pathlib import Path
 
-from fairseq_lnpos.common import hold_lock, release_lock, write_json
+from fairseq_lnpos.common import hold_lock, open_log, release_lock, write_json
 from fairseq_lnpos.common import read_lines  # noqa: F401  (the data modules import it from here)
 from fairseq_lnpos.data import BIN_DIRS, text_dir
 from fairseq_lnpos.data.download import DataError
@@ -80,7 +80,7 @@ def run_stage(final, params, build, stamp_name=STAMP, label=None):
 # ---------------------------------------------------------------- line files
 
 def write_lines(path, lines):
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
+    with open_log(path, truncate=True) as f:
         for line in lines:
             f.write(line + "\n")
 
