@@ -25,7 +25,7 @@ from . import runs as R
 from . import slurm, status, sweep
 from .commands import arch_name, batch_plan, total_updates
 from .options import ListOptions, RunOptions, SlurmOptions, StatusOptions, SweepOptions
-from .plan import make_jobs, need_cuda, override, parse_sets, plan_slots, select_runs
+from .plan import keep_axes, make_jobs, need_cuda, override, parse_sets, plan_slots, select_runs
 from .rundir import make_out_dir
 from .scheduler import Grid
 
@@ -90,6 +90,11 @@ def print_dry_run(jobs, manifests):
 
 def run_grid(opts, runs):
     """Train and score ``runs`` (Run rows) with the grid's options; returns the exit status."""
+    unbudgeted = [r.name for r in runs if not r.max_update]
+    if opts.early_stop and unbudgeted:
+        raise LnposError(f"--early-stop: {len(unbudgeted)} of the {len(runs)} runs ({unbudgeted[0]}, ...) have no budget "
+                         f"in updates, and early stopping judges a run at a fraction of its budget: give one with "
+                         f"--set max_update=N, or drop --early-stop")
     slots = plan_slots(opts, opts.dry_run)
     if opts.fp16 and not opts.dry_run:
         need_cuda(1, "--fp16")
@@ -162,8 +167,8 @@ def command(argv=None):
         opts.argv = list(sys.argv[1:] if argv is None else argv)[1:]
         return slurm.cmd_slurm(opts)
     if ns.cmd == "sweep":
-        runs = sweep.sweep_runs(opts)
-        return run_grid(opts, override(opts, [R.coerce(r, "max_epoch", "1000000") for r in parse_sets(opts.set, runs)]))
+        keep_axes(opts)
+        return run_grid(opts, override(opts, parse_sets(opts.set, sweep.sweep_runs(opts))))
     return run_grid(opts, select_runs(opts))
 
 

@@ -9,6 +9,7 @@ from ..errors import LnposError, comma_list
 from . import runs as R
 from .commands import Job, arch_name, check_joined_dictionary, check_train_flags, split_flags
 from .rundir import check_out_dir
+from .sweep import AXES
 
 
 def parse_seeds(text):
@@ -30,19 +31,47 @@ def parse_data(values):
     return out
 
 
+def split_set(v):
+    """(run or "", key, value) of one --set [RUN:]key=value."""
+    target, _, assign = v.rpartition(":") if ":" in v.split("=", 1)[0] else ("", "", v)
+    key, sep, value = assign.partition("=")
+    if not sep:
+        raise LnposError(f"--set {v}: expected key=value or RUN:key=value")
+    return target, key, value
+
+
 def parse_sets(values, runs):
     """--set [RUN:]key=value: change a field of every selected run (or of one run)."""
     runs = {r.name: r for r in runs}
     for v in values or []:
-        target, _, assign = v.rpartition(":") if ":" in v.split("=", 1)[0] else ("", "", v)
-        key, sep, value = assign.partition("=")
-        if not sep:
-            raise LnposError(f"--set {v}: expected key=value or RUN:key=value")
+        target, key, value = split_set(v)
         if target and target not in runs:
             raise LnposError(f"--set {v}: run {target!r} is not selected (see --only)")
         for name in [target] if target else list(runs):
             runs[name] = R.coerce(runs[name], key, value)
     return list(runs.values())
+
+
+def keep_axes(opts):
+    """A sweep's axes and budget (:data:`~.sweep.AXES`) come from its own options: a ``--set``,
+    ``--set extra=`` or ``--fairseq-args`` that would replace them in every cell (whose folder is
+    named for its axes) is refused."""
+    for v in opts.set or []:
+        _, key, value = split_set(v)
+        if key in AXES:
+            raise LnposError(f"--set {v}: a sweep's cells take {key} from its option {AXES[key][0]} (their folders "
+                             f"are named for it): give the values with {AXES[key][0]}, not --set")
+        if key == "extra":
+            _refuse_axis_flags(split_flags(value, f"--set {v}"), f"--set {v}")
+    _refuse_axis_flags(split_flags(opts.fairseq_args, "--fairseq-args"), "--fairseq-args")
+
+
+def _refuse_axis_flags(flags, option):
+    for name in (token.split("=", 1)[0] for token in flags):
+        for key, (sweep_option, train_flags) in AXES.items():
+            if any(name == f or (len(name) >= 6 and f.startswith(name)) for f in train_flags):
+                raise LnposError(f"{option}: {name} would replace the sweep's {key} axis in every cell (their "
+                                 f"folders are named for it): give the values with {sweep_option}")
 
 
 def select_runs(opts):
