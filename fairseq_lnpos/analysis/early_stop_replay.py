@@ -28,8 +28,14 @@ from .verdict import DEFAULT_RATIO
 
 def outcomes(out):
     """[(record, how it ended: good | trains | not trained, [(update, loss)], budget)] of the runs of
-    ``out`` that finished."""
+    ``out`` that finished. A folder where runs were stopped early is refused: how a stopped run would
+    have ended is not known, and leaving it out would leave out the runs the rule is to stop."""
     records = S.load_records(out)
+    stopped = [r for r in records if r.outcome == "stopped early"]
+    if stopped:
+        raise LnposError(f"{out}: {len(stopped)} of its {len(records)} runs were stopped early ({stopped[0].path}, ...), "
+                         f"and the replay judges each run by how it ended at its budget: replay a sweep made with "
+                         f"--no-early-stop")
     cells = {(c.variant, c.layers, c.warmup, c.lr): c for c in S.make_cells(records)}
     rows = []
     for r in records:
