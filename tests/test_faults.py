@@ -296,7 +296,7 @@ CASES = [
     Case("fig3-vocab-0", (FIG3, "--vocab", "0", "--out", "{S}/out"), r"--vocab must be at least 1, got 0"),
     Case("fig3-threads-0", (FIG3, "--threads", "0", "--out", "{S}/out"), r"--threads must be at least 1, got 0"),
     Case("fig3-first-seed-negative", (FIG3, "--first-seed", "-3", "--out", "{S}/out"),
-         r"--first-seed must be at least 0, got -3"),
+         r"--first-seed must be in \[0, 4294967294\], got -3"),
     Case("fig3-dropout-above-1", (FIG3, "--dropout", "1.5", "--out", "{S}/out"), r"--dropout must be in \[0, 1\)"),
     Case("fig3-depths-not-numbers", (FIG3, "--depths", "6,x", "--out", "{S}/out"),
          r"--depths: 'x' is not a whole number"),

@@ -5,7 +5,7 @@ with it.
 from pathlib import Path
 
 from ..data.manifest import read_manifest
-from ..errors import LnposError, comma_list
+from ..errors import MAX_SEED, LnposError, comma_list
 from . import runs as R
 from .commands import Job, arch_name, check_joined_dictionary, check_train_flags, split_flags
 from .rundir import check_out_dir
@@ -14,8 +14,9 @@ from .sweep import AXES
 
 def parse_seeds(text):
     seeds = comma_list(text, "--seeds", int)
-    if any(s < 0 for s in seeds):
-        raise LnposError(f"--seeds {text}: give distinct non-negative whole numbers, e.g. --seeds 1,2,3")
+    if any(not 0 <= s <= MAX_SEED for s in seeds):
+        raise LnposError(f"--seeds {text}: give distinct whole numbers from 0 to {MAX_SEED} (fairseq's seeds), "
+                         f"e.g. --seeds 1,2,3")
     return seeds
 
 
