@@ -599,3 +599,19 @@ def test_weights_of_another_model_are_one_checkpoint_error(upstream_layer):
     msg = str(e.value)
     assert msg.startswith("the checkpoint's weights do not fit --arch an_arch (") and '"1.w"' in msg, msg
     assert len(msg.splitlines()) == 1
+
+
+def test_a_scalenorm_checkpoint_without_its_later_parameters_says_so(toy_data):
+    from conftest import build_model
+    from fairseq_lnpos.checkpoint import CheckpointError, guard_state_loading
+
+    model = guard_state_loading(build_model(toy_data, "transformer_scalenorm_tiny")[0], "transformer_scalenorm_tiny")
+    state = model.state_dict()
+    model.load_state_dict(state)  # a checkpoint of this version: loads
+    old = {k: v for k, v in state.items() if k not in ("lang_embedding", "decoder.output_projection.bias")}
+    with pytest.raises(CheckpointError) as e:
+        model.load_state_dict(old)
+    assert str(e.value) == (
+        "the checkpoint predates --arch transformer_scalenorm_tiny's language embedding and output bias "
+        "(lang_embedding, decoder.output_projection.bias): it cannot be read by this version of the architecture: "
+        "train the model again (the grid: remove its run folder)")
