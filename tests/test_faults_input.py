@@ -53,6 +53,12 @@ CASES = [
          r"^grid: error: --set paper_note=a\\ntouch PWNED: holds a control character", writes=()),
     Case("slurm-gen-args-with-a-newline", SLURM + ("--partition", "gpu", "--gen-args", "--quiet\ntouch PWNED"),
          r"^grid: error: --gen-args --quiet\\ntouch PWNED: holds a control character", writes=()),
+    # --- the text and the binarized data in one folder: refused before either is locked
+    Case("multi30k-out-is-bin", ("fairseq_lnpos.data.multi30k", "--out", "{S}/x", "--bin", "{S}/x"),
+         r"^prepare-multi30k\.sh: error: --out \S*/x is --bin \S*/x, which is replaced whole when the data is "
+         r"binarized: give the text and the binarized data folders of their own$", writes=()),
+    Case("synthetic-out-inside-bin", (SYN, "--out", "{S}/b/text", "--bin", "{S}/b"),
+         r"^make-synthetic\.sh: error: --out \S*/b/text is inside --bin \S*/b, which is replaced whole", writes=()),
     # --- numbers: finite only
     Case("sweep-lr-names-collide", SWEEP + ("--lr", "0.001,0.0010000001"),
          r"^grid: error: --lr 0\.001 and 0\.0010000001 give cells the same name sweep-postln-L6-lr0\.001-wu1",

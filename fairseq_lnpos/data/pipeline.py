@@ -243,6 +243,10 @@ def run_dataset(out, bin_dir, workers, dataset, langs, stages, lowercase, compou
     at_least(1, "--workers", workers)
     check_writable_folder(out, "--out")
     check_writable_folder(bin_dir, "--bin")
+    if out.resolve() == bin_dir.resolve() or bin_dir.resolve() in out.resolve().parents:
+        raise DataError(f"--out {out} is {'--bin' if out.resolve() == bin_dir.resolve() else 'inside --bin'} "
+                        f"{bin_dir}, which is replaced whole when the data is binarized: give the text and the "
+                        f"binarized data folders of their own")
     src, tgt = langs
     created = [p for p in (out, bin_dir) if not p.exists()]
     try:
