@@ -78,6 +78,14 @@ def runs_differing_in_the_optimizer(sandbox):
     (d / "config.json").write_text(json.dumps(cfg))
 
 
+def done_without_config(sandbox):
+    """A grid's folder whose run ROW seed 1 holds a final DONE.json and no config.json."""
+    fake_data(sandbox / "data")
+    (sandbox / "out" / RUN1).mkdir(parents=True)
+    (sandbox / "out" / ".lnpos-grid").write_text("")
+    (sandbox / "out" / RUN1 / "DONE.json").write_text(json.dumps({"status": "finished", "outcome": "finished"}))
+
+
 CASES = [
     # --- state files of the wrong shape: an error naming the file, in every command that reads them
     Case("status-done-null", STATUS, rf"^grid: error: {NOT_DONE} \(it holds null, not an object\): delete it",
@@ -107,6 +115,9 @@ CASES = [
          setup=grid_out({"slurm-abc.tasks": f"{ROW}\t1\t\nx 1\n"}), writes=()),
     Case("grid-run-done-null", GRID_RUN, rf"^grid: error: {NOT_DONE} \(it holds null",
          setup=grid_out({f"{RUN1}/DONE.json": "null"}, data=True), writes=()),
+    Case("grid-run-finished-without-config", GRID_RUN, r"^grid: error: \S*/seed1 holds the outcome of a run \(DONE\.json: "
+         r"finished\) but no config\.json, so no table or map can read it: move the folder away or delete it, then "
+         r"run again$", setup=done_without_config, writes=()),
     Case("map-done-null", MAP, rf"^stability_map\.sh: error: {NOT_DONE} \(it holds null",
          setup=grid_out({f"{RUN1}/DONE.json": "null"}), writes=()),
     Case("map-eval-list", MAP, r"^stability_map\.sh: error: \S*/eval/epoch1\.json is not an epoch's record",

@@ -20,7 +20,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from ..common import CONTROL, one_line, refuse_link
-from ..errors import INTERRUPT_EXIT, CommandParser, LnposError, run_main
+from ..errors import INTERRUPT_EXIT, CommandParser, LnposError, StateError, run_main
 from . import runs as R
 from . import slurm, status, sweep
 from .commands import arch_name, batch_plan, total_updates
@@ -100,7 +100,11 @@ def run_grid(opts, runs):
         need_cuda(1, "--fp16")
     jobs, manifests = make_jobs(opts, runs, opts.dry_run)
     for j in jobs:
-        j.dir.check()  # every state file of the run: a bad one stops the grid before it starts
+        config, done = j.dir.check(), j.dir.done()  # every state file of the run: a bad one stops the grid before it starts
+        if config is None and done is not None and done.outcome.final:  # would be skipped, and no reader takes it
+            raise StateError(f"{j.dir.path} holds the outcome of a run (DONE.json: {one_line(done.text)}) but no "
+                             f"config.json, so no table or map can read it: move the folder away or delete it, "
+                             f"then run again")
         j.dir.check_config(j.config_hash())
         refuse_link(j.dir.log_path)
         batch_plan(j.run, opts.world)
