@@ -58,10 +58,10 @@ CASES = [
           ("--max-update 5", "--max-update", "max_update", "--max-update"))],
     Case("sweep-set-extra-replaces-an-axis", SWEEP + ("--set", "extra=--lr 0.1"),
          r"^grid: error: --set extra=--lr 0\.1: --lr would replace the sweep's lr axis in every cell", writes=()),
-    Case("early-stop-without-a-budget", DRY_RUN + ("--early-stop",),
-         rf"^grid: error: --early-stop: 1 of the 1 runs \({ROW}, \.\.\.\) have no budget in updates, and early "
-         r"stopping judges a run at a fraction of its budget: give one with --set max_update=N, or drop --early-stop$",
-         writes=()),
+    *[Case(f"early-stop-without-a-budget-{argv[1]}", argv + ("--early-stop",),
+           rf"^grid: error: --early-stop: 1 of the 1 runs \({ROW}, \.\.\.\) have no budget in updates, and early "
+           r"stopping judges a run at a fraction of its budget: give one with --set max_update=N, or drop --early-stop$",
+           writes=()) for argv in (DRY_RUN, SLURM)],
     # --- fairseq's own options that would lose a checkpoint the grid still scores
     Case("keep-last-epochs", DRY_RUN + ("--fairseq-args=--keep-last-epochs 1",),
          rf"^grid: error: --fairseq-args: --keep-last-epochs deletes epoch checkpoints before they are scored or "

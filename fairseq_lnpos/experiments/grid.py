@@ -90,11 +90,6 @@ def print_dry_run(jobs, manifests):
 
 def run_grid(opts, runs):
     """Train and score ``runs`` (Run rows) with the grid's options; returns the exit status."""
-    unbudgeted = [r.name for r in runs if not r.max_update]
-    if opts.early_stop and unbudgeted:
-        raise LnposError(f"--early-stop: {len(unbudgeted)} of the {len(runs)} runs ({unbudgeted[0]}, ...) have no budget "
-                         f"in updates, and early stopping judges a run at a fraction of its budget: give one with "
-                         f"--set max_update=N, or drop --early-stop")
     slots = plan_slots(opts, opts.dry_run)
     if opts.fp16 and not opts.dry_run:
         need_cuda(1, "--fp16")

@@ -76,9 +76,16 @@ def _refuse_axis_flags(flags, option):
 
 
 def select_runs(opts):
-    """The runs of the table that ``--only``, ``--set`` and ``--max-epoch`` ask for."""
+    """The runs of the table that ``--only``, ``--set`` and ``--max-epoch`` ask for; with
+    ``--early-stop``, each must have a budget in updates (the rule judges a run at a fraction of it)."""
     selected = R.select(comma_list(opts.only, "--only", what="a run name or glob") if opts.only else None)
-    return override(opts, [r.with_defaults() for r in parse_sets(opts.set, selected)])
+    runs = override(opts, [r.with_defaults() for r in parse_sets(opts.set, selected)])
+    unbudgeted = [r.name for r in runs if not r.max_update]
+    if opts.early_stop and unbudgeted:
+        raise LnposError(f"--early-stop: {len(unbudgeted)} of the {len(runs)} runs ({unbudgeted[0]}, ...) have no budget "
+                         f"in updates, and early stopping judges a run at a fraction of its budget: give one with "
+                         f"--set max_update=N, or drop --early-stop")
+    return runs
 
 
 OVERRIDES = ("max_epoch", "beam", "lenpen", "average_last")  # options that set a field of every run
