@@ -59,7 +59,7 @@ CASES = [
     Case("sweep-set-extra-replaces-an-axis", SWEEP + ("--set", "extra=--lr 0.1"),
          r"^grid: error: --set extra=--lr 0\.1: --lr would replace the sweep's lr axis in every cell", writes=()),
     *[Case(f"early-stop-without-a-budget-{argv[1]}", argv + ("--early-stop",),
-           rf"^grid: error: --early-stop: 1 of the 1 runs \({ROW}, \.\.\.\) have no budget in updates, and early "
+           rf"^grid: error: --early-stop: 1 of the 1 runs \({ROW}\) have no budget in updates, and early "
            r"stopping judges a run at a fraction of its budget: give one with --set max_update=N, or drop --early-stop$",
            writes=()) for argv in (DRY_RUN, SLURM)],
     # --- fairseq's own options that would lose a checkpoint the grid still scores

@@ -82,9 +82,10 @@ def select_runs(opts):
     runs = override(opts, [r.with_defaults() for r in parse_sets(opts.set, selected)])
     unbudgeted = [r.name for r in runs if not r.max_update]
     if opts.early_stop and unbudgeted:
-        raise LnposError(f"--early-stop: {len(unbudgeted)} of the {len(runs)} runs ({unbudgeted[0]}, ...) have no budget "
-                         f"in updates, and early stopping judges a run at a fraction of its budget: give one with "
-                         f"--set max_update=N, or drop --early-stop")
+        named = ", ".join(unbudgeted[:2]) + (", ..." if len(unbudgeted) > 2 else "")
+        raise LnposError(f"--early-stop: {len(unbudgeted)} of the {len(runs)} runs ({named}) have no budget in updates, "
+                         f"and early stopping judges a run at a fraction of its budget: give one with --set "
+                         f"max_update=N, or drop --early-stop")
     return runs
 
 
