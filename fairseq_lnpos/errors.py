@@ -164,8 +164,8 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(USAGE_EXIT, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def whole_number(minimum, maximum=None):
-    """argparse type: a whole number from ``minimum`` (to ``maximum``, when given)."""
+def whole_number(minimum):
+    """argparse type: a whole number of at least ``minimum``."""
     def parse(text):
         try:
             value = int(text)
@@ -173,8 +173,6 @@ def whole_number(minimum, maximum=None):
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{value} is too small: give at least {minimum}")
-        if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"{value} is too large: give at most {maximum}")
         return value
     return parse
 
