@@ -62,12 +62,20 @@ def guard_checkpoint_loading():
 
 def guard_state_loading(model, arch):
     """Make ``model.load_state_dict`` raise :class:`CheckpointError` when the saved weights do not
-    fit the model (another architecture or size). fairseq's trainer re-raises it as a plain
+    fit the model (another architecture or size, or a checkpoint written before the architecture
+    gained the parameters of its ``later_parameters``). fairseq's trainer re-raises it as a plain
     ``Exception``, whose context the plugin's excepthook prints."""
     original = model.load_state_dict
+    later = getattr(model, "later_parameters", {})
 
     @functools.wraps(original)
     def load_state_dict(state_dict, *args, **kwargs):
+        lacking = [name for name in later if name not in state_dict]
+        if lacking:
+            raise CheckpointError(
+                f"the checkpoint predates --arch {arch}'s {' and '.join(later[n] for n in lacking)} "
+                f"({', '.join(lacking)}): it cannot be read by this version of the architecture: train the model "
+                "again (the grid: remove its run folder)")
         try:
             return original(state_dict, *args, **kwargs)
         except (RuntimeError, KeyError) as e:
@@ -78,7 +86,8 @@ def guard_state_loading(model, arch):
                 detail = lines[1][:200] if len(lines) > 1 else _first_line(e)
             raise CheckpointError(
                 f"the checkpoint's weights do not fit --arch {arch} ({detail}): pass a checkpoint of "
-                "the same architecture and sizes, or leave out --restore-file to start from scratch") from e
+                "the same architecture and sizes (fairseq-train: or leave out --restore-file to start from scratch)"
+            ) from e
 
     model.load_state_dict = load_state_dict
     return model

@@ -4,7 +4,8 @@
 - ``write_text`` / ``write_json`` / ``write_figure`` (``replace_file`` under them): write to a
   temporary file beside the target, then rename, so a reader never sees half a file, an interruption
   leaves the old file (or none), and a symbolic link at the target is replaced, never written through.
-- ``open_log``: a log file opened to append to; a symbolic link there is refused (``O_NOFOLLOW``).
+- ``open_log`` (``open_fd`` under it): a file opened to append to, or written afresh in place; a
+  symbolic link there is refused (``O_NOFOLLOW``). These are the package's only opens for writing.
 - ``plain_name``: a name from a record or an option that becomes part of a file name (no folder in it).
 - ``read_json``: a JSON file that must be readable; a missing or damaged file raises
   :class:`~fairseq_lnpos.errors.StateError` naming the path.
@@ -73,17 +74,23 @@ def refuse_link(path):
                          f"(or move it away), then run again")
 
 
-def open_log(path, binary=False, truncate=False):
-    """``path`` opened to append to (created when missing, UTF-8 unless ``binary``; emptied first with
-    ``truncate``). A symbolic link there is refused (:func:`refuse_link`), not followed: the open
-    itself refuses it (``O_NOFOLLOW``)."""
-    mode = os.O_TRUNC if truncate else os.O_APPEND
+def open_fd(path, flags):
+    """A file descriptor of ``path`` opened with ``flags`` (created with mode 0o666, less the umask).
+    A symbolic link there is refused (:func:`refuse_link`), not followed: the open itself refuses it
+    (``O_NOFOLLOW``)."""
     try:
-        fd = os.open(path, os.O_WRONLY | mode | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     except OSError as e:
         if e.errno == errno.ELOOP:
             refuse_link(path)
         raise
+
+
+def open_log(path, binary=False, truncate=False):
+    """``path`` opened to append to (created when missing, UTF-8 unless ``binary``); with ``truncate``
+    emptied first, the open of every file written in place (a log afresh, a stage's text file, a
+    download's partial file). A symbolic link there is refused (:func:`open_fd`)."""
+    fd = open_fd(path, os.O_WRONLY | (os.O_TRUNC if truncate else os.O_APPEND) | os.O_CREAT)
     return os.fdopen(fd, "ab") if binary else os.fdopen(fd, "a", encoding="utf-8")
 
 
@@ -156,7 +163,7 @@ def hold_lock(path, busy, wait=0):
     meanwhile (:func:`release_lock`) is not taken: the lock is tried on the file now at ``path``."""
     deadline = time.time() + wait
     while True:
-        fd = os.open(path, os.O_CREAT | os.O_RDWR)
+        fd = open_fd(path, os.O_CREAT | os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -30,7 +30,6 @@ Multi30k) and the best seed of Post-LN without warm-up reaches at most half the 
 The settings are the same for every architecture; with them Post-LN with warm-up and Pre-LN learn
 the task within the 300 updates while Post-LN without warm-up does not (docs/results.md).
 """
-import argparse
 import shlex
 import sys
 import textwrap
@@ -38,8 +37,8 @@ import time
 from pathlib import Path
 
 from .analysis.seeds import ESTIMATOR, spread
-from .common import GRAD_NORMS_JSONL, write_figure, write_json, write_text
-from .errors import check, run_main
+from .common import GRAD_NORMS_JSONL, hold_lock, release_lock, write_figure, write_json, write_text
+from .errors import CommandParser, LnposError, check, run_main, whole_number
 from .experiments.runs import BY_NAME, DEMO_OPTIONAL, DEMO_ROWS
 from .variants import GROUPS, VARIANTS
 
@@ -106,12 +105,10 @@ def grid_options(out, data, runs, seeds, jobs, quick, dry_run=False):
     """The demo's grid (``scripts/grid.sh run`` options) of ``runs`` on the data dir ``data``."""
     from .experiments import options
 
-    # --quick: one epoch of the generated corpus; a few updates of Multi30k's
-    quick_set = ["max_update=20"] if quick and BY_NAME[runs[0]].dataset == "multi30k_cpu" else None
     return options.RunOptions(only=",".join(runs), data=[str(data)], out=str(out / "grid"), arch_size="tiny",
                               seeds=seeds, jobs=jobs, task="translation_lnpos",
                               fairseq_args="--log-grad-norms --grad-norm-interval 1",
-                              max_epoch=1 if quick else None, set=quick_set, dry_run=dry_run)
+                              max_epoch=1 if quick else None, dry_run=dry_run)  # --quick: one epoch
 
 
 def run_grid(out, data, runs, seeds, jobs, quick):
@@ -237,13 +234,24 @@ def seed_table(summary, runs):
     return lines
 
 
+def text_folder(data):
+    """The text folder of binarized data dir ``data``: where its manifest's references lie (TEXT/tok/),
+    else ``data/../text`` (the demo's own OUT/data/text)."""
+    from .data.manifest import read_manifest
+
+    try:
+        return Path(read_manifest(data)["refs"]["tok"]["test"]).parent.parent
+    except (LnposError, KeyError):
+        return Path(data).parent / "text"
+
+
 def next_steps(out, seed, corpus="synthetic", data_dir=None):
     """What to do next: more rows, a translation with a trained checkpoint, what to read. ``data_dir``:
-    the binarized data dir the runs trained on (default OUT/data/bin), its text beside it in ../text."""
+    the binarized data dir the runs trained on (default OUT/data/bin), its text where its manifest says."""
     more = " ".join(([] if str(out) == DEFAULT_OUT[corpus] else ["--out", shlex.quote(str(out))])
                     + [f"--with-{n.replace('_', '-')}" for n in OPTIONAL[:3]])
     data = Path(data_dir) if data_dir else out / "data" / "bin"
-    text = data.parent / "text"
+    text = text_folder(data)
     ckpt = out / "grid" / DEMO_ROWS[corpus][2] / f"seed{seed}" / "checkpoints" / "checkpoint_best.pt"
     translate = (f"head -3 {shlex.quote(str(text / 'tok' / 'test.de'))} | .venv/bin/fairseq-interactive "
                  + shlex.join([str(data), "--user-dir", "fairseq_lnpos", "--task", "translation_lnpos",
@@ -289,8 +297,8 @@ def write_summary(out, summary, runs, shown_text, figures, seconds, seed, contro
     return md
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
+def command(argv=None):
+    p = CommandParser(prog="make demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", choices=tuple(DATA), default="synthetic",
                    help="synthetic: the generated corpus (default); multi30k: real German-English text "
                         "(`make demo-real`)")
@@ -301,17 +309,20 @@ def main(argv=None):
     for name in OPTIONAL:
         p.add_argument(f"--with-{name.replace('_', '-')}", action="store_true",
                        help=f"add demo-{name}-nowu, about 2 more minutes (--data multi30k: real-{name}-nowu, about 9)")
-    p.add_argument("--jobs", type=int, default=2, help="runs side by side on the CPU (default 2)")
+    p.add_argument("--jobs", type=whole_number(1), default=2, help="runs side by side on the CPU (default 2)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the grid's fairseq commands (rows x seeds) and exit; prepares no data, trains nothing")
     p.add_argument("--quick", action="store_true",
-                   help="CI check: 600 training pairs, one epoch, small Fig. 3 (shows no effect)")
+                   help="CI check of the generated corpus: 600 training pairs, one epoch, small Fig. 3 (shows no effect)")
     p.add_argument("--publish", metavar="DIR",
                    help="also write the summary, the per-seed table (runs.csv) and the figures as a results page "
                         "into DIR (docs/results/demo)")
     args = p.parse_args(argv)
     if args.data != "multi30k" and (args.orig or args.bin):
         p.error("--orig and --bin are options of --data multi30k")
+    if args.data == "multi30k" and args.quick:
+        p.error("--quick is the check of the generated corpus (one epoch of 600 pairs); Multi30k has no quick "
+                "setting: drop --quick (make demo-real), or drop --data multi30k (make demo --quick)")
     from .experiments.plan import parse_seeds
 
     first_seed = str(parse_seeds(args.seeds)[0])  # a bad --seeds is refused before anything is prepared
@@ -327,6 +338,17 @@ def main(argv=None):
                             args.quick, dry_run=True)
         return grid.run_grid(opts, plan.select_runs(opts))
     out.mkdir(parents=True, exist_ok=True)
+    lock = out / ".demo.lock"
+    fd = hold_lock(lock, f"--out {out} is in use by another demo (lock {lock}): wait for it to finish or stop it, "
+                         f"or give another --out")
+    try:
+        return run_steps(args, out, runs, core, first_seed, t0)
+    finally:
+        release_lock(fd, lock)
+
+
+def run_steps(args, out, runs, core, first_seed, t0):
+    """The demo's steps in ``out`` (locked), from the command line ``args``; returns 0."""
     variants = list(dict.fromkeys(BY_NAME[r].ln for r in runs))
     inits = sorted({BY_NAME[r].init for r in runs})
     steps = [DATA[args.data], f"grid of {len(runs)} runs x seeds {args.seeds} (initialization "
@@ -373,5 +395,10 @@ def main(argv=None):
     return 0
 
 
+def main(argv=None):
+    """The command: one line and exit 2 for bad input, 130 when interrupted."""
+    return run_main("demo", command, argv)
+
+
 if __name__ == "__main__":
-    sys.exit(run_main("demo", main))
+    sys.exit(main())

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 USAGE_EXIT = 2        # bad input: the message says what to do
 INTERRUPT_EXIT = 130  # Ctrl-C / SIGTERM: a re-run resumes
+MAX_SEED = 2 ** 32 - 1  # fairseq seeds numpy, whose seeds are 32-bit
 
 
 class LnposError(ValueError):
@@ -161,6 +162,19 @@ class CommandParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(USAGE_EXIT, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def whole_number(minimum):
+    """argparse type: a whole number of at least ``minimum``."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is too small: give at least {minimum}")
+        return value
+    return parse
 
 
 def finite_float(text):

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import GRAD_NORMS_JSONL, open_log
+from .common import GRAD_NORMS_JSONL, open_log, write_text
 from .errors import CommandParser, LnposError, check, run_main
 from .experiments import runs as R
 from .fairseq_log import LogState
@@ -253,7 +253,7 @@ def execute(cmd):
         where = f"see {cmd.log}" if cmd.log else "its messages are above"
         raise LnposError(f"{' '.join(map(str, cmd.argv[:3]))} ... failed (exit {code}): {where}")
     if cmd.timed is not None and fresh:
-        Path(f"{cmd.timed}.seconds").write_text(f"{round(time.time() - start)}\n")
+        write_text(f"{cmd.timed}.seconds", f"{round(time.time() - start)}\n")
 
 
 def run(cmd):

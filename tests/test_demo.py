@@ -1,6 +1,7 @@
 """`make demo`: its verdict rule on hand-made summaries, and the whole demo in its quick setting."""
 import csv
 import json
+import os
 import subprocess
 import sys
 
@@ -252,8 +253,15 @@ def test_real_verdict_not_shown_when_one_no_warmup_seed_learns(tmp_path):
 
 def test_real_summary_names_its_own_command_rows_and_data(tmp_path):
     """The summary of `make demo-real` on a data dir given with --bin: its own command, its Pre-LN row's
-    checkpoint and the text prepared beside that data dir, not the generated corpus's."""
+    checkpoint and the text its manifest records (prepare-multi30k.sh's --out, BIN.text by default),
+    not the generated corpus's."""
+    from fairseq_lnpos.data.manifest import write_manifest
+
     out, data = tmp_path / "demo-real-out", tmp_path / "m30k" / "bin"
+    data.mkdir(parents=True)
+    text_dir = tmp_path / "m30k" / "bin.text"
+    write_manifest(data, dataset="multi30k.de-en", source_lang="de", target_lang="en", post_process="sentencepiece",
+                   refs={"tok": {"test": text_dir / "tok" / "test.en"}})
     summary = demo.summarize(demo.make_table(record_grid(out, MEASURED))[0])
     md = write_summary(out, summary, list(REAL_ROWS), demo.verdict(summary, REAL_ROWS), [], (0, 0), "2",
                        REAL_ROWS[1:], corpus="multi30k", data_dir=data)
@@ -261,15 +269,15 @@ def test_real_summary_names_its_own_command_rows_and_data(tmp_path):
     assert md[0] == "# `make demo-real`: summary"
     assert f'    make demo-real DEMO_ARGS="--out {out} --with-keel --with-admin --with-tfixup"' in md
     assert f"--path {out}/grid/real-preln-nowu/seed2/checkpoints/checkpoint_best.pt" in text
-    assert f"head -3 {tmp_path}/m30k/text/tok/test.de | " in text and f" {data} --user-dir" in text
-    assert f"--sentencepiece-model {tmp_path}/m30k/text/bpe/spm.model" in text
+    assert f"head -3 {text_dir}/tok/test.de | " in text and f" {data} --user-dir" in text
+    assert f"--sentencepiece-model {text_dir}/bpe/spm.model" in text
     assert "Multi30k test2016" in text and "generated corpus" not in text
 
 
 @pytest.mark.slow
 def test_real_preset_end_to_end_on_a_multi30k_format_fixture(tmp_path):
-    """`make demo-real --quick` on the six .gz files in the published format (generated captions),
-    prepared with prepare-multi30k.sh's code: the three rows trained and scored with both BLEUs."""
+    """`make demo-real` on the six .gz files in the published format (generated captions, a small
+    corpus), prepared with prepare-multi30k.sh's code: the three rows trained and scored with both BLEUs."""
     import contextlib
     import io
 
@@ -281,7 +289,7 @@ def test_real_preset_end_to_end_on_a_multi30k_format_fixture(tmp_path):
         multi30k.prepare(tmp_path / "text", tmp_path / "bin", orig=folder, bpe_size=200)
     out = tmp_path / "demo-real-out"
     cmd = [sys.executable, "-m", "fairseq_lnpos.demo", "--data", "multi30k", "--bin", str(tmp_path / "bin"),
-           "--quick", "--seeds", "1", "--out", str(out)]
+           "--seeds", "1", "--out", str(out)]
     res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     with open(out / "results.csv", newline="") as f:
@@ -317,3 +325,41 @@ def test_the_real_texts_controls_learn_at_a_lower_bleu():
     """On Multi30k, 1012 updates: Post-LN with warm-up reached 11.5, which is learned there (>= 5), and
     would not be on the generated corpus (< 20)."""
     assert demo.learned_bleu(REAL_ROWS) == 5.0 and demo.learned_bleu(tuple(demo.RUNS[:3])) == demo.LEARNED_BLEU == 20.0
+
+
+# ---------------------------------------------------------------- bad input: one line, nothing prepared
+
+@pytest.mark.parametrize("argv, message", [
+    (["--jobs", "0"], "make demo: error: argument --jobs: 0 is too small: give at least 1 (see --help)"),
+    (["--jobs", "x"], "make demo: error: argument --jobs: 'x' is not a whole number (see --help)"),
+    (["--data", "nowhere"], "make demo: error: argument --data: invalid choice: 'nowhere' (choose from "),
+    (["--orig", "o"], "make demo: error: --orig and --bin are options of --data multi30k (see --help)"),
+    (["--data", "multi30k", "--quick"], "make demo: error: --quick is the check of the generated corpus (one epoch "
+                                        "of 600 pairs); Multi30k has no quick setting: drop --quick (make demo-real)"),
+    (["--seeds", "1,4294967296"], "demo: error: --seeds 1,4294967296: give distinct whole numbers from 0 to "
+                                  "4294967295 (fairseq's seeds), e.g. --seeds 1,2,3"),
+])
+def test_bad_demo_options_are_one_line_before_anything_is_prepared(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(demo, "make_data", lambda *a, **k: pytest.fail("data prepared"))
+    try:
+        code = demo.main([*argv, "--out", str(tmp_path / "o")])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(message) and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_second_demo_on_the_same_out_is_refused(tmp_path, capsys, monkeypatch):
+    from fairseq_lnpos.common import hold_lock
+
+    out = tmp_path / "o"
+    out.mkdir()
+    held = hold_lock(out / ".demo.lock", "held by the test")
+    monkeypatch.setattr(demo, "make_data", lambda *a, **k: pytest.fail("data prepared"))
+    try:
+        assert demo.main(["--quick", "--out", str(out)]) == 2
+    finally:
+        os.close(held)
+    assert capsys.readouterr().err == (f"demo: error: --out {out} is in use by another demo (lock {out}/.demo.lock): "
+                                       f"wait for it to finish or stop it, or give another --out\n")

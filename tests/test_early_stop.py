@@ -137,8 +137,7 @@ def test_the_replay_reports_stops_fractions_false_stops_and_time_saved(tmp_path,
         plateau = [(u, 9.0 if u == 1 else 6.7 if u < 110 else max(5.2, 6.7 - 0.1 * (u - 110))) for u in range(1, 201)]
         _run_with_log(tmp_path, "postln", 1e-3, seed, plateau, final=4.2 + seed / 100)
         _run_with_log(tmp_path, "postln", 3e-4, seed, [(u, 9.0 - 0.03 * u) for u in range(1, 201)], final=3.1 + seed / 100)
-    rows, live = R.outcomes(tmp_path)
-    assert live == []
+    rows = R.outcomes(tmp_path)
     rows = [row for row in rows if row[0].seed == 1]
     assert sorted((r.variant, r.lr, how) for r, how, _, _ in rows) == [
         ("postln", 3e-4, "good"), ("postln", 1e-3, "trains"), ("postln", 3e-3, "not trained"), ("preln", 1e-3, "good")]
@@ -159,3 +158,19 @@ def test_the_replay_reports_stops_fractions_false_stops_and_time_saved(tmp_path,
     with pytest.raises(SystemExit) as bad:
         R.main([str(tmp_path), "--after", "1.5"])
     assert bad.value.code == 2 and "argument --after: 1.5: give a fraction between 0 and 1" in capsys.readouterr().err
+
+
+def test_the_replay_refuses_a_sweep_made_with_early_stopping(tmp_path, capsys):
+    from fairseq_lnpos.analysis import early_stop_replay as R
+
+    _run_with_log(tmp_path, "preln", 1e-3, 1, [(u, 9.0 - 0.035 * u) for u in range(1, 201)], final=2.0)
+    _run_with_log(tmp_path, "postln", 3e-3, 1, flat()[:120], final=6.6)
+    stopped = next(tmp_path.glob("postln-*/seed1"))
+    done = json.loads((stopped / "DONE.json").read_text())
+    (stopped / "DONE.json").write_text(json.dumps({**done, "status": "stopped early at update 120: training loss "
+                                                   "stalled", "updates": 120}))
+    assert R.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"early_stop_replay: error: {tmp_path}: 1 of its 2 runs were stopped "
+                                              f"early ({stopped}, ...), and the replay judges each run by how it ended")
+    assert err.endswith("replay a sweep made with --no-early-stop")

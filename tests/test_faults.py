@@ -296,7 +296,7 @@ CASES = [
     Case("fig3-vocab-0", (FIG3, "--vocab", "0", "--out", "{S}/out"), r"--vocab must be at least 1, got 0"),
     Case("fig3-threads-0", (FIG3, "--threads", "0", "--out", "{S}/out"), r"--threads must be at least 1, got 0"),
     Case("fig3-first-seed-negative", (FIG3, "--first-seed", "-3", "--out", "{S}/out"),
-         r"--first-seed must be at least 0, got -3"),
+         r"--first-seed must be in \[0, 4294967294\], got -3"),
     Case("fig3-dropout-above-1", (FIG3, "--dropout", "1.5", "--out", "{S}/out"), r"--dropout must be in \[0, 1\)"),
     Case("fig3-depths-not-numbers", (FIG3, "--depths", "6,x", "--out", "{S}/out"),
          r"--depths: 'x' is not a whole number"),
@@ -599,3 +599,19 @@ def test_weights_of_another_model_are_one_checkpoint_error(upstream_layer):
     msg = str(e.value)
     assert msg.startswith("the checkpoint's weights do not fit --arch an_arch (") and '"1.w"' in msg, msg
     assert len(msg.splitlines()) == 1
+
+
+def test_a_scalenorm_checkpoint_without_its_later_parameters_says_so(toy_data):
+    from conftest import build_model
+    from fairseq_lnpos.checkpoint import CheckpointError, guard_state_loading
+
+    model = guard_state_loading(build_model(toy_data, "transformer_scalenorm_tiny")[0], "transformer_scalenorm_tiny")
+    state = model.state_dict()
+    model.load_state_dict(state)  # a checkpoint of this version: loads
+    old = {k: v for k, v in state.items() if k not in ("lang_embedding", "decoder.output_projection.bias")}
+    with pytest.raises(CheckpointError) as e:
+        model.load_state_dict(old)
+    assert str(e.value) == (
+        "the checkpoint predates --arch transformer_scalenorm_tiny's language embedding and output bias "
+        "(lang_embedding, decoder.output_projection.bias): it cannot be read by this version of the architecture: "
+        "train the model again (the grid: remove its run folder)")

@@ -42,6 +42,26 @@ CASES = [
     Case("sweep-arch-size-replaced-by-the-preset", SWEEP + ("--arch-size", "paper"),
          r"^grid: error: --arch-size paper: this sweep's cells are of size tiny \(without --real\): drop --arch-size",
          writes=()),
+    *[Case(f"sweep-set-{key}-replaces-its-axis", SWEEP + ("--set", f"{key}={value}"),
+           rf"^grid: error: --set {key}={value}: a sweep's cells take {key} from its option {option} \(their folders are "
+           rf"named for it\): give the values with {option}, not --set$", writes=())
+      for key, value, option in (("ln", "postln", "--archs"), ("lr", "0.1", "--lr"), ("layers", "2", "--layers"),
+                                 ("warmup", "4000", "--warmup"), ("max_update", "0", "--max-update"))],
+    *[Case(f"sweep-fairseq-args-{flag.lstrip('-')}-replaces-its-axis", SWEEP + ("--fairseq-args", flags),
+           rf"^grid: error: --fairseq-args: {flag} would replace the sweep's {key} axis in every cell "
+           rf"\(their folders are named for it\): give the values with {option}$", writes=())
+      for flags, flag, key, option in (
+          ("--arch transformer_preln_tiny", "--arch", "ln", "--archs"), ("-a transformer_preln_tiny", "-a", "ln", "--archs"),
+          ("--lr 0.1", "--lr", "lr", "--lr"), ("--dropout 0.2 --encoder-layers 12", "--encoder-layers", "layers", "--layers"),
+          ("--decoder-layers=12", "--decoder-layers", "layers", "--layers"),
+          ("--warmup-updates 4000", "--warmup-updates", "warmup", "--warmup"),
+          ("--max-update 5", "--max-update", "max_update", "--max-update"))],
+    Case("sweep-set-extra-replaces-an-axis", SWEEP + ("--set", "extra=--lr 0.1"),
+         r"^grid: error: --set extra=--lr 0\.1: --lr would replace the sweep's lr axis in every cell", writes=()),
+    *[Case(f"early-stop-without-a-budget-{argv[1]}", argv + ("--early-stop",),
+           rf"^grid: error: --early-stop: 1 of the 1 runs \({ROW}\) have no budget in updates, and early "
+           r"stopping judges a run at a fraction of its budget: give one with --set max_update=N, or drop --early-stop$",
+           writes=()) for argv in (DRY_RUN, SLURM)],
     # --- fairseq's own options that would lose a checkpoint the grid still scores
     Case("keep-last-epochs", DRY_RUN + ("--fairseq-args=--keep-last-epochs 1",),
          rf"^grid: error: --fairseq-args: --keep-last-epochs deletes epoch checkpoints before they are scored or "
@@ -81,6 +101,19 @@ CASES = [
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in CASES])
 def test_fault(case, tmp_path, monkeypatch, capsys, request):
     check_case(case, tmp_path, monkeypatch, capsys, request)
+
+
+def test_a_sweeps_max_epoch_given_with_set_wins(capsys):
+    assert G.main(["sweep", "--dry-run", "--archs", "postln", "--lr", "1e-3", "--warmup", "1", "--layers", "2",
+                   "--seeds", "1", "--set", "max_epoch=2", "--data", "nowhere", "--out", "nowhere"]) == 0
+    (train,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fairseq-train")]
+    assert " --max-epoch 2 --max-update 200" in train
+
+
+def test_early_stop_runs_where_every_run_has_a_budget(capsys):
+    assert G.main(["run", "--dry-run", "--only", ROW, "--early-stop", "--set", "max_update=100", "--data", "nowhere",
+                   "--out", "nowhere"]) == 0
+    assert "--max-update 100" in capsys.readouterr().out
 
 
 def test_every_row_of_the_table_is_in_range():

@@ -53,6 +53,12 @@ CASES = [
          r"^grid: error: --set paper_note=a\\ntouch PWNED: holds a control character", writes=()),
     Case("slurm-gen-args-with-a-newline", SLURM + ("--partition", "gpu", "--gen-args", "--quiet\ntouch PWNED"),
          r"^grid: error: --gen-args --quiet\\ntouch PWNED: holds a control character", writes=()),
+    # --- the text and the binarized data in one folder: refused before either is locked
+    Case("multi30k-out-is-bin", ("fairseq_lnpos.data.multi30k", "--out", "{S}/x", "--bin", "{S}/x"),
+         r"^prepare-multi30k\.sh: error: --out \S*/x is --bin \S*/x, which is replaced whole when the data is "
+         r"binarized: give the text and the binarized data folders of their own$", writes=()),
+    Case("synthetic-out-inside-bin", (SYN, "--out", "{S}/b/text", "--bin", "{S}/b"),
+         r"^make-synthetic\.sh: error: --out \S*/b/text is inside --bin \S*/b, which is replaced whole", writes=()),
     # --- numbers: finite only
     Case("sweep-lr-names-collide", SWEEP + ("--lr", "0.001,0.0010000001"),
          r"^grid: error: --lr 0\.001 and 0\.0010000001 give cells the same name sweep-postln-L6-lr0\.001-wu1",
@@ -243,3 +249,31 @@ def test_sigterm_ends_a_forked_worker_and_sigint_leaves_it_to_the_main_process()
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
     with pytest.raises(KeyboardInterrupt):
         handler(signal.SIGTERM, None)
+
+
+# ---------------------------------------------------------------- whole numbers: range-checked where parsed
+
+@pytest.mark.parametrize("module, argv, message", [
+    (GRID, ["run", "--dry-run", "--only", ROW, "--seeds", "1,4294967296"],
+     "grid: error: --seeds 1,4294967296: give distinct whole numbers from 0 to 4294967295 (fairseq's seeds)"),
+    (GRID, ["sweep", "--dry-run", "--max-update", "0"], "grid.sh sweep: error: argument --max-update: 0 is too small"),
+    (GRID, ["sweep", "--dry-run", "--width", "0"], "grid.sh sweep: error: argument --width: 0 is too small"),
+    (GRID, ["run", "--dry-run", "--jobs", "0"], "grid.sh run: error: argument --jobs: 0 is too small: give at least 1"),
+    ("fairseq_lnpos.data.synthetic_check", ["--bin", "b", "--work", "w", "--seed", "4294967296"],
+     "check-synthetic.sh: error: --seed must be in [0, 4294967295], got 4294967296"),
+    (EVALUATE, ["checkpoint", "--data", "d", "--path", "p", "--beam", "0"],
+     "evaluate checkpoint: error: argument --beam: 0 is too small"),
+    ("fairseq_lnpos.analysis.init_grad", ["--seeds", "2", "--first-seed", "4294967295"],
+     "init_grad_analysis: error: --first-seed must be in [0, 4294967294], got 4294967295"),
+])
+def test_a_whole_number_out_of_range_is_one_line(module, argv, message, tmp_path, monkeypatch, capsys):
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = importlib.import_module(module).main([*argv, *(["--out", "out"] if module == GRID else [])])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(message) and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []

@@ -6,6 +6,9 @@ there is replaced and its target left alone; a log the project appends to is ope
 record or an option that becomes part of a file name (a run's ``figure``) is a plain name. Rows run
 as in tests/test_faults.py (one error line, the exit status, nothing changed outside the output
 folders)."""
+import ast
+import functools
+import io
 import json
 import os
 import shlex
@@ -52,6 +55,24 @@ def linked_log(name):
     return setup
 
 
+def linked_download(sandbox):
+    """A Multi30k download whose partial file (``OUT/orig/<file>.gz.part``) is a link to a file outside."""
+    (sandbox / "out" / "orig").mkdir(parents=True)
+    (sandbox / "out" / "orig" / "train.de.gz.part").symlink_to(victim(sandbox))
+
+
+class Served(io.BytesIO):
+    status, headers = 206, {}
+
+
+def serve_download(monkeypatch):
+    """The download answers every request (a resumed one too) with a few bytes, no network."""
+    from fairseq_lnpos.data import download, multi30k
+
+    fetch = functools.partial(download.download, opener=lambda request: Served(b"appended bytes\n"))
+    monkeypatch.setattr(multi30k, "download", fetch)
+
+
 def figure_folder(sandbox):
     run_folder(**{"config.json": config(ROW, figure="x/../../outside/evil"), "eval__epoch1.json": EPOCH1})(sandbox)
     (sandbox / "out" / "fig_x").mkdir()
@@ -63,6 +84,10 @@ CASES = [
     *[Case(f"grid-{name.replace('/', '-')}-is-a-link", GRID_RUN, rf"^grid: error: \S*/{name} is a symbolic link",
            setup=linked_log(name), writes=("out",), needs=("data",))
       for name in ("progress.log", "evaluator.log", f"{ROW}/seed1/train.log")],
+    # --- a download's partial file: never appended to through a link, nor renamed into place
+    Case("multi30k-download-part-is-a-link", ("fairseq_lnpos.data.multi30k", "--out", "{S}/out", "--bin", "{S}/bin"),
+         r"^prepare-multi30k\.sh: error: \S*/out/orig/train\.de\.gz\.part is a symbolic link, and the file there is "
+         r"written to: remove the link", setup=linked_download, patch=serve_download),
     # --- a figure name from an option or a record: a plain name
     Case("set-figure-leads-out", DRY_RUN + ("--set", "figure=x/../../outside/evil"),
          r"^grid: error: --set figure 'x/\.\./\.\./outside/evil': give a plain name", writes=()),
@@ -79,6 +104,8 @@ def test_fault(case, tmp_path, monkeypatch, capsys, request):
     assert not list(tmp_path.rglob("evil*"))
     if (tmp_path / "sandbox" / "outside" / "victim").exists():
         assert (tmp_path / "sandbox" / "outside" / "victim").read_bytes() == VICTIM
+    for link in (tmp_path / "sandbox").rglob("*.part"):
+        assert link.is_symlink()  # left where it was, not renamed into place
 
 
 # ---------------------------------------------------------------- figures: the link is replaced
@@ -173,3 +200,72 @@ def test_the_closing_hint_quotes_the_folder_as_a_shell_needs_it(tmp_path, capsys
     assert run_grid(RunOptions(out=str(out)), []) == 0
     (line,) = [l for l in capsys.readouterr().out.splitlines() if "table:" in l]
     assert shlex.split(line.split("table: ", 1)[1]) == ["scripts/make_table.sh", str(out)]
+
+
+# ---------------------------------------------------------------- one writer for the whole package
+
+WRITER = "fairseq_lnpos/common.py"
+WRITE_FLAGS = {"O_WRONLY", "O_RDWR", "O_CREAT", "O_APPEND", "O_TRUNC"}
+WRITING_METHODS = {"write_text", "write_bytes", "touch", "symlink_to", "hardlink_to", "savefig"}
+NOT_CONVERTED = {"fairseq_lnpos/experiments/rundir.py"}
+
+
+def _names(node):
+    return {n.attr if isinstance(n, ast.Attribute) else n.id for n in ast.walk(node)
+            if isinstance(n, (ast.Attribute, ast.Name))}
+
+
+def _opened_files(tree):
+    """The ids of the names that are a lambda's parameter inside it (``lambda f: torch.save(x, f)``:
+    ``f`` is a file the writer opened)."""
+    return {id(n) for lam in ast.walk(tree) if isinstance(lam, ast.Lambda) for n in ast.walk(lam.body)
+            if isinstance(n, ast.Name) and n.id in {a.arg for a in lam.args.args}}
+
+
+def raw_writes(tree):
+    """(line, what) of every call in ``tree`` that opens a file to write without the package's writer:
+    ``open`` / ``X.open`` with a mode that is not read-only (or not a literal), ``os.open`` with a flag
+    that writes, the writing methods of paths and figures, and ``torch.save`` / ``np.save`` to a path."""
+    opened = _opened_files(tree)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        owner = getattr(func.value, "id", "") if isinstance(func, ast.Attribute) else ""
+        target = node.args[1 if name == "save" else 0] if len(node.args) > (name == "save") else None
+        if name == "open" and owner == "os":
+            if len(node.args) > 1 and _names(node.args[1]) & WRITE_FLAGS:
+                found.append((node.lineno, "os.open"))
+        elif name == "open":
+            mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+            if mode is not None and not (isinstance(mode, ast.Constant) and set(str(mode.value)) <= set("rbt")):
+                found.append((node.lineno, name))
+        elif isinstance(func, ast.Attribute) and name in WRITING_METHODS | {"save"}:
+            if (name != "save" or owner in ("torch", "np", "numpy")) and id(target) not in opened:
+                found.append((node.lineno, f"{owner}.{name}" if name == "save" else name))
+    return found
+
+
+def test_every_write_of_the_package_goes_through_its_writer():
+    """Every file the package writes or appends to is opened by the writer of ``common.py``
+    (``replace_file``, ``open_log``), which never follows a link: no other module opens a file to write."""
+    from conftest import REPO
+
+    found = []
+    for path in sorted((REPO / "fairseq_lnpos").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel == WRITER or rel in NOT_CONVERTED:
+            continue
+        found += [f"{rel}:{line}: {what}" for line, what in raw_writes(ast.parse(path.read_text(encoding="utf-8")))]
+    assert found == []
+
+
+def test_the_writer_check_finds_each_kind_of_raw_write():
+    source = "\n".join([
+        "open(p, 'w')", "open(p, mode='ab')", "open(p, m)", "gzip.open(p, 'wt')", "os.open(p, os.O_WRONLY | os.O_CREAT)",
+        "Path(p).write_text(t)", "p.write_bytes(b)", "p.touch()", "fig.savefig(p)", "torch.save(x, p)",
+        "open(p)", "open(p, 'rb')", "os.open(p, os.O_RDONLY)", "write_text(p, t)", "tarfile.open(p)",
+        "replace_file(p, lambda f: torch.save(x, f))", "replace_file(p, lambda f: fig.savefig(f, format='png'))"])
+    assert sorted(line for line, _ in raw_writes(ast.parse(source))) == list(range(1, 11))

@@ -78,6 +78,14 @@ def runs_differing_in_the_optimizer(sandbox):
     (d / "config.json").write_text(json.dumps(cfg))
 
 
+def done_without_config(sandbox):
+    """A grid's folder whose run ROW seed 1 holds a final DONE.json and no config.json."""
+    fake_data(sandbox / "data")
+    (sandbox / "out" / RUN1).mkdir(parents=True)
+    (sandbox / "out" / ".lnpos-grid").write_text("")
+    (sandbox / "out" / RUN1 / "DONE.json").write_text(json.dumps({"status": "finished", "outcome": "finished"}))
+
+
 CASES = [
     # --- state files of the wrong shape: an error naming the file, in every command that reads them
     Case("status-done-null", STATUS, rf"^grid: error: {NOT_DONE} \(it holds null, not an object\): delete it",
@@ -107,6 +115,9 @@ CASES = [
          setup=grid_out({"slurm-abc.tasks": f"{ROW}\t1\t\nx 1\n"}), writes=()),
     Case("grid-run-done-null", GRID_RUN, rf"^grid: error: {NOT_DONE} \(it holds null",
          setup=grid_out({f"{RUN1}/DONE.json": "null"}, data=True), writes=()),
+    Case("grid-run-finished-without-config", GRID_RUN, r"^grid: error: \S*/seed1 holds the outcome of a run \(DONE\.json: "
+         r"finished\) but no config\.json, so no table or map can read it: move the folder away or delete it, then "
+         r"run again$", setup=done_without_config, writes=()),
     Case("map-done-null", MAP, rf"^stability_map\.sh: error: {NOT_DONE} \(it holds null",
          setup=grid_out({f"{RUN1}/DONE.json": "null"}), writes=()),
     Case("map-eval-list", MAP, r"^stability_map\.sh: error: \S*/eval/epoch1\.json is not an epoch's record",
@@ -169,12 +180,17 @@ for line in sys.stdin:
 """
 
 # stands in for fairseq-train: argv SAVE_DIR EPOCHS MODE; logs and saves each epoch as fairseq does;
-# MODE "vanish" first removes the run folder, then makes the save dir again (fairseq's saving does)
+# MODE "vanish" first removes the run folder, then makes the save dir again (fairseq's saving does);
+# MODE "link-progress" replaces the grid's progress.log by a link to the file FAKE_LINK_TARGET
 FAKE_TRAIN = r"""
 import json, os, shutil, sys
 save, epochs, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 if mode == "vanish":
     shutil.rmtree(os.path.dirname(save))
+if mode == "link-progress":
+    progress = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(save))), "progress.log")
+    os.remove(progress)
+    os.symlink(os.environ["FAKE_LINK_TARGET"], progress)
 os.makedirs(save, exist_ok=True)
 def log(name, msg):
     print(f"2024-01-01 00:00:00 | INFO | {name} | {msg}", flush=True)
@@ -239,7 +255,9 @@ def stand_ins(tmp_path, monkeypatch, capsys):
         capsys.readouterr()
         code = G.main(["run", "--only", ROW, "--arch-size", "tiny", "--data", str(data), "--out", str(out),
                        "--max-epoch", "2", *options])
-        return code, capsys.readouterr().out
+        printed = capsys.readouterr()
+        grid.err = printed.err
+        return code, printed.out
 
     grid.run_dir = out / RUN1
     return grid
@@ -286,6 +304,20 @@ def test_an_eval_every_gap_is_no_lost_epoch(stand_ins):
     d = stand_ins.run_dir
     assert code == 0 and done(d)["status"] == "finished", out[-2000:]
     assert [epoch(d, e)["bleu_tok"] for e in (1, 2, 3)] == [None, 1.5, 1.5]
+
+
+def test_a_progress_log_replaced_by_a_link_is_one_line_and_the_run_goes_on(stand_ins, tmp_path, monkeypatch):
+    target = tmp_path / "outside"
+    target.write_text("a file outside the output folder\n")
+    monkeypatch.setenv("FAKE_LINK_TARGET", str(target))
+    code, out = stand_ins("link-progress", "")
+    d = stand_ins.run_dir
+    assert code == 0 and done(d)["status"] == "finished", out[-2000:] + stand_ins.err[-2000:]
+    assert target.read_text() == "a file outside the output folder\n"
+    warnings = [line for line in out.splitlines() if "progress.log" in line and "warning" in line]
+    assert warnings == [f"grid: warning: {d.parent.parent}/progress.log is a symbolic link, not written through: "
+                        f"the runs go on, their progress shown here only"]
+    assert "Traceback" not in stand_ins.err and f"{ROW} seed 1: finished" in out
 
 
 def test_a_run_whose_folder_vanished_is_failed_not_finished(stand_ins):

@@ -368,7 +368,7 @@ def test_runs_per_gpu_and_numbers_are_checked(tmp_path, capsys, data):
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert "--seeds: 'x' is not a whole number" in err("--seeds", "x")
     assert "--seeds: '1' is listed twice" in err("--seeds", "1,1")
-    assert "--seeds -1: give distinct non-negative whole numbers" in err("--seeds", "-1")
+    assert "--seeds -1: give distinct whole numbers from 0 to 4294967295" in err("--seeds", "-1")
     (tmp_path / "file").write_text("")
     assert "is a file" in err("--out", str(tmp_path / "file"))
 

@@ -78,6 +78,22 @@ def test_decoupled_weight_decay_on_a_torch_without_it_is_a_one_line_error(monkey
                             weight_decay=0.01, decoupled_weight_decay=True), quadratic_params())
 
 
+@pytest.mark.parametrize("values, message", [
+    (dict(adam_eps=float("inf")), r"^--adam-eps must be positive, got inf$"),
+    (dict(adam_eps=float("nan")), r"^--adam-eps must be positive, got nan$"),
+    (dict(adam_eps=0.0), r"^--adam-eps must be positive, got 0\.0$"),
+    (dict(weight_decay=float("inf")), r"^--weight-decay must be at least 0, got inf$"),
+    (dict(weight_decay=float("nan")), r"^--weight-decay must be at least 0, got nan$"),
+    (dict(weight_decay=-0.1), r"^--weight-decay must be at least 0, got -0\.1$"),
+    (dict(lr=[float("inf")]), r"^--lr must be positive, got inf$"),
+])
+def test_radam_refuses_a_non_finite_or_negative_number(values, message):
+    config = dict(_name="radam", lr=[1e-3], adam_betas="(0.9, 0.98)", adam_eps=1e-8, weight_decay=0.0,
+                  decoupled_weight_decay=False)
+    with pytest.raises(LnposError, match=message):
+        build_optimizer(cfg(**{**config, **values}), quadratic_params())
+
+
 @pytest.mark.parametrize("betas", ["(0.9,)", "(1.5, 0.9)", "nonsense"])
 def test_radam_rejects_bad_betas(betas):
     with pytest.raises(LnposError, match="--adam-betas"):

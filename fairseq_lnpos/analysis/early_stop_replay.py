@@ -10,8 +10,8 @@ judged by how it really ended (:mod:`.verdict`, on the table of every run, :mod:
 threshold of the unigram bits, its cell not good), "not trained". Printed: the share of runs that end
 "not trained" that the rule stops and at which fraction of the budget, every stop of a run that
 trains (a stop of a good run is a false stop), and the training time saved (wall seconds from
-DONE.json, pro rata of the updates not run). Runs that a live rule already stopped are counted and
-listed apart: their end is unknown, so they cannot score a rule.
+DONE.json, pro rata of the updates not run). A folder where a live rule stopped runs is refused: their
+end is unknown, so they cannot score a rule.
 
 ``--scan`` replays a grid of ``--after`` x ``--ratio`` values and chooses the rule that stops the most
 runs that end not trained without a false stop of a good run (then the one that saves most); with
@@ -35,9 +35,16 @@ SCAN_RATIO = (0.6, 0.7, 0.8)
 
 
 def outcomes(out):
-    """([(run row, how it ended: good | trains | not trained, [(update, loss)], budget)] of the runs of
-    ``out`` that finished with a budget in updates, [the rows of runs a live rule stopped])."""
+    """[(run row, how it ended: good | trains | not trained, [(update, loss)], budget)] of the runs of
+    ``out`` that finished with a budget in updates. A folder where runs were stopped early is refused:
+    how a stopped run would have ended is not known, and leaving it out would leave out the runs the
+    rule is to stop."""
     runs = runs_frame(out, "a sweep's output folder, made with --no-early-stop")
+    stopped = runs[runs["outcome"] == "stopped early"]
+    if len(stopped):
+        raise LnposError(f"{out}: {len(stopped)} of its {len(runs)} runs were stopped early ({stopped['path'].iloc[0]}, "
+                         f"...), and the replay judges each run by how it ended at its budget: replay a sweep made "
+                         f"with --no-early-stop")
     cells = S.make_cells(runs).set_index(S.KEYS)
     rows = []
     for r in runs[runs["outcome"] == "finished"].itertuples():
@@ -48,7 +55,7 @@ def outcomes(out):
         trained = r.nll_ratio <= DEFAULT_TRAINS
         good = trained and cells.loc[(r.variant, r.layers, r.warmup, r.lr), "good_own"] is True
         rows.append((r, "good" if good else "trains" if trained else "not trained", losses, r.max_update))
-    return rows, list(runs[runs["outcome"] == "stopped early"].itertuples())
+    return rows
 
 
 def replay(rows, rule):
@@ -111,13 +118,10 @@ def choose(rows, rule):
 
 
 def _replayable(out):
-    rows, live = outcomes(Path(out))
+    rows = outcomes(Path(out))
     if not rows:
-        raise LnposError(f"{out}: no finished run with a train.log and a budget in updates"
-                         + (f" ({len(live)} were stopped early by a live rule: their end is unknown, so they "
-                            f"cannot score a rule; run the sweep with --no-early-stop)" if live else "")
-                         + ": give a sweep's folder")
-    return rows, live
+        raise LnposError(f"{out}: no finished run with a train.log and a budget in updates: give a sweep's folder")
+    return rows
 
 
 def _main(argv):
@@ -131,16 +135,14 @@ def _main(argv):
                    help="score the rule (the scan's choice with --scan) on these sweeps' folders")
     args = p.parse_args(argv)
     rule = StopRule(after=args.after, ratio=args.ratio, progress=args.progress, window=args.window)
-    rows, live = _replayable(args.out)
+    rows = _replayable(args.out)
     print(report(replay(rows, rule), rule))
-    if live:
-        print(f"stopped early by a live rule (not replayed, their end unknown): {len(live)} runs")
     if args.scan:
         rule, lines = choose(rows, rule)
         print("\n" + "\n".join(lines))
         print(f"\nchosen on {args.out}: after {rule.after:g}, ratio {rule.ratio:g}")
     for other in args.score_on:
-        held, _ = _replayable(other)
+        held = _replayable(other)
         print(f"\nheld out, {other} (the rule was not chosen on it):\n" + report(replay(held, rule), rule))
     return 0
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 from fairseq_lnpos.common import fmt_time, read_json, write_json, write_text
-from fairseq_lnpos.errors import CommandParser, LnposError, at_least, check, comma_list, run_main
+from fairseq_lnpos.errors import MAX_SEED, CommandParser, LnposError, Range, at_least, check, comma_list, run_main
 from fairseq_lnpos.launch import config_hash, train_args
 from fairseq_lnpos.cli import Options as CommandOptions, option
 from fairseq_lnpos.variants import GROUPS, INITS, SIZES, VARIANTS, arch_name
@@ -105,7 +105,7 @@ class Options(CommandOptions):
               f"--layers-depth {self.layers_depth} is not in --depths {self.depths}")
         for name in ("seeds", "tokens", "batches", "vocab"):
             at_least(1, "--" + name, getattr(self, name))
-        at_least(0, "--first-seed", self.first_seed)
+        Range(0, MAX_SEED - self.seeds + 1, high_open=False).check("--first-seed", self.first_seed)
         if self.threads is not None:
             at_least(1, "--threads", self.threads)
         for name in ("dropout", "label_smoothing"):

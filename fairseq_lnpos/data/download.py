@@ -11,7 +11,7 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
-from fairseq_lnpos.common import read_json, write_json
+from fairseq_lnpos.common import open_log, read_json, refuse_link, write_json
 from fairseq_lnpos.errors import LnposError, StateError
 
 CHECKSUMS = Path(__file__).with_name("SHA256SUMS")
@@ -79,6 +79,7 @@ def download(url, dest, name=None, log=print, opener=urllib.request.urlopen, off
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
+    refuse_link(part)  # never appended to through a link, nor renamed into place
     start = part.stat().st_size if part.exists() else 0
     req = urllib.request.Request(url, headers={"Range": f"bytes={start}-"} if start else {})
     try:
@@ -99,7 +100,7 @@ def download(url, dest, name=None, log=print, opener=urllib.request.urlopen, off
             total = int(total) + start if total else None
             done, next_report = start, start
             log(f"downloading {url} -> {dest}" + (f" (resuming at {start} bytes)" if start else ""))
-            with open(part, mode) as f:
+            with open_log(part, binary=True, truncate=mode == "wb") as f:
                 for block in iter(lambda: resp.read(CHUNK), b""):
                     f.write(block)
                     done += len(block)

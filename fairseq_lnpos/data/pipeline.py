@@ -20,7 +20,7 @@ import signal
 import time
 from pathlib import Path
 
-from fairseq_lnpos.common import hold_lock, release_lock, write_json
+from fairseq_lnpos.common import hold_lock, open_log, release_lock, write_json
 from fairseq_lnpos.common import read_lines  # noqa: F401  (the data modules import it from here)
 from fairseq_lnpos.data import BIN_DIRS, text_dir
 from fairseq_lnpos.data.download import DataError
@@ -80,7 +80,7 @@ def run_stage(final, params, build, stamp_name=STAMP, label=None):
 # ---------------------------------------------------------------- line files
 
 def write_lines(path, lines):
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
+    with open_log(path, truncate=True) as f:
         for line in lines:
             f.write(line + "\n")
 
@@ -243,6 +243,10 @@ def run_dataset(out, bin_dir, workers, dataset, langs, stages, lowercase, compou
     at_least(1, "--workers", workers)
     check_writable_folder(out, "--out")
     check_writable_folder(bin_dir, "--bin")
+    if out.resolve() == bin_dir.resolve() or bin_dir.resolve() in out.resolve().parents:
+        raise DataError(f"--out {out} is {'--bin' if out.resolve() == bin_dir.resolve() else 'inside --bin'} "
+                        f"{bin_dir}, which is replaced whole when the data is binarized: give the text and the "
+                        f"binarized data folders of their own")
     src, tgt = langs
     created = [p for p in (out, bin_dir) if not p.exists()]
     try:

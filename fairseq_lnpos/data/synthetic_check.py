@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fairseq_lnpos.common import open_log
 from fairseq_lnpos.data.manifest import read_manifest
-from fairseq_lnpos.errors import CommandParser, LnposError, at_least, check, run_main
+from fairseq_lnpos.errors import MAX_SEED, CommandParser, LnposError, Range, at_least, check, run_main
 from fairseq_lnpos.fairseq_log import LogState, bleu4, number
 from fairseq_lnpos.launch import adam, child_env, generate_cmd, train_cmd
 
@@ -49,7 +49,7 @@ def measure(bin_dir, work, arch="transformer_preln_tiny", updates=400, lr=1e-3, 
     check(lr > 0, f"--lr must be positive, got {lr}")
     at_least(0, "--warmup", warmup)
     at_least(1, "--threads", threads)
-    at_least(0, "--seed", seed)
+    Range(0, MAX_SEED, high_open=False).check("--seed", seed)
     at_least(1, "--max-tokens", max_tokens)
     check(Path(bin_dir).is_dir(), f"--bin {bin_dir} is not a folder: give make-synthetic.sh's --bin")
     work = Path(work)

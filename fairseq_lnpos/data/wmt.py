@@ -16,6 +16,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
+from fairseq_lnpos.common import open_log
 from fairseq_lnpos.data import BIN_DIRS, bpe, moses, text_dir
 from fairseq_lnpos.data.download import DataError, download, extract_once
 from fairseq_lnpos.data.pipeline import (
@@ -105,7 +106,7 @@ def build_tok(files, tmp, workers):
                             f"extract the original archive again")
     for lang in (SRC, TGT):
         n = 0
-        with open(tmp / f"train.{lang}", "w", encoding="utf-8", newline="\n") as f:
+        with open_log(tmp / f"train.{lang}", truncate=True) as f:
             for corpus in CORPORA:
                 lines = read_lines(files[f"{corpus}.{lang}"])
                 for line in map_lines(partial(train_line, lang=lang), lines, workers, label=f"{corpus}.{lang}"):

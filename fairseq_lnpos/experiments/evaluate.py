@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from ..common import read_lines, write_text
-from ..errors import CommandParser, LnposError, finite_float, run_main
+from ..errors import CommandParser, LnposError, finite_float, run_main, whole_number
 from ..launch import generate_cmd
 from .records import Scores
 
@@ -197,7 +197,7 @@ def command(argv=None):
     c = sub.add_parser("checkpoint", help="generate with a checkpoint and score it")
     c.add_argument("--data", required=True)
     c.add_argument("--path", required=True)
-    c.add_argument("--beam", type=int, default=5)
+    c.add_argument("--beam", type=whole_number(1), default=5)
     c.add_argument("--lenpen", type=finite_float, default=1.2)
     c.add_argument("--hyp-out")
     s = sub.add_parser("score", help="score a file of tokenized hypotheses")

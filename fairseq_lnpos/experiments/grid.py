@@ -20,12 +20,12 @@ from dataclasses import fields
 from pathlib import Path
 
 from ..common import CONTROL, one_line, refuse_link
-from ..errors import INTERRUPT_EXIT, CommandParser, LnposError, run_main
+from ..errors import INTERRUPT_EXIT, CommandParser, LnposError, StateError, run_main
 from . import runs as R
 from . import slurm, status, sweep
 from .commands import arch_name, batch_plan, total_updates
 from .options import ListOptions, RunOptions, SlurmOptions, StatusOptions, SweepOptions
-from .plan import make_jobs, need_cuda, override, parse_sets, plan_slots, select_runs
+from .plan import keep_axes, make_jobs, need_cuda, override, parse_sets, plan_slots, select_runs
 from .rundir import make_out_dir
 from .scheduler import Grid
 
@@ -95,7 +95,11 @@ def run_grid(opts, runs):
         need_cuda(1, "--fp16")
     jobs, manifests = make_jobs(opts, runs, opts.dry_run)
     for j in jobs:
-        j.dir.check()  # every state file of the run: a bad one stops the grid before it starts
+        config, done = j.dir.check(), j.dir.done()  # every state file of the run: a bad one stops the grid before it starts
+        if config is None and done is not None and done.outcome.final:  # would be skipped, and no reader takes it
+            raise StateError(f"{j.dir.path} holds the outcome of a run (DONE.json: {one_line(done.text)}) but no "
+                             f"config.json, so no table or map can read it: move the folder away or delete it, "
+                             f"then run again")
         j.dir.check_config(j.config_hash())
         refuse_link(j.dir.log_path)
         batch_plan(j.run, opts.world)
@@ -162,8 +166,8 @@ def command(argv=None):
         opts.argv = list(sys.argv[1:] if argv is None else argv)[1:]
         return slurm.cmd_slurm(opts)
     if ns.cmd == "sweep":
-        runs = sweep.sweep_runs(opts)
-        return run_grid(opts, override(opts, [R.coerce(r, "max_epoch", "1000000") for r in parse_sets(opts.set, runs)]))
+        keep_axes(opts)
+        return run_grid(opts, override(opts, parse_sets(opts.set, sweep.sweep_runs(opts))))
     return run_grid(opts, select_runs(opts))
 
 

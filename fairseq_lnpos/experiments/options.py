@@ -16,21 +16,9 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import List, Optional
 
 from ..common import one_line
-from ..errors import CommandParser, LnposError, comma_list_type, finite_float
+from ..errors import CommandParser, LnposError, comma_list_type, finite_float, whole_number
 from ..cli import Options, option, to_argv  # noqa: F401  (slurm.py imports to_argv from here)
 from .sweep import ALL_MAP, DEPTH_MAP, DEPTH_MAP_REAL, PRESETS, STABILITY_MAP
-
-
-def positive_int(minimum):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is too small: give at least {minimum}")
-        return value
-    return parse
 
 
 TIME = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)")
@@ -77,7 +65,7 @@ def slurm_names(option, several):
 class Selection(Options):
     """The options that pick the runs of the table (``run`` and ``slurm``)."""
     only: Optional[str] = option(help="comma-separated run names or globs (default: every run)")
-    max_epoch: Optional[int] = option(type=positive_int(1), help="override the epochs of every run")
+    max_epoch: Optional[int] = option(type=whole_number(1), help="override the epochs of every run")
 
 
 @dataclass
@@ -98,35 +86,35 @@ class RunFields(Options):
     fairseq_args: str = option("", "extra fairseq-train flags, one string", action="flags", metavar="FLAGS")
     gen_args: str = option("", "extra fairseq-generate flags, one string", action="flags", metavar="FLAGS")
     beam: Optional[int] = option(
-        type=positive_int(1), help="beam size for every run (default: the run's, 5 for the paper)")
+        type=whole_number(1), help="beam size for every run (default: the run's, 5 for the paper)")
     lenpen: Optional[float] = option(
         type=finite_float, help="length penalty for every run (default: the run's, 1.2 for the paper)")
     average_last: Optional[int] = option(
-        type=positive_int(0), metavar="N",
+        type=whole_number(0), metavar="N",
         help="also score the parameter average of each run's last N epoch checkpoints "
              "(default: the run's, 10 for the ref-* rows, else 0 = none)")
     uncapped_len: bool = option(
         False, "score with fairseq's default output length (200 tokens) instead of 1.2 x source + 10")
     eval_every: int = option(1, "score the test set every N epochs (and always the last; default 1)",
-                             type=positive_int(1), metavar="N")
+                             type=whole_number(1), metavar="N")
     evaluators: int = option(1, "scoring processes per device, taking checkpoints from one queue (default 1)",
-                             type=positive_int(1), metavar="N")
+                             type=whole_number(1), metavar="N")
     no_bleu: bool = option(False, "no test BLEU: validation loss only")
     patience: int = option(
         0, "stop a run as diverged when its training loss stays above its first loss for N "
-           "logged updates (0: only a non-finite loss counts; default %(default)s)", type=positive_int(0), metavar="N")
+           "logged updates (0: only a non-finite loss counts; default %(default)s)", type=whole_number(0), metavar="N")
     early_stop: bool = option(
         False, "stop a run whose training loss has stalled well above what a run that trains reaches "
                "(recorded as 'stopped early'; early_stop.py; on by default in sweeps)")
     gpus: Optional[str] = option(help="GPU ids, e.g. 0,1: runs side by side on them")
     runs_per_gpu: int = option(1, "with --gpus: K runs at once on each GPU (group); default 1",
-                               type=positive_int(1), metavar="K")
-    jobs: int = option(1, "CPU only: runs side by side, sharing the cores", type=positive_int(1))
+                               type=whole_number(1), metavar="K")
+    jobs: int = option(1, "CPU only: runs side by side, sharing the cores", type=whole_number(1))
     gpus_per_run: int = option(1, "GPUs per run (fairseq distributed); --update-freq keeps the paper's batch",
-                               type=positive_int(1))
+                               type=whole_number(1))
     fp16: bool = option(False, "mixed precision (GPU only)")
     log_interval: int = option(1, "fairseq --log-interval (1: divergence is located to the update)",
-                               type=positive_int(1))
+                               type=whole_number(1))
     keep_checkpoints: bool = option(False, "keep checkpointN.pt after scoring (default: keep only _best and _last)")
 
     @property
@@ -164,8 +152,8 @@ class SweepAxes(Options):
     warmup: Optional[str] = option(help="warm-up updates, 1 = none (default: %s)" % STABILITY_MAP["warmup"])
     layers: Optional[str] = option(help="encoder = decoder depths (default: %s)" % STABILITY_MAP["layers"])
     max_update: Optional[int] = option(
-        type=int, help="the budget of every cell, in updates (default: %s)" % STABILITY_MAP["max_update"])
-    width: Optional[int] = option(type=int, help="model width d (embeddings d, FFN 4d; default: the size's own)")
+        type=whole_number(1), help="the budget of every cell, in updates (default: %s)" % STABILITY_MAP["max_update"])
+    width: Optional[int] = option(type=whole_number(1), help="model width d (embeddings d, FFN 4d; default: the size's own)")
     real: bool = option(
         False, "the paper's IWSLT model on Multi30k (one GPU) instead of the tiny model on the generated corpus")
     depth_map: bool = option(
@@ -234,13 +222,13 @@ class SlurmFields(Options):
         required=True, type=parse_time, metavar="HH:MM:SS",
         help="time limit of one task; a task stopped at the limit requeues itself and resumes")
     gpus_per_run: int = option(1, "GPUs per node of one run, --gres=gpu:G (0: a CPU run; default 1)",
-                               type=positive_int(0), metavar="G")
+                               type=whole_number(0), metavar="G")
     nodes_per_run: int = option(1, "nodes of one run (N > 1: fairseq's multi-node training, GPUs only)",
-                                type=positive_int(1), metavar="N")
+                                type=whole_number(1), metavar="N")
     cpus_per_run: Optional[int] = option(help="--cpus-per-task (default: 2 on the CPU, 4 per GPU)",
-                                         type=positive_int(1), metavar="C")
+                                         type=whole_number(1), metavar="C")
     account: Optional[str] = option(help="SLURM account", type=slurm_names("account", several=False))
-    max_running: Optional[int] = option(help="at most K tasks at once (%%K)", type=positive_int(1), metavar="K")
+    max_running: Optional[int] = option(help="at most K tasks at once (%%K)", type=whole_number(1), metavar="K")
     dry_run: bool = option(False, "write the script and its task list into OUT and print the script; submit nothing")
     argv: List[str] = field(default_factory=list)  # the command line as given, named in the script
 

@@ -5,16 +5,18 @@ with it.
 from pathlib import Path
 
 from ..data.manifest import read_manifest
-from ..errors import LnposError, comma_list
+from ..errors import MAX_SEED, LnposError, comma_list
 from . import runs as R
 from .commands import Job, arch_name, check_joined_dictionary, check_train_flags, split_flags
 from .rundir import check_out_dir
+from .sweep import AXES
 
 
 def parse_seeds(text):
     seeds = comma_list(text, "--seeds", int)
-    if any(s < 0 for s in seeds):
-        raise LnposError(f"--seeds {text}: give distinct non-negative whole numbers, e.g. --seeds 1,2,3")
+    if any(not 0 <= s <= MAX_SEED for s in seeds):
+        raise LnposError(f"--seeds {text}: give distinct whole numbers from 0 to {MAX_SEED} (fairseq's seeds), "
+                         f"e.g. --seeds 1,2,3")
     return seeds
 
 
@@ -30,14 +32,20 @@ def parse_data(values):
     return out
 
 
+def split_set(v):
+    """(run or "", key, value) of one --set [RUN:]key=value."""
+    target, _, assign = v.rpartition(":") if ":" in v.split("=", 1)[0] else ("", "", v)
+    key, sep, value = assign.partition("=")
+    if not sep:
+        raise LnposError(f"--set {v}: expected key=value or RUN:key=value")
+    return target, key, value
+
+
 def parse_sets(values, runs):
     """--set [RUN:]key=value: change a field of every selected run (or of one run)."""
     runs = {r.name: r for r in runs}
     for v in values or []:
-        target, _, assign = v.rpartition(":") if ":" in v.split("=", 1)[0] else ("", "", v)
-        key, sep, value = assign.partition("=")
-        if not sep:
-            raise LnposError(f"--set {v}: expected key=value or RUN:key=value")
+        target, key, value = split_set(v)
         if target and target not in runs:
             raise LnposError(f"--set {v}: run {target!r} is not selected (see --only)")
         for name in [target] if target else list(runs):
@@ -45,10 +53,40 @@ def parse_sets(values, runs):
     return list(runs.values())
 
 
+def keep_axes(opts):
+    """A sweep's axes and budget (:data:`~.sweep.AXES`) come from its own options: a ``--set``,
+    ``--set extra=`` or ``--fairseq-args`` that would replace them in every cell (whose folder is
+    named for its axes) is refused."""
+    for v in opts.set or []:
+        _, key, value = split_set(v)
+        if key in AXES:
+            raise LnposError(f"--set {v}: a sweep's cells take {key} from its option {AXES[key][0]} (their folders "
+                             f"are named for it): give the values with {AXES[key][0]}, not --set")
+        if key == "extra":
+            _refuse_axis_flags(split_flags(value, f"--set {v}"), f"--set {v}")
+    _refuse_axis_flags(split_flags(opts.fairseq_args, "--fairseq-args"), "--fairseq-args")
+
+
+def _refuse_axis_flags(flags, option):
+    for name in (token.split("=", 1)[0] for token in flags):
+        for key, (sweep_option, train_flags) in AXES.items():
+            if any(name == f or (len(name) >= 6 and f.startswith(name)) for f in train_flags):
+                raise LnposError(f"{option}: {name} would replace the sweep's {key} axis in every cell (their "
+                                 f"folders are named for it): give the values with {sweep_option}")
+
+
 def select_runs(opts):
-    """The runs of the table that ``--only``, ``--set`` and ``--max-epoch`` ask for."""
+    """The runs of the table that ``--only``, ``--set`` and ``--max-epoch`` ask for; with
+    ``--early-stop``, each must have a budget in updates (the rule judges a run at a fraction of it)."""
     selected = R.select(comma_list(opts.only, "--only", what="a run name or glob") if opts.only else None)
-    return override(opts, [r.with_defaults() for r in parse_sets(opts.set, selected)])
+    runs = override(opts, [r.with_defaults() for r in parse_sets(opts.set, selected)])
+    unbudgeted = [r.name for r in runs if not r.max_update]
+    if opts.early_stop and unbudgeted:
+        named = ", ".join(unbudgeted[:2]) + (", ..." if len(unbudgeted) > 2 else "")
+        raise LnposError(f"--early-stop: {len(unbudgeted)} of the {len(runs)} runs ({named}) have no budget in updates, "
+                         f"and early stopping judges a run at a fraction of its budget: give one with --set "
+                         f"max_update=N, or drop --early-stop")
+    return runs
 
 
 OVERRIDES = ("max_epoch", "beam", "lenpen", "average_last")  # options that set a field of every run

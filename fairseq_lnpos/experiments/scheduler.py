@@ -104,6 +104,7 @@ class Grid:
         self.failed = False
         self.out = Path(opts.out)
         self.progress_log = self.out / "progress.log"
+        self.progress_lost = False  # progress.log could not be written (said once)
         devices = sorted(set(slots), key=str)
         self.threads = max(1, (os.cpu_count() or 1) // (len(slots) + len(devices) * opts.evaluators))
         self.evaluators = {d: Evaluator(self.env(d), self.out / "evaluator.log", self.popen, opts.evaluators,
@@ -154,8 +155,16 @@ class Grid:
             tail = ([f"eval queue {queued}"] if queued else []) + [f"ETA {self.eta()}"]
             line = " | ".join(parts + tail) + (f" | {msg}" if msg else "")
             print(terminal_text(brief, tail, msg), flush=True)
-            with open_log(self.progress_log) as f:
-                f.write(line + "\n")
+            try:
+                with open_log(self.progress_log) as f:
+                    f.write(line + "\n")
+            except (LnposError, OSError) as e:  # replaced by a link or made unwritable while the runs go on
+                if not self.progress_lost:
+                    why = ("is a symbolic link, not written through" if isinstance(e, LnposError)
+                           else f"cannot be written ({e.strerror or e})")
+                    print(f"grid: warning: {self.progress_log} {why}: the runs go on, their progress shown here only",
+                          flush=True)
+                self.progress_lost = True
 
     def eta(self):
         """Time left from the training pace seen so far (seconds per update over every launch of

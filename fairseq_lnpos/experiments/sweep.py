@@ -53,6 +53,11 @@ ALL_MAP = dict(STABILITY_MAP, archs=",".join(VARIANTS), lr="3e-4,1e-3,3e-3", wid
 # what the depth map measures beside the loss: per-layer gradient norms (<save-dir>/grad_norms.jsonl)
 GRAD_NORMS = dict(task="translation_lnpos", extra=("--log-grad-norms",))
 HEADS = TINY["attention_heads"]  # the tiny and the IWSLT size both have 4 heads
+# what the cells of a sweep differ in, and their budget: the field of the run table, the sweep's own
+# option and the fairseq-train flags that would set it
+AXES = {"ln": ("--archs", ("--arch", "-a")), "lr": ("--lr", ("--lr",)), "warmup": ("--warmup", ("--warmup-updates",)),
+        "layers": ("--layers", ("--encoder-layers", "--decoder-layers")),
+        "max_update": ("--max-update", ("--max-update",))}
 
 
 def parse_axes(archs, lrs, warmups, layers):

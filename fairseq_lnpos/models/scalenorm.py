@@ -86,6 +86,9 @@ class FixNormLinear(nn.Linear):
 class ScaleNormTransformerModel(VariantTransformerModel):
     encoder_layer_cls = SmallInitEncoderLayer
     decoder_layer_cls = SmallInitDecoderLayer
+    # parameters the first version of the architecture lacked: its checkpoints are refused by name
+    # (checkpoint.guard_state_loading)
+    later_parameters = {"lang_embedding": "language embedding", "decoder.output_projection.bias": "output bias"}
 
     def __init__(self, args, encoder, decoder):
         super().__init__(args, encoder, decoder)

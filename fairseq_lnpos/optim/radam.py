@@ -15,7 +15,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.optim import FairseqOptimizer, register_optimizer
 from omegaconf import II, OmegaConf
 
-from ..errors import check
+from ..errors import Range, check
 
 
 @dataclass
@@ -59,9 +59,10 @@ class FairseqRAdam(FairseqOptimizer):
     @property
     def optimizer_config(self):
         lr = self.cfg.lr[0] if isinstance(self.cfg.lr, (list, tuple)) or OmegaConf.is_list(self.cfg.lr) else self.cfg.lr
-        check(lr > 0, f"--lr must be positive, got {lr}")
-        check(self.cfg.adam_eps > 0, f"--adam-eps must be positive, got {self.cfg.adam_eps}")
-        check(self.cfg.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.cfg.weight_decay}")
+        # finite numbers only: an infinite epsilon makes every step 0, an infinite decay every weight NaN
+        Range(0, low_open=True).check("--lr", lr)
+        Range(0, low_open=True).check("--adam-eps", self.cfg.adam_eps)
+        Range(0).check("--weight-decay", self.cfg.weight_decay)
         config = {
             "lr": lr,
             "betas": parse_betas(self.cfg.adam_betas),
