@@ -207,7 +207,7 @@ def test_the_closing_hint_quotes_the_folder_as_a_shell_needs_it(tmp_path, capsys
 WRITER = "fairseq_lnpos/common.py"
 WRITE_FLAGS = {"O_WRONLY", "O_RDWR", "O_CREAT", "O_APPEND", "O_TRUNC"}
 WRITING_METHODS = {"write_text", "write_bytes", "touch", "symlink_to", "hardlink_to", "savefig"}
-NOT_CONVERTED = {"fairseq_lnpos/experiments/rundir.py"}
+NOT_CONVERTED = set()
 
 
 def _names(node):

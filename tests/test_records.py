@@ -168,3 +168,11 @@ def test_the_config_of_a_recorded_run_is_computed_again_to_its_hash(tmp_path):
     job = C.Job(run, 2, Path(CONFIG["data"]), rec.dir.path, CONFIG["arch"], ("de", "en"), RunOptions())
     assert job.config_hash() == CONFIG["hash"] and job.config() == {k: v for k, v in CONFIG.items() if k != "hash"}
     rec.dir.check_config(job.config_hash())
+
+
+def test_an_outcome_without_its_update_says_so_not_none():
+    from fairseq_lnpos.experiments.records import DoneRecord, Outcome
+
+    assert DoneRecord(outcome=Outcome.DIVERGED).text == "diverged"
+    assert DoneRecord(outcome=Outcome.STOPPED, reason="stalled").text == "stopped early: stalled"
+    assert DoneRecord(outcome=Outcome.DIVERGED, diverged_at=40).text == "diverged at update 40"

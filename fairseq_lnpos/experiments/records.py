@@ -231,9 +231,9 @@ class DoneRecord(Record):
     def text(self):
         """The outcome in words: finished, diverged at update N, stopped early at update N: WHY, failed: WHY."""
         if self.outcome is Outcome.DIVERGED:
-            return f"diverged at update {self.diverged_at}"
+            return "diverged" + ("" if self.diverged_at is None else f" at update {self.diverged_at}")
         if self.outcome is Outcome.STOPPED:
-            return f"stopped early at update {self.stopped_at}: {self.reason}"
+            return "stopped early" + ("" if self.stopped_at is None else f" at update {self.stopped_at}") + f": {self.reason}"
         if self.outcome is Outcome.FAILED:
             return f"failed: {self.reason}"
         return self.outcome.value

@@ -32,7 +32,7 @@ import os
 import re
 from pathlib import Path
 
-from ..common import hold_lock, read_json, read_lines, write_json, write_text
+from ..common import hold_lock, open_fd, read_json, read_lines, write_json, write_text
 from ..errors import LnposError, StateError
 from ..data.unigram import unigram_bits
 from ..provenance import provenance
@@ -385,7 +385,7 @@ class RunDir:
         """Is a grid working on this run now?"""
         if not self.lock_path.exists():
             return False
-        fd = os.open(self.lock_path, os.O_RDWR)
+        fd = open_fd(self.lock_path, os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return False
