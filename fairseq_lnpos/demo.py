@@ -342,13 +342,14 @@ def command(argv=None):
     fd = hold_lock(lock, f"--out {out} is in use by another demo (lock {lock}): wait for it to finish or stop it, "
                          f"or give another --out")
     try:
-        return run_steps(args, out, runs, core, first_seed, t0)
+        return run_steps(args, out, runs, core, first_seed, t0, argv)
     finally:
         release_lock(fd, lock)
 
 
-def run_steps(args, out, runs, core, first_seed, t0):
-    """The demo's steps in ``out`` (locked), from the command line ``args``; returns 0."""
+def run_steps(args, out, runs, core, first_seed, t0, argv=None):
+    """The demo's steps in ``out`` (locked), from the command line ``args`` (``argv``: as typed, for a
+    results page); returns 0."""
     variants = list(dict.fromkeys(BY_NAME[r].ln for r in runs))
     inits = sorted({BY_NAME[r].init for r in runs})
     steps = [DATA[args.data], f"grid of {len(runs)} runs x seeds {args.seeds} (initialization "

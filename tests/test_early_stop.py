@@ -128,7 +128,7 @@ def _run_with_log(out, variant, lr, seed, curve, final, initial=9.0):
 def test_the_replay_reports_stops_fractions_false_stops_and_time_saved(tmp_path, capsys):
     from fairseq_lnpos.analysis import early_stop_replay as R
 
-    # final NLLs against the unigram bits 6.0 (trains up to 4.8); two seeds a cell
+    # final NLLs against the unigram bits 9.6 (trains up to 4.8); two seeds a cell
     for seed in (1, 2):
         _run_with_log(tmp_path, "preln", 1e-3, seed, [(u, 9.0 - 0.035 * u) for u in range(1, 201)], final=1.0 + seed / 100)
         if seed == 1:  # stalls: not trained (5.6 > 4.8)

@@ -20,7 +20,7 @@ SMOOTHING = 1.0  # the fixtures' label-smoothed loss: the NLL plus this
 
 
 def write_run(out, variant, lr, warmup, seed, final=None, initial=9.0, status="finished", layers=None,
-              bleu=None, done=True, unigram=6.0, model_code="abc123", nll_in_done=True):
+              bleu=None, done=True, unigram=9.6, model_code="abc123", nll_in_done=True):
     """One run folder as the grid writes it: config.json, eval/epoch1.json and (unless not ``done``)
     DONE.json; ``final`` is the final validation NLL (bits), the smoothed loss ``final + SMOOTHING``; a
     "failed: WHY" ``status`` is written as the grid's scheduler writes it."""
@@ -84,7 +84,7 @@ def test_the_table_of_every_run(sweep):
     (r,) = runs[(runs.variant == "postln") & (runs.lr == 1e-3) & (runs.warmup == 0) & (runs.seed == 2)
                 & (runs.layers == 6)].itertuples()
     assert (r.initial_loss, r.final_valid_nll, r.final_valid_loss, r.bleu_tok) == (9.0, 3.05, 4.05, 22.0)
-    assert (r.unigram_bits, r.nll_ratio) == (6.0, pytest.approx(3.05 / 6.0))
+    assert (r.unigram_bits, r.nll_ratio) == (9.6, pytest.approx(3.05 / 9.6))
     assert (r.code, r.model_code, r.cpu, r.cores) == ("f" * 10, "abc123", "a CPU", 2)
     keel = runs[runs.variant == "keel"].iloc[0]
     assert math.isnan(keel.final_valid_nll) and math.isnan(keel.initial_loss)
@@ -127,12 +127,12 @@ def test_cells_by_hand(sweep):
     c = cell(cells, "postln", 6, 0, 1e-3)
     assert (c.seeds, c.finished, c.nll, c.bleu, c.trains) == (2, 2, pytest.approx(3.025), 21.5, True)
     assert (c.nll_min, c.nll_max, c.nll_sd) == (3.0, 3.05, pytest.approx(0.05 / math.sqrt(2)))
-    assert cell(cells, "postln", 6, 0, 1e-4).trains  # 4.025 <= 0.8 x 6
+    assert cell(cells, "postln", 6, 0, 1e-4).trains  # 4.025 <= 0.5 x 9.6
     assert not (cells["variant"] == "keel").any()  # failed runs are not cells
     assert S.largest_lr(cells, "trains") == {("postln", 6, 0): 1e-3, ("postln", 6, 1000): 1e-2,
                                              ("postln", 12, 0): 1e-3, ("preln", 6, 0): 1e-2}
-    # at 0.6 x the unigram bits (3.6): lr 1e-4 (4.025) drops out, depth 12 (3.5) stays
-    narrow = S.make_cells(runs_frame(sweep), trains=0.6)
+    # at 0.375 x the unigram bits (3.6): lr 1e-4 (4.025) drops out, depth 12 (3.5) stays
+    narrow = S.make_cells(runs_frame(sweep), trains=0.375)
     assert not cell(narrow, "postln", 6, 0, 1e-4).trains and cell(narrow, "postln", 12, 0, 1e-3).trains
 
 
@@ -171,7 +171,7 @@ def test_the_margin_keeps_noise_from_flipping_a_verdict(tmp_path):
 
 def test_seeds_that_disagree_on_trains_are_marked(tmp_path):
     write_run(tmp_path, "preln", 1e-2, 0, 1, final=2.0)
-    write_run(tmp_path, "preln", 1e-2, 0, 2, final=5.6)  # 5.6 > 0.8 x 6 alone; the mean 3.8 trains
+    write_run(tmp_path, "preln", 1e-2, 0, 2, final=5.6)  # 5.6 > 0.5 x 9.6 alone; the mean 3.8 trains
     write_run(tmp_path, "preln", 1e-3, 0, 1, final=2.0)
     write_run(tmp_path, "preln", 1e-3, 0, 2, final=2.1)
     cells = S.make_cells(runs_frame(tmp_path))
@@ -182,10 +182,10 @@ def test_seeds_that_disagree_on_trains_are_marked(tmp_path):
 
 def test_lr_sensitivity_by_hand(sweep):
     sens = S.lr_sensitivity(runs_frame(sweep))
-    # Post-LN, 6 layers, no warm-up; per lr the mean over seeds of min(final, unigram), a diverged run = 6.0:
-    #   1e-4: 4.025;  1e-3: 3.025;  1e-2: (6.0 + 5.9) / 2 = 5.95; best on the grid 3.025
-    assert sens[("postln", 6, 0)] == pytest.approx((4.025 + 3.025 + 5.95) / 3 - 3.025)
-    assert sens[("postln", 12, 0)] == pytest.approx((3.5 + 6.0) / 2 - 3.5)
+    # Post-LN, 6 layers, no warm-up; per lr the mean over seeds of min(final, unigram), a diverged run = 9.6:
+    #   1e-4: 4.025;  1e-3: 3.025;  1e-2: (9.6 + 5.9) / 2 = 7.75; best on the grid 3.025
+    assert sens[("postln", 6, 0)] == pytest.approx((4.025 + 3.025 + 7.75) / 3 - 3.025)
+    assert sens[("postln", 12, 0)] == pytest.approx((3.5 + 9.6) / 2 - 3.5)
     assert sens[("preln", 6, 0)] == pytest.approx((1.31 + 1.35) / 2 - 1.31)
     assert ("keel", 6, 0) not in sens
 
@@ -195,8 +195,8 @@ def test_main_writes_the_map_and_its_runs_csv_round_trips(sweep, tmp_path, capsy
     md = capsys.readouterr().out
     assert md == (sweep / "stability.md").read_text()
     assert "16 runs: 12 finished, 2 diverged, 1 failed, 1 unfinished" in md
-    assert "Unigram bits of the corpus: 6.000" in md and "model code abc123 (14 runs)" in md
-    assert "Holm-corrected at 0.05" in md and "at most 0.8 x the corpus's unigram bits" in md
+    assert "Unigram bits of the corpus: 9.600" in md and "model code abc123 (14 runs)" in md
+    assert "Holm-corrected at 0.05" in md and "at most 0.5 x the corpus's unigram bits" in md
     assert "| none | 4.025 [4.00 to 4.05] n2 poor | 3.025 [3.00 to 3.05] n2 BLEU 21.5 **good** | 5.900 n2 no-train, x 1/2 |" in md
     assert f"- unfinished: {sweep / 'preln-L6-lr0.1-w0' / 'seed1'}" in md
     for png in ("stability_heatmaps.png", "stability_overview.png", "sensitivity_vs_depth.png", "loss_vs_lr.png"):

@@ -69,6 +69,6 @@ def test_the_prior_and_a_cells_variance():
 
 
 def test_the_rule_is_stated_with_its_numbers():
-    text = V.describe(0.8, 0.1, 0.05, (0.0004, math.inf, 12))
-    assert "at most 0.8 x the corpus's unigram bits" in text and "by more than 0.1 bit" in text
+    text = V.describe(0.5, 0.1, 0.05, (0.0004, math.inf, 12))
+    assert "at most 0.5 x the corpus's unigram bits" in text and "by more than 0.1 bit" in text
     assert "Holm-corrected at 0.05" in text and "s0 = 0.02 bit on d0 = inf df (pooled df 12)" in text
