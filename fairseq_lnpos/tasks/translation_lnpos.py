@@ -17,6 +17,14 @@ optimizers this only updates a pending factor that also holds 1/loss-scale) and 
 of the whole update is final, so on logging updates the task wraps it: norms are taken from
 the parameters' ``.grad`` times the optimizer's pending ``_multiply_factor`` (1 when absent),
 before clipping changes anything. On other updates the wrapper only compares two integers.
+
+``--cpu-autocast-bf16`` (``fairseq_lnpos.precision``) runs the criterion, i.e. the model's forward
+and the loss, under ``torch.autocast("cpu", dtype=torch.bfloat16)`` in ``train_step`` and in
+``valid_step`` alike, so that a run's validation loss is that of the model it trains, measured as
+its training loss is; the backward pass, the parameters and the optimizer state stay float32.
+Generation (fairseq-generate, ``--eval-bleu``'s decoding inside ``valid_step``) decodes in float32.
+It is refused (one line) on a GPU, beside ``--fp16``, ``--bf16`` or ``--amp``, and on a CPU without
+bfloat16 instructions.
 """
 import json
 import logging
@@ -37,6 +45,8 @@ from fairseq_lnpos.data.bindir import check_data_dir
 from fairseq_lnpos.data.download import DataError
 from fairseq_lnpos.errors import LnposError, check
 from fairseq_lnpos.gradnorm import GradNormPlan, finite_or_none
+from fairseq_lnpos.precision import FLAG as AUTOCAST_FLAG
+from fairseq_lnpos.precision import AutocastCriterion, check_cpu_autocast
 from fairseq_lnpos.models.variant import without_fused_inference
 
 logger = logging.getLogger(__name__)
@@ -61,11 +71,22 @@ class TranslationLnposConfig(TranslationConfig):
         default=0,
         metadata={"help": "log gradient norms every N updates (0: use --log-interval)"},
     )
+    cpu_autocast_bf16: bool = field(
+        default=False,
+        metadata={
+            "help": "CPU mixed precision: the forward pass and the loss of training and validation "
+            "under torch.autocast('cpu', bfloat16); parameters, gradients and optimizer state stay "
+            "float32 (--bf16 casts the whole model instead). Needs a CPU with bfloat16 instructions "
+            "(AVX-512 BF16 or AMX); generation decodes in float32"
+        },
+    )
     # taken from the rest of the config (not command-line options of the task)
     log_interval: int = II("common.log_interval")
     save_dir: str = II("checkpoint.save_dir")
     distributed_rank: int = II("distributed_training.distributed_rank")
     fp16: bool = II("common.fp16")
+    bf16: bool = II("common.bf16")
+    amp: bool = II("common.amp")
     cpu: bool = II("common.cpu")
 
 
@@ -187,12 +208,20 @@ class TranslationLnposTask(TranslationTask):
                 f"logging per-layer gradient norms every {interval} updates"
                 + (f" to {path} and the train log" if path else "")
             )
+        self.autocast = bool(getattr(cfg, "cpu_autocast_bf16", False))
+        if self.autocast:
+            logger.info(f"{AUTOCAST_FLAG}: training and validation forward passes in bfloat16 autocast, "
+                        "parameters and optimizer state in float32")
 
     @classmethod
     def setup_task(cls, cfg, **kwargs):
         try:
             cfg.source_lang, cfg.target_lang = check_data_dir(cfg.data, cfg.source_lang, cfg.target_lang)
-        except DataError:
+            if getattr(cfg, "cpu_autocast_bf16", False):
+                import torch
+
+                check_cpu_autocast(cfg.cpu, torch.cuda.is_available(), cfg.fp16, cfg.bf16, cfg.amp)
+        except (DataError, LnposError):
             _remove_new_empty_folder(getattr(cfg, "save_dir", None))
             raise
         guard_checkpoint_loading()
@@ -215,4 +244,11 @@ class TranslationLnposTask(TranslationTask):
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         if self.grad_norm_logger is not None:
             self.grad_norm_logger.attach(optimizer, model, update_num)
+        if self.autocast:
+            criterion = AutocastCriterion(criterion)
         return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+
+    def valid_step(self, sample, model, criterion):
+        if self.autocast:
+            criterion = AutocastCriterion(criterion)
+        return super().valid_step(sample, model, criterion)
