@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from conftest import REPO, build_model, same_state, toy_data  # noqa: F401
-from fairseq_lnpos.bench import (MIN_PAIRS, baseline, fairseq_size, overhead_results, paired, summary,
-                                 throughput_results, verdict)
+from fairseq_lnpos.bench import (AUTOCAST_TARGETS, MIN_PAIRS, autocast_results, baseline, fairseq_size,
+                                 overhead_results, paired, summary, throughput_results, verdict)
 from fairseq_lnpos.variants import VARIANTS, arch_name
 
 
@@ -140,3 +140,18 @@ def test_too_few_pairs_give_no_verdict():
     assert "4 paired updates per configuration: too few for the intervals to say anything" in text
     seconds = {"fairseq_postln": [1.0] * MIN_PAIRS, "postln": [1.0] * MIN_PAIRS}
     assert throughput_results(seconds, work, ["postln"], "transformer")["postln"]["verdict"] == "met"
+
+
+def test_autocast_speedup_on_hand_made_timings():
+    seconds = {"postln_float32": [1.5] * 4, "postln_bf16": [1.0] * 4,   # 1.5x faster: met (>= 1.4)
+               "preln_float32": [1.0, 2.0] * 2, "preln_bf16": [2.0, 4.0] * 2}  # twice as slow: missed
+    r = autocast_results(seconds, ["postln", "preln"], AUTOCAST_TARGETS["tiny"], min_pairs=4)
+    assert (r["postln"]["median"], r["postln"]["verdict"]) == (1.5, "met")
+    assert (r["preln"]["median"], r["preln"]["verdict"]) == (0.5, "missed")
+    assert (r["preln"]["seconds_per_update_float32"], r["preln"]["seconds_per_update_bf16"]) == (1.5, 3.0)
+    assert "target" not in autocast_results(seconds, ["postln"])["postln"]  # a size without a target
+    text = summary({"throughput": {}, "grad_norm_overhead": {}, "autocast": {
+        "cpu_bf16_instructions": [], "emulated": True, "max_tokens": 1024, "sizes": {"tiny": r}}})
+    assert ("--cpu-autocast-bf16 tiny preln (1024 tokens, emulated: this CPU has no bfloat16 instructions): "
+            "float32 / bf16 time 0.500 [0.500, 0.500] (1.500 / 3.000 s/update) (target >= 1.4: missed)") in text
+    assert "4 paired updates per configuration: too few" in text

@@ -219,6 +219,7 @@ class DoneRecord(Record):
     final_valid_loss: float = spec(NUMBER, written=True)
     peak_rss_mb: float = spec(NUMBER, written=True)
     cuda_peak_mb: float = spec(NUMBER, written=True)
+    precision: str = spec(STRING)  # what it trained in (precision.precision_of); absent in older runs
 
     @classmethod
     def failed(cls, reason):
