@@ -150,14 +150,15 @@ def serve(requests, replies_fd):
     def answer(obj):
         os.write(replies_fd, (json.dumps(obj) + "\n").encode())
 
-    answer({"ready": os.getpid()})
+    server = os.getpid()
+    answer({"ready": server})
     for line in requests:
         request = json.loads(line)
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _child(request, os.getppid(), replies_fd)
+            _child(request, server, replies_fd)
         try:
             os.setpgid(pid, pid)  # also here: the group exists before the client can kill it
         except OSError:  # it made its group already, or it has ended
