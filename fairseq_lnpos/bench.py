@@ -11,6 +11,10 @@
   Multi30k's CPU size (1024 tokens). On a CPU without bfloat16 instructions, where the option is
   refused, the same models are timed with the task's autocast switched on directly (bfloat16 as
   torch emulates it), and the result says so;
+* with ``--startup N``, what the grid's fork server (:mod:`fairseq_lnpos.forkserver`) saves: N short
+  fairseq-train runs of one configuration as processes of their own and N forked from one server,
+  taking turns; total wall time and CPU time of the fresh processes over those of the server (its
+  start included);
 * the wall time of the Fig. 3 analysis (``scripts/init_grad_analysis.sh``) with its defaults.
 
 Timing: every configuration trains on the same batches; the configurations take turns at every
@@ -292,6 +296,55 @@ def measure_autocast(data, sizes, steps, reps, log, save_dir, extra=()):
     return out
 
 
+def measure_startup(data, runs, log, updates=2, threads=1):
+    """``runs`` fairseq-train runs of ``updates`` updates (the tiny Pre-LN model, one thread each) as
+    fresh processes and as many forked from one fork server, taking turns: wall and CPU seconds of
+    each side, the server's start counted on its side."""
+    from .experiments import reap
+    from .forkserver import ForkServer
+    from .launch import child_env, script
+
+    env = child_env(threads)
+
+    def popen(cmd, env, **kw):
+        return subprocess.Popen(cmd, env=env, start_new_session=True, **kw)
+
+    fresh, forked = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = train_args(data, arch_name("preln", "tiny"), max_tokens=AUTOCAST_MAX_TOKENS, task="translation_lnpos",
+                          optim=[*adam(1e-3), *NO_WARMUP], seed=1, save_dir=Path(tmp) / "save",
+                          extra=["--cpu", "--max-update", str(updates), "--no-save", "--disable-validation",
+                                 "--num-workers", "0"])
+        log_path = Path(tmp) / "train.log"
+        start = time.perf_counter()
+        with open(os.devnull, "wb") as null:
+            server = ForkServer(popen, env, null)
+        server.ready.wait()
+        server_start = time.perf_counter() - start
+        try:
+            for i in range(runs):
+                start = time.perf_counter()
+                with open(log_path, "ab") as out:
+                    proc = popen([script("fairseq-train"), *argv], env, stdout=out, stderr=subprocess.STDOUT)
+                check(reap.wait(proc) == 0, f"fairseq-train failed; see {log_path}")
+                fresh.append((time.perf_counter() - start, proc.cpu_seconds))
+                start = time.perf_counter()
+                run = server.spawn(argv, env, log_path)
+                check(run.wait() == 0, "a forked fairseq-train failed")
+                forked.append((time.perf_counter() - start, run.cpu_seconds))
+                log(f"  run {i + 1}/{runs}: fresh {fresh[-1][0]:.1f} s, forked {forked[-1][0]:.1f} s")
+        finally:
+            server.close()
+    fresh_wall, forked_wall = sum(t for t, _ in fresh), server_start + sum(t for t, _ in forked)
+    fresh_cpu = sum(c for _, c in fresh)
+    server_cpu = getattr(server.proc, "cpu_seconds", None)  # the server's own and its runs'
+    return {"runs": runs, "updates": updates, "threads": threads, "server_start_seconds": server_start,
+            "fresh_seconds": [t for t, _ in fresh], "forked_seconds": [t for t, _ in forked],
+            "fresh_cpu_seconds": fresh_cpu, "forked_cpu_seconds": server_cpu,
+            "wall_ratio": fresh_wall / forked_wall, "cpu_ratio": server_cpu and fresh_cpu / server_cpu,
+            "per_run": paired([t for t, _ in fresh], [t for t, _ in forked])}
+
+
 def default_data(out_dir, log):
     """The project's synthetic corpus (generated once under out_dir)."""
     bin_dir = Path(out_dir) / "synthetic-bin"
@@ -309,11 +362,12 @@ def check_choices(kind, given, known):
 
 
 def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, reps=5, max_tokens=2048,
-              device="cpu", fairseq_args=(), analysis=True, log=print, overhead=True, autocast=True):
+              device="cpu", fairseq_args=(), analysis=True, log=print, overhead=True, autocast=True, startup=0):
     """Measure throughput of every variant at every size against fairseq's own model, the
     ``--log-grad-norms`` overhead (at the first size), with ``autocast`` (on the CPU) the speed-up
     of bfloat16 autocast at every size and, with ``analysis``, the wall time of the Fig. 3
-    analysis. Returns the result as a dict (what :func:`summary` prints)."""
+    analysis; with ``startup`` N > 0, what the fork server saves on N short runs
+    (:func:`measure_startup`). Returns the result as a dict (what :func:`summary` prints)."""
     check_choices("size", sizes, list(SIZES))
     check_choices("variant", variants, list(VARIANTS))
     check(steps >= 1 and reps >= 1, "--steps and --reps must be at least 1")
@@ -350,6 +404,9 @@ def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, rep
             result["grad_norm_overhead"] = overhead_results(secs, hook)
         if autocast and device == "cpu":
             result["autocast"] = measure_autocast(data, sizes, steps, reps, log, save_dir, extra)
+    if startup:
+        log(f"fork server: {startup} short fairseq-train runs as fresh processes and {startup} forked")
+        result["startup"] = measure_startup(data, startup, log)
     if analysis:
         log("Fig. 3 analysis with its default settings (scripts/init_grad_analysis.sh)")
         with tempfile.TemporaryDirectory() as tmp:  # timed as the command a user runs
@@ -398,6 +455,13 @@ def summary(result):
                      f"few ratios a bootstrap interval spans about their whole range, and one update slowed by "
                      f"another process gives a ratio far from 1), so no verdict; verdicts need {MIN_PAIRS} pairs "
                      f"(steps x reps; the defaults give 100)")
+    st = result.get("startup")
+    if st:
+        lines.append(f"fork server, {st['runs']} runs of {st['updates']} updates: fresh processes / forked (the "
+                     f"server's {st['server_start_seconds']:.1f} s start included): wall time {st['wall_ratio']:.2f}x, "
+                     f"CPU time " + (f"{st['cpu_ratio']:.2f}x" if st["cpu_ratio"] else "?") +
+                     f"; per run {st['per_run']['median']:.2f}x [{st['per_run']['ci95'][0]:.2f}, "
+                     f"{st['per_run']['ci95'][1]:.2f}]")
     if "fig3_analysis_seconds" in result:
         lines.append(f"Fig. 3 analysis (defaults): {result['fig3_analysis_seconds']:.0f} s")
     return "\n".join(lines)
@@ -421,6 +485,9 @@ def parse_args(argv=None):
                    help="skip measuring --log-grad-norms' overhead (throughput only)")
     p.add_argument("--no-autocast", action="store_true",
                    help="skip measuring --cpu-autocast-bf16 against float32 (CPU only)")
+    p.add_argument("--startup", type=int, default=0, metavar="N",
+                   help="also time N short runs as fresh fairseq-train processes against N forked from the "
+                        "grid's fork server (default 0: not measured)")
     p.add_argument("--quick", action="store_true", help="CI mode: tiny size, 2 reps of 2 steps, no analysis")
     args = p.parse_args(argv)
     if args.quick:
@@ -433,6 +500,7 @@ def main(argv=None):
     sizes = comma_list(args.sizes, "--sizes", choices=SIZES, what="a size")
     variants = comma_list(args.variants, "--variants", choices=VARIANTS, what="a variant")
     check(args.threads >= 0, "--threads must be at least 0")
+    check(args.startup >= 0, "--startup must be at least 0")
     logging.disable(logging.WARNING)  # fairseq's per-model INFO lines would drown the progress
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -446,7 +514,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     result = benchmark(data, sizes, variants, args.steps, args.reps, args.max_tokens, args.device,
                        args.fairseq_args.split(), not args.no_analysis, log, overhead=not args.no_overhead,
-                       autocast=not args.no_autocast)
+                       autocast=not args.no_autocast, startup=args.startup)
     write_json(out, result)
     log(summary(result))
     log(f"written {out}")

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from .common import USER_DIR
+from .experiments import reap
 
 TRAIN_SCRIPT = "fairseq-train"
 PR_SET_PDEATHSIG = 1
@@ -240,7 +241,7 @@ class ForkServer:
         except ValueError:  # not an answer: the server is broken
             pass
         finally:
-            code = self.proc.wait()
+            code = reap.wait(self.proc)  # the server's CPU time: its own and its runs' (cpu_seconds)
             with self.lock:
                 self.gone = True
                 self.ready.set()
@@ -279,15 +280,13 @@ class ForkServer:
             self.proc.stdin.close()
         except OSError:
             pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
+        self.reader.join(5)  # it reaps the server once its answers end
+        if self.reader.is_alive():
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-            self.proc.wait()
-        self.reader.join()
+            self.reader.join()
 
 
 if __name__ == "__main__":

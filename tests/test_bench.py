@@ -155,3 +155,11 @@ def test_autocast_speedup_on_hand_made_timings():
     assert ("--cpu-autocast-bf16 tiny preln (1024 tokens, emulated: this CPU has no bfloat16 instructions): "
             "float32 / bf16 time 0.500 [0.500, 0.500] (1.500 / 3.000 s/update) (target >= 1.4: missed)") in text
     assert "4 paired updates per configuration: too few" in text
+
+
+def test_fork_server_saving_in_the_summary():
+    startup = {"runs": 3, "updates": 2, "server_start_seconds": 5.0, "wall_ratio": 1.8, "cpu_ratio": 1.6,
+               "per_run": paired([10.0, 10.0, 10.0], [4.0, 5.0, 5.0])}
+    text = summary({"throughput": {}, "grad_norm_overhead": {}, "startup": startup})
+    assert ("fork server, 3 runs of 2 updates: fresh processes / forked (the server's 5.0 s start included): "
+            "wall time 1.80x, CPU time 1.60x; per run 2.00x [2.00, 2.50]") in text
