@@ -63,8 +63,8 @@ def test_a_forked_run_has_fairseq_trains_argv_environment_group_and_log(tmp_path
     assert ended["returncode"] == 0 and ended["cpu_seconds"] >= 0 and ended["peak_rss_mb"] > 0
     first, *printed = logs[0].splitlines()  # stdout is buffered, stderr is not: either may come first
     assert first == "# grid: earlier launch"
-    assert sorted(printed) == [f"{['fairseq-train', 'DATA', '--seed', '0']} [('OMP_NUM_THREADS', '1'), ('ONLY', 'this')] "
-                               "True 1", "to stderr"]
+    argv, env = ['fairseq-train', 'DATA', '--seed', '0'], [('OMP_NUM_THREADS', '1'), ('ONLY', 'this')]
+    assert sorted(printed) == [f"{argv} {env} True 1", "to stderr"]
 
 
 def test_each_run_ends_alone_with_the_exit_status_of_a_fresh_process(tmp_path, monkeypatch):

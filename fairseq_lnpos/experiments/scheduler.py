@@ -3,8 +3,8 @@
 A slot is one place for a run: a GPU group (``CUDA_VISIBLE_DEVICES``), given ``--runs-per-gpu``
 times, or a share of the CPU. Each slot's worker takes the next job, trains it with fairseq-train
 (resuming from checkpoint_last.pt; on the CPU forked from the slot's fork server, which imported
-fairseq once, unless ``--no-fork-server``: forkserver.py), follows its log, and hands every saved epoch to the
-evaluator of its device; the slot is free again as soon as training ends. A run is finished
+fairseq once, unless ``--no-fork-server``: forkserver.py), follows its log, and hands every saved
+epoch to the evaluator of its device; the slot is free again as soon as training ends. A run is finished
 (DONE.json) when every saved epoch is recorded (scored, or left unscored by --eval-every) and its
 last epoch scored, in its own folder still; a run that cannot get there is failed (DONE.json says
 why; a re-run retries it). CPU threads are shared out among everything that runs at once: the slots
@@ -147,6 +147,9 @@ class Grid:
         server = self.servers.get(me)
         for attempt in (1, 2):  # a server that ended (killed, crashed) is replaced once
             if server is None or not server.alive:
+                if server is not None:
+                    with self.lock:
+                        self.procs.discard(server.proc)
                 with open_log(self.out / "forkserver.log", binary=True) as errors:
                     server = self.servers[me] = ForkServer(self.popen, env, errors)
             try:
