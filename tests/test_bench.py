@@ -43,6 +43,15 @@ def test_quick_benchmark_writes_ratios_for_every_arch(toy_data, tmp_path):
     hook = {k: v["hook_percent"] for k, v in data["grad_norm_overhead"].items()}
     assert hook["interval_1"] > 0 and hook["interval_100"] == 0  # 4 updates: never a 100th
     assert "| tiny | keel |" in result.stdout
+    # --cpu-autocast-bf16 against float32, Post-LN and Pre-LN, on 1024-token batches; emulated where
+    # the CPU has no bfloat16 instructions
+    from fairseq_lnpos.precision import cpu_bf16_instructions
+
+    autocast = data["autocast"]
+    assert autocast["emulated"] == (not cpu_bf16_instructions()) and autocast["max_tokens"] == 1024
+    assert set(autocast["sizes"]["tiny"]) == {"postln", "preln"}
+    assert all(r["n"] == 4 and r["target"] == 1.4 for r in autocast["sizes"]["tiny"].values())
+    assert "--cpu-autocast-bf16 tiny preln (1024 tokens, " in result.stdout
 
 
 @pytest.mark.slow
