@@ -45,9 +45,9 @@ from fairseq_lnpos.data.bindir import check_data_dir
 from fairseq_lnpos.data.download import DataError
 from fairseq_lnpos.errors import LnposError, check
 from fairseq_lnpos.gradnorm import GradNormPlan, finite_or_none
+from fairseq_lnpos.models.variant import without_fused_inference
 from fairseq_lnpos.precision import FLAG as AUTOCAST_FLAG
 from fairseq_lnpos.precision import AutocastCriterion, check_cpu_autocast
-from fairseq_lnpos.models.variant import without_fused_inference
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +182,8 @@ def check_half_precision(cfg):
 
 def _remove_new_empty_folder(path):
     """fairseq-train creates --save-dir (default ./checkpoints) before it sets the task up: on bad
-    data, remove it again if it is empty and this run made it (changed after the plugin loaded)."""
+    data or a refused option, remove it again if it is empty and this run made it (changed after
+    the plugin loaded)."""
     try:
         if path and os.path.isdir(path) and not os.listdir(path) and os.stat(path).st_mtime >= LOADED_AT:
             os.rmdir(path)
@@ -221,7 +222,7 @@ class TranslationLnposTask(TranslationTask):
                 import torch
 
                 check_cpu_autocast(cfg.cpu, torch.cuda.is_available(), cfg.fp16, cfg.bf16, cfg.amp)
-        except (DataError, LnposError):
+        except LnposError:  # bad data (DataError) or a refused --cpu-autocast-bf16
             _remove_new_empty_folder(getattr(cfg, "save_dir", None))
             raise
         guard_checkpoint_loading()
