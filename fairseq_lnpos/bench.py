@@ -6,6 +6,15 @@
   ``--encoder-normalize-before --decoder-normalize-before``, every other variant against Post-LN);
 * the overhead of ``--log-grad-norms`` at intervals 1 and 100, as a ratio to the same run
   without it, and as the time spent inside the hook itself;
+* bfloat16 autocast on the CPU (``--cpu-autocast-bf16``, :mod:`fairseq_lnpos.precision`): per-update
+  time in float32 over time under autocast, Post-LN and Pre-LN at every size, on batches of
+  Multi30k's CPU size (1024 tokens). On a CPU without bfloat16 instructions, where the option is
+  refused, the same models are timed with the task's autocast switched on directly (bfloat16 as
+  torch emulates it), and the result says so;
+* with ``--startup N``, what the grid's fork server (:mod:`fairseq_lnpos.forkserver`) saves: N short
+  fairseq-train runs of one configuration as processes of their own and N forked from one server,
+  taking turns; total wall time and CPU time of the fresh processes over those of the server (its
+  start included);
 * the wall time of the Fig. 3 analysis (``scripts/init_grad_analysis.sh``) with its defaults.
 
 Timing: every configuration trains on the same batches; the configurations take turns at every
@@ -40,6 +49,10 @@ DEFAULT_SIZES = ("tiny", "iwslt_de_en")
 # ratios spans about their whole range, so one update slowed by another process (a ratio of 10 on a
 # shared CPU) decides it; --quick times 2 x 2 = 4, the defaults 5 x 20 = 100
 MIN_PAIRS = 20
+# --cpu-autocast-bf16: time in float32 / time under autocast, at least this (per size)
+AUTOCAST_TARGETS = {"tiny": 1.4}
+AUTOCAST_VARIANTS = ("postln", "preln")
+AUTOCAST_MAX_TOKENS = 1024  # Multi30k's batches on the CPU (runs.DATASETS["multi30k_cpu"])
 NORMALIZE_BEFORE = ("--encoder-normalize-before", "--decoder-normalize-before")
 
 
@@ -96,9 +109,10 @@ def _time_hook(trainer, spent):
         setattr(logger, name, timed)
 
 
-def measure(configs, data, steps, reps, log, max_tokens, device, save_dir):
+def measure(configs, data, steps, reps, log, max_tokens, device, save_dir, prepare=None):
     """``configs``: name -> (arch, extra flags). Every configuration trains on the same ``steps``
-    batches ``reps`` times, the configurations taking turns at every update.
+    batches ``reps`` times, the configurations taking turns at every update. ``prepare``: name ->
+    a function called with that configuration's trainer once it is built.
 
     Returns (name -> seconds of each timed update, name -> seconds inside the grad-norm hook,
     name -> work counts of one update)."""
@@ -107,6 +121,8 @@ def measure(configs, data, steps, reps, log, max_tokens, device, save_dir):
     built, hook = {}, {}
     for name, (arch, extra) in configs.items():
         trainer, itr = make_trainer(data, arch, extra, max_tokens, device, Path(save_dir) / name)
+        if prepare and name in prepare:
+            prepare[name](trainer)
         batches = list(islice(itr, steps + 1))
         check(len(batches) == steps + 1, f"{data} has fewer than {steps + 1} training batches: use --steps")
         trainer.train_step([batches[0]])  # lazy optimizer state, allocator warm-up: not timed
@@ -237,6 +253,100 @@ def overhead_results(seconds, hook, min_pairs=MIN_PAIRS):
     return out
 
 
+def autocast_results(seconds, variants, target=None, min_pairs=MIN_PAIRS):
+    """Per variant: its per-update times in float32 (``seconds[v + "_float32"]``) paired with those
+    under bfloat16 autocast (``seconds[v + "_bf16"]``) on the same batches: the speed-up, and the
+    verdict where the size has a ``target``."""
+    out = {}
+    for v in variants:
+        r = paired(seconds[f"{v}_float32"], seconds[f"{v}_bf16"])
+        r.update(seconds_per_update_float32=statistics.median(seconds[f"{v}_float32"]),
+                 seconds_per_update_bf16=statistics.median(seconds[f"{v}_bf16"]))
+        if target is not None:
+            r.update(target=target, verdict=judged(r, target, True, min_pairs))
+        out[v] = r
+    return out
+
+
+def measure_autocast(data, sizes, steps, reps, log, save_dir, extra=()):
+    """``--cpu-autocast-bf16`` against float32 (:func:`autocast_results` per size), the plugin's
+    Post-LN and Pre-LN, on batches of :data:`AUTOCAST_MAX_TOKENS`; where the CPU has no bfloat16
+    instructions the task's autocast is switched on directly (emulated bfloat16), at the first size
+    only (emulated, an update of the IWSLT model took about 100 s on 2 shared cores; 6 s in float32)."""
+    from .precision import FLAG, cpu_bf16_instructions
+
+    found = cpu_bf16_instructions()
+    sizes = sizes if found else sizes[:1]
+    out = {"cpu_bf16_instructions": list(found), "emulated": not found, "max_tokens": AUTOCAST_MAX_TOKENS,
+           "sizes": {}}
+
+    def switch_on(trainer):
+        trainer.task.autocast = True
+
+    task = ["--task", "translation_lnpos", *extra]
+    for size in sizes:
+        configs, prepare = {}, {}
+        for v in AUTOCAST_VARIANTS:
+            configs[f"{v}_float32"] = (arch_name(v, size), task)
+            configs[f"{v}_bf16"] = (arch_name(v, size), task + [FLAG] if found else task)
+            if not found:
+                prepare[f"{v}_bf16"] = switch_on
+        where = "CPU: " + ", ".join(found) if found else "emulated: no bfloat16 instructions on this CPU"
+        log(f"bf16 autocast at size {size} ({where}; {reps} reps x {steps} updates)")
+        secs, _, _ = measure(configs, data, steps, reps, log, AUTOCAST_MAX_TOKENS, "cpu", save_dir, prepare)
+        out["sizes"][size] = autocast_results(secs, AUTOCAST_VARIANTS, AUTOCAST_TARGETS.get(size))
+    return out
+
+
+def measure_startup(data, runs, log, updates=2, threads=1):
+    """``runs`` fairseq-train runs of ``updates`` updates (the tiny Pre-LN model, one thread each) as
+    fresh processes and as many forked from one fork server, taking turns: wall and CPU seconds of
+    each side, the server's start counted on its side."""
+    from .experiments import reap
+    from .forkserver import ForkServer
+    from .launch import child_env, script
+
+    env = child_env(threads)
+
+    def popen(cmd, env, **kw):
+        return subprocess.Popen(cmd, env=env, start_new_session=True, **kw)
+
+    fresh, forked = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = train_args(data, arch_name("preln", "tiny"), max_tokens=AUTOCAST_MAX_TOKENS, task="translation_lnpos",
+                          optim=[*adam(1e-3), *NO_WARMUP], seed=1, save_dir=Path(tmp) / "save",
+                          extra=["--cpu", "--max-update", str(updates), "--no-save", "--disable-validation",
+                                 "--num-workers", "0"])
+        log_path = Path(tmp) / "train.log"
+        start = time.perf_counter()
+        with open(os.devnull, "wb") as null:
+            server = ForkServer(popen, env, null)
+        server.ready.wait()
+        server_start = time.perf_counter() - start
+        try:
+            for i in range(runs):
+                start = time.perf_counter()
+                with open(log_path, "ab") as out:
+                    proc = popen([script("fairseq-train"), *argv], env, stdout=out, stderr=subprocess.STDOUT)
+                check(reap.wait(proc) == 0, f"fairseq-train failed; see {log_path}")
+                fresh.append((time.perf_counter() - start, proc.cpu_seconds))
+                start = time.perf_counter()
+                run = server.spawn(argv, env, log_path)
+                check(run.wait() == 0, "a forked fairseq-train failed")
+                forked.append((time.perf_counter() - start, run.cpu_seconds))
+                log(f"  run {i + 1}/{runs}: fresh {fresh[-1][0]:.1f} s, forked {forked[-1][0]:.1f} s")
+        finally:
+            server.close()
+    fresh_wall, forked_wall = sum(t for t, _ in fresh), server_start + sum(t for t, _ in forked)
+    fresh_cpu = sum(c for _, c in fresh)
+    server_cpu = getattr(server.proc, "cpu_seconds", None)  # the server's own and its runs'
+    return {"runs": runs, "updates": updates, "threads": threads, "server_start_seconds": server_start,
+            "fresh_seconds": [t for t, _ in fresh], "forked_seconds": [t for t, _ in forked],
+            "fresh_cpu_seconds": fresh_cpu, "forked_cpu_seconds": server_cpu,
+            "wall_ratio": fresh_wall / forked_wall, "cpu_ratio": server_cpu and fresh_cpu / server_cpu,
+            "per_run": paired([t for t, _ in fresh], [t for t, _ in forked])}
+
+
 def default_data(out_dir, log):
     """The project's synthetic corpus (generated once under out_dir)."""
     bin_dir = Path(out_dir) / "synthetic-bin"
@@ -254,10 +364,12 @@ def check_choices(kind, given, known):
 
 
 def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, reps=5, max_tokens=2048,
-              device="cpu", fairseq_args=(), analysis=True, log=print, overhead=True):
+              device="cpu", fairseq_args=(), analysis=True, log=print, overhead=True, autocast=True, startup=0):
     """Measure throughput of every variant at every size against fairseq's own model, the
-    ``--log-grad-norms`` overhead (at the first size) and, with ``analysis``, the wall time of the
-    Fig. 3 analysis. Returns the result as a dict (what :func:`summary` prints)."""
+    ``--log-grad-norms`` overhead (at the first size), with ``autocast`` (on the CPU) the speed-up
+    of bfloat16 autocast at every size and, with ``analysis``, the wall time of the Fig. 3
+    analysis; with ``startup`` N > 0, what the fork server saves on N short runs
+    (:func:`measure_startup`). Returns the result as a dict (what :func:`summary` prints)."""
     check_choices("size", sizes, list(SIZES))
     check_choices("variant", variants, list(VARIANTS))
     check(steps >= 1 and reps >= 1, "--steps and --reps must be at least 1")
@@ -292,6 +404,11 @@ def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, rep
                  "interval_100": (arch, task + ["--log-grad-norms", "--grad-norm-interval", "100"])},
                 data, steps, reps, log, max_tokens, device, save_dir)
             result["grad_norm_overhead"] = overhead_results(secs, hook)
+        if autocast and device == "cpu":
+            result["autocast"] = measure_autocast(data, sizes, steps, reps, log, save_dir, extra)
+    if startup:
+        log(f"fork server: {startup} short fairseq-train runs as fresh processes and {startup} forked")
+        result["startup"] = measure_startup(data, startup, log)
     if analysis:
         log("Fig. 3 analysis with its default settings (scripts/init_grad_analysis.sh)")
         with tempfile.TemporaryDirectory() as tmp:  # timed as the command a user runs
@@ -322,13 +439,31 @@ def summary(result):
         lines.append(f"--log-grad-norms {k.replace('_', ' ')}: {r['overhead_percent']:+.1f} % time "
                      f"[{lo:+.1f}, {hi:+.1f}] (target <= {r['target_percent']:g} %: {r['verdict']}); "
                      f"inside the hook: {r['hook_percent']:.2f} %")
+    ac = result.get("autocast")
+    if ac:
+        where = "emulated: this CPU has no bfloat16 instructions" if ac["emulated"] else \
+            "CPU " + ", ".join(ac["cpu_bf16_instructions"])
+        for size, archs in ac["sizes"].items():
+            for v, r in archs.items():
+                lines.append(f"--cpu-autocast-bf16 {size} {v} ({ac['max_tokens']} tokens, {where}): float32 / bf16 "
+                             f"time {r['median']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] "
+                             f"({r['seconds_per_update_float32']:.3f} / {r['seconds_per_update_bf16']:.3f} s/update)"
+                             + (f" (target >= {r['target']:g}: {r['verdict']})" if "target" in r else ""))
     few = min([r["n"] for archs in result["throughput"].values() for r in archs.values()]
-              + [r["time_ratio"]["n"] for r in result["grad_norm_overhead"].values()], default=MIN_PAIRS)
+              + [r["time_ratio"]["n"] for r in result["grad_norm_overhead"].values()]
+              + [r["n"] for archs in (ac or {}).get("sizes", {}).values() for r in archs.values()], default=MIN_PAIRS)
     if few < MIN_PAIRS:
         lines.append(f"{few} paired updates per configuration: too few for the intervals to say anything (with so "
                      f"few ratios a bootstrap interval spans about their whole range, and one update slowed by "
                      f"another process gives a ratio far from 1), so no verdict; verdicts need {MIN_PAIRS} pairs "
                      f"(steps x reps; the defaults give 100)")
+    st = result.get("startup")
+    if st:
+        lines.append(f"fork server, {st['runs']} runs of {st['updates']} updates: fresh processes / forked (the "
+                     f"server's {st['server_start_seconds']:.1f} s start included): wall time {st['wall_ratio']:.2f}x, "
+                     f"CPU time " + (f"{st['cpu_ratio']:.2f}x" if st["cpu_ratio"] else "?") +
+                     f"; per run {st['per_run']['median']:.2f}x [{st['per_run']['ci95'][0]:.2f}, "
+                     f"{st['per_run']['ci95'][1]:.2f}]")
     if "fig3_analysis_seconds" in result:
         lines.append(f"Fig. 3 analysis (defaults): {result['fig3_analysis_seconds']:.0f} s")
     return "\n".join(lines)
@@ -350,6 +485,11 @@ def parse_args(argv=None):
     p.add_argument("--no-analysis", action="store_true", help="skip timing the Fig. 3 analysis")
     p.add_argument("--no-overhead", action="store_true",
                    help="skip measuring --log-grad-norms' overhead (throughput only)")
+    p.add_argument("--no-autocast", action="store_true",
+                   help="skip measuring --cpu-autocast-bf16 against float32 (CPU only)")
+    p.add_argument("--startup", type=int, default=0, metavar="N",
+                   help="also time N short runs as fresh fairseq-train processes against N forked from the "
+                        "grid's fork server (default 0: not measured)")
     p.add_argument("--quick", action="store_true", help="CI mode: tiny size, 2 reps of 2 steps, no analysis")
     args = p.parse_args(argv)
     if args.quick:
@@ -362,6 +502,7 @@ def main(argv=None):
     sizes = comma_list(args.sizes, "--sizes", choices=SIZES, what="a size")
     variants = comma_list(args.variants, "--variants", choices=VARIANTS, what="a variant")
     check(args.threads >= 0, "--threads must be at least 0")
+    check(args.startup >= 0, "--startup must be at least 0")
     logging.disable(logging.WARNING)  # fairseq's per-model INFO lines would drown the progress
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -374,7 +515,8 @@ def main(argv=None):
 
         torch.set_num_threads(args.threads)
     result = benchmark(data, sizes, variants, args.steps, args.reps, args.max_tokens, args.device,
-                       args.fairseq_args.split(), not args.no_analysis, log, overhead=not args.no_overhead)
+                       args.fairseq_args.split(), not args.no_analysis, log, overhead=not args.no_overhead,
+                       autocast=not args.no_autocast, startup=args.startup)
     write_json(out, result)
     log(summary(result))
     log(f"written {out}")

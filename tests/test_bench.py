@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from conftest import REPO, build_model, same_state, toy_data  # noqa: F401
-from fairseq_lnpos.bench import (MIN_PAIRS, baseline, fairseq_size, overhead_results, paired, summary,
-                                 throughput_results, verdict)
+from fairseq_lnpos.bench import (AUTOCAST_TARGETS, MIN_PAIRS, autocast_results, baseline, fairseq_size,
+                                 overhead_results, paired, summary, throughput_results, verdict)
 from fairseq_lnpos.variants import VARIANTS, arch_name
 
 
@@ -43,6 +43,15 @@ def test_quick_benchmark_writes_ratios_for_every_arch(toy_data, tmp_path):
     hook = {k: v["hook_percent"] for k, v in data["grad_norm_overhead"].items()}
     assert hook["interval_1"] > 0 and hook["interval_100"] == 0  # 4 updates: never a 100th
     assert "| tiny | keel |" in result.stdout
+    # --cpu-autocast-bf16 against float32, Post-LN and Pre-LN, on 1024-token batches; emulated where
+    # the CPU has no bfloat16 instructions
+    from fairseq_lnpos.precision import cpu_bf16_instructions
+
+    autocast = data["autocast"]
+    assert autocast["emulated"] == (not cpu_bf16_instructions()) and autocast["max_tokens"] == 1024
+    assert set(autocast["sizes"]["tiny"]) == {"postln", "preln"}
+    assert all(r["n"] == 4 and r["target"] == 1.4 for r in autocast["sizes"]["tiny"].values())
+    assert "--cpu-autocast-bf16 tiny preln (1024 tokens, " in result.stdout
 
 
 @pytest.mark.slow
@@ -140,3 +149,26 @@ def test_too_few_pairs_give_no_verdict():
     assert "4 paired updates per configuration: too few for the intervals to say anything" in text
     seconds = {"fairseq_postln": [1.0] * MIN_PAIRS, "postln": [1.0] * MIN_PAIRS}
     assert throughput_results(seconds, work, ["postln"], "transformer")["postln"]["verdict"] == "met"
+
+
+def test_autocast_speedup_on_hand_made_timings():
+    seconds = {"postln_float32": [1.5] * 4, "postln_bf16": [1.0] * 4,   # 1.5x faster: met (>= 1.4)
+               "preln_float32": [1.0, 2.0] * 2, "preln_bf16": [2.0, 4.0] * 2}  # twice as slow: missed
+    r = autocast_results(seconds, ["postln", "preln"], AUTOCAST_TARGETS["tiny"], min_pairs=4)
+    assert (r["postln"]["median"], r["postln"]["verdict"]) == (1.5, "met")
+    assert (r["preln"]["median"], r["preln"]["verdict"]) == (0.5, "missed")
+    assert (r["preln"]["seconds_per_update_float32"], r["preln"]["seconds_per_update_bf16"]) == (1.5, 3.0)
+    assert "target" not in autocast_results(seconds, ["postln"])["postln"]  # a size without a target
+    text = summary({"throughput": {}, "grad_norm_overhead": {}, "autocast": {
+        "cpu_bf16_instructions": [], "emulated": True, "max_tokens": 1024, "sizes": {"tiny": r}}})
+    assert ("--cpu-autocast-bf16 tiny preln (1024 tokens, emulated: this CPU has no bfloat16 instructions): "
+            "float32 / bf16 time 0.500 [0.500, 0.500] (1.500 / 3.000 s/update) (target >= 1.4: missed)") in text
+    assert "4 paired updates per configuration: too few" in text
+
+
+def test_fork_server_saving_in_the_summary():
+    startup = {"runs": 3, "updates": 2, "server_start_seconds": 5.0, "wall_ratio": 1.8, "cpu_ratio": 1.6,
+               "per_run": paired([10.0, 10.0, 10.0], [4.0, 5.0, 5.0])}
+    text = summary({"throughput": {}, "grad_norm_overhead": {}, "startup": startup})
+    assert ("fork server, 3 runs of 2 updates: fresh processes / forked (the server's 5.0 s start included): "
+            "wall time 1.80x, CPU time 1.60x; per run 2.00x [2.00, 2.50]") in text

@@ -110,6 +110,9 @@ class RunFields(Options):
     runs_per_gpu: int = option(1, "with --gpus: K runs at once on each GPU (group); default 1",
                                type=whole_number(1), metavar="K")
     jobs: int = option(1, "CPU only: runs side by side, sharing the cores", type=whole_number(1))
+    fork_server: bool = option(
+        True, "start each CPU run's fairseq-train as a process of its own (default: forked from one process "
+              "per slot that imported fairseq once; forkserver.py)", flag="--no-fork-server")
     gpus_per_run: int = option(1, "GPUs per run (fairseq distributed); --update-freq keeps the paper's batch",
                                type=whole_number(1))
     fp16: bool = option(False, "mixed precision (GPU only)")

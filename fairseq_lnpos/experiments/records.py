@@ -222,6 +222,7 @@ class DoneRecord(Record):
     peak_rss_mb: float = spec(NUMBER, written=True)
     cuda_peak_mb: float = spec(NUMBER, written=True)
     provenance: dict = spec(OBJECT)             # code, versions and machine (provenance.py); absent in older runs
+    precision: str = spec(STRING)  # what it trained in (precision.precision_of); absent in older runs
 
     @classmethod
     def failed(cls, reason):

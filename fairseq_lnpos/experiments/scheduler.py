@@ -2,8 +2,9 @@
 
 A slot is one place for a run: a GPU group (``CUDA_VISIBLE_DEVICES``), given ``--runs-per-gpu``
 times, or a share of the CPU. Each slot's worker takes the next job, trains it with fairseq-train
-(resuming from checkpoint_last.pt), follows its log, and hands every saved epoch to the
-evaluator of its device; the slot is free again as soon as training ends. A run is finished
+(resuming from checkpoint_last.pt; on the CPU forked from the slot's fork server, which imported
+fairseq once, unless ``--no-fork-server``: forkserver.py), follows its log, and hands every saved
+epoch to the evaluator of its device; the slot is free again as soon as training ends. A run is finished
 (DONE.json) when every saved epoch is recorded (scored, or left unscored by --eval-every) and its
 last epoch scored, in its own folder still; a run that cannot get there is failed (DONE.json says
 why; a re-run retries it). CPU threads are shared out among everything that runs at once: the slots
@@ -23,7 +24,9 @@ from pathlib import Path
 from ..common import fmt_time, open_log
 from ..data.manifest import read_manifest
 from ..errors import LnposError, StateError
+from ..forkserver import ForkedRun, ForkServer, ServerGone, forkable
 from ..launch import child_env
+from ..precision import precision_of
 from . import reap
 from .commands import Job, total_updates
 from .early_stop import DEFAULT_RULE
@@ -37,6 +40,15 @@ PDEATHSIG = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") 
 
 class RunFailed(Exception):
     pass
+
+
+def _poll(proc):
+    """``reap.poll`` for a process of this one, the fork server's answer for a forked run."""
+    return proc.poll() if isinstance(proc, ForkedRun) else reap.poll(proc)
+
+
+def _wait(proc):
+    return proc.wait() if isinstance(proc, ForkedRun) else reap.wait(proc)
 
 
 class Phase(enum.Enum):
@@ -111,6 +123,7 @@ class Grid:
                                         stopping=self.stop.is_set)
                            for d in devices}
         self.finished = threading.Condition(self.lock)
+        self.servers = {}  # worker thread -> its ForkServer (CPU slots)
 
     # processes ----------------------------------------------------------------
     def env(self, device):
@@ -123,6 +136,45 @@ class Grid:
         with self.lock:
             self.procs.add(p)
         return p
+
+    def start(self, cmd, env, log_path, slot):
+        """fairseq-train ``cmd`` with its output appended to ``log_path``: forked from this worker's
+        fork server where it can be (:func:`~fairseq_lnpos.forkserver.forkable`), else a process of
+        its own. Tracked for :meth:`kill_all` either way."""
+        if not (getattr(self.opts, "fork_server", False) and forkable(cmd, slot)):
+            with open_log(log_path, binary=True) as log:
+                return self.popen(cmd, env, stdout=log, stderr=subprocess.STDOUT)
+        me = threading.get_ident()
+        server = self.servers.get(me)
+        for attempt in (1, 2):  # a server that ended (killed, crashed) is replaced once
+            if server is None or not server.alive:
+                if server is not None:
+                    with self.lock:
+                        self.procs.discard(server.proc)
+                with open_log(self.out / "forkserver.log", binary=True) as errors:
+                    server = self.servers[me] = ForkServer(self.popen, env, errors)
+            try:
+                proc = server.spawn(cmd[1:], env, log_path)
+                break
+            except ServerGone:
+                if self.stop.is_set():
+                    raise Stopped() from None
+                if attempt == 2:
+                    raise RunFailed(f"the fork server ended before it could start fairseq-train; see "
+                                    f"{self.out / 'forkserver.log'} (--no-fork-server starts it on its own)") from None
+        with self.lock:
+            if self.stop.is_set():  # kill_all ran meanwhile: it did not see this run
+                os.killpg(proc.pid, signal.SIGTERM)
+            self.procs.add(proc)
+        return proc
+
+    def close_server(self):
+        """End the calling worker's fork server, if it has one."""
+        server = self.servers.pop(threading.get_ident(), None)
+        if server is not None:
+            server.close()
+            with self.lock:
+                self.procs.discard(server.proc)
 
     def kill_all(self):
         self.stop.set()
@@ -233,13 +285,12 @@ class Grid:
         cmd = job.train_cmd(total)
         with open_log(rd.log_path, binary=True) as log:
             log.write(f"# grid: {shlex.join(cmd)}\n".encode())
-            log.flush()
-            proc = self.popen(cmd, self.env(slot), stdout=log, stderr=subprocess.STDOUT)
+        proc = self.start(cmd, self.env(slot), rd.log_path, slot)
         self.say(f"{job.label}: training ({'resumed' if state.saved else 'new'}), log {rd.log_path}")
         t_launch, updates_before, paced = time.time(), state.updates, p.pace or (0.0, 0)
         try:
             while True:
-                ended = reap.poll(proc) is not None
+                ended = _poll(proc) is not None
                 for ep in tail.poll():
                     p.epoch = ep
                     self._epoch_saved(p, ep)
@@ -247,7 +298,7 @@ class Grid:
                 p.pace = (paced[0] + time.time() - t_launch, paced[1] + state.updates - updates_before)
                 if (state.diverged_at is not None or state.stopped is not None) and not ended:
                     os.killpg(proc.pid, signal.SIGTERM)
-                    reap.wait(proc)
+                    _wait(proc)
                     ended = True
                 if ended:
                     with open_log(rd.log_path) as log:
@@ -259,9 +310,9 @@ class Grid:
                     raise Stopped()
                 time.sleep(0.5)
         finally:
-            if reap.poll(proc) is None:
+            if _poll(proc) is None:
                 os.killpg(proc.pid, signal.SIGTERM)
-                reap.wait(proc)
+                _wait(proc)
             with self.lock:
                 self.procs.discard(proc)
         if self.stop.is_set():
@@ -419,7 +470,8 @@ class Grid:
                               train_seconds=round(st.train_seconds, 1),
                               train_cpu_seconds=st.cpu_seconds and round(st.cpu_seconds, 1),
                               final_valid_loss=st.final_valid_loss, final_valid_nll=st.final_valid_nll,
-                              peak_rss_mb=st.peak_rss_mb, cuda_peak_mb=st.cuda_peak_mb)
+                              peak_rss_mb=st.peak_rss_mb, cuda_peak_mb=st.cuda_peak_mb,
+                              precision=precision_of(p.job.train_cmd()[1:]))
             rd.write_done(done)
             p.phase, p.done = Phase.DONE, done
             self.say(f"{p.label}: {done.text}")
@@ -467,6 +519,12 @@ class Grid:
         qlock = threading.Lock()
 
         def worker(slot):
+            try:
+                work(slot)
+            finally:
+                self.close_server()
+
+        def work(slot):
             while not self.stop.is_set():
                 with qlock:
                     if not queue:

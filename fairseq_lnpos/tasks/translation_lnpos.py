@@ -24,6 +24,14 @@ per-group norms go to grad_norms.jsonl only; fairseq's log line gets one number,
 fairseq's ``task.optimizer_step`` (update ratios, Adam's step sizes) and, with forward hooks
 installed for that update's micro-batches only, the attention logits and entropies and the output
 logits; it writes ``diagnostics.jsonl`` into --save-dir.
+
+``--cpu-autocast-bf16`` (``fairseq_lnpos.precision``) runs the criterion, i.e. the model's forward
+and the loss, under ``torch.autocast("cpu", dtype=torch.bfloat16)`` in ``train_step`` and in
+``valid_step`` alike, so that a run's validation loss is that of the model it trains, measured as
+its training loss is; the backward pass, the parameters and the optimizer state stay float32.
+Generation (fairseq-generate, ``--eval-bleu``'s decoding inside ``valid_step``) decodes in float32.
+It is refused (one line) on a GPU, beside ``--fp16``, ``--bf16`` or ``--amp``, and on a CPU without
+bfloat16 instructions.
 """
 import json
 import logging
@@ -46,6 +54,8 @@ from fairseq_lnpos.diagnostics import DIAGNOSTICS_JSONL, Diagnostics, parse_upda
 from fairseq_lnpos.errors import LnposError, check
 from fairseq_lnpos.gradnorm import LAYER_GROUP, GradNormPlan, finite_or_none
 from fairseq_lnpos.models.variant import without_fused_inference
+from fairseq_lnpos.precision import FLAG as AUTOCAST_FLAG
+from fairseq_lnpos.precision import AutocastCriterion, check_cpu_autocast
 
 logger = logging.getLogger(__name__)
 
@@ -92,11 +102,22 @@ class TranslationLnposConfig(TranslationConfig):
     diagnostics_hessian_iters: int = field(
         default=20, metadata={"help": "power iterations per Hessian estimate"}
     )
+    cpu_autocast_bf16: bool = field(
+        default=False,
+        metadata={
+            "help": "CPU mixed precision: the forward pass and the loss of training and validation "
+            "under torch.autocast('cpu', bfloat16); parameters, gradients and optimizer state stay "
+            "float32 (--bf16 casts the whole model instead). Needs a CPU with bfloat16 instructions "
+            "(AVX-512 BF16 or AMX); generation decodes in float32"
+        },
+    )
     # taken from the rest of the config (not command-line options of the task)
     log_interval: int = II("common.log_interval")
     save_dir: str = II("checkpoint.save_dir")
     distributed_rank: int = II("distributed_training.distributed_rank")
     fp16: bool = II("common.fp16")
+    bf16: bool = II("common.bf16")
+    amp: bool = II("common.amp")
     cpu: bool = II("common.cpu")
 
 
@@ -192,7 +213,8 @@ def check_half_precision(cfg):
 
 def _remove_new_empty_folder(path):
     """fairseq-train creates --save-dir (default ./checkpoints) before it sets the task up: on bad
-    data, remove it again if it is empty and this run made it (changed after the plugin loaded)."""
+    data or a refused option, remove it again if it is empty and this run made it (changed after
+    the plugin loaded)."""
     try:
         if path and os.path.isdir(path) and not os.listdir(path) and os.stat(path).st_mtime >= LOADED_AT:
             os.rmdir(path)
@@ -233,12 +255,20 @@ class TranslationLnposTask(TranslationTask):
         self.diagnostics = None
         if getattr(cfg, "log_diagnostics", False):
             self.diagnostics = make_diagnostics(cfg)
+        self.autocast = bool(getattr(cfg, "cpu_autocast_bf16", False))
+        if self.autocast:
+            logger.info(f"{AUTOCAST_FLAG}: training and validation forward passes in bfloat16 autocast, "
+                        "parameters and optimizer state in float32")
 
     @classmethod
     def setup_task(cls, cfg, **kwargs):
         try:
             cfg.source_lang, cfg.target_lang = check_data_dir(cfg.data, cfg.source_lang, cfg.target_lang)
-        except DataError:
+            if getattr(cfg, "cpu_autocast_bf16", False):
+                import torch
+
+                check_cpu_autocast(cfg.cpu, torch.cuda.is_available(), cfg.fp16, cfg.bf16, cfg.amp)
+        except LnposError:  # bad data (DataError) or a refused --cpu-autocast-bf16
             _remove_new_empty_folder(getattr(cfg, "save_dir", None))
             raise
         guard_checkpoint_loading()
@@ -261,6 +291,8 @@ class TranslationLnposTask(TranslationTask):
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         if self.grad_norm_logger is not None:
             self.grad_norm_logger.attach(optimizer, model, update_num)
+        if self.autocast:
+            criterion = AutocastCriterion(criterion)
         if self.diagnostics is not None and not ignore_grad:  # forward hooks on logged updates only
             return self.diagnostics.train_step(sample, model, criterion, update_num, lambda: super(
                 TranslationLnposTask, self).train_step(sample, model, criterion, optimizer, update_num, ignore_grad))
@@ -271,3 +303,8 @@ class TranslationLnposTask(TranslationTask):
             return super().optimizer_step(optimizer, model, update_num)
         return self.diagnostics.optimizer_step(optimizer, model, update_num, lambda: super(
             TranslationLnposTask, self).optimizer_step(optimizer, model, update_num))
+
+    def valid_step(self, sample, model, criterion):
+        if self.autocast:
+            criterion = AutocastCriterion(criterion)
+        return super().valid_step(sample, model, criterion)
