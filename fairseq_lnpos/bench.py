@@ -37,7 +37,7 @@ import time
 from itertools import islice
 from pathlib import Path
 
-from .common import write_json
+from .common import open_fd, write_json
 from .errors import CommandParser, check, comma_list, run_main
 from .launch import NO_WARMUP, adam, train_args
 from .variants import SIZES, THROUGHPUT_TARGETS, TINY, VARIANTS, arch_name
@@ -319,7 +319,7 @@ def measure_startup(data, runs, log, updates=2, threads=1):
                                  "--num-workers", "0"])
         log_path = Path(tmp) / "train.log"
         start = time.perf_counter()
-        with open(os.devnull, "wb") as null:
+        with os.fdopen(open_fd(os.devnull, os.O_WRONLY), "wb") as null:
             server = ForkServer(popen, env, null)
         server.ready.wait()
         server_start = time.perf_counter() - start

@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from .common import USER_DIR
+from .common import USER_DIR, open_fd
 from .experiments import reap
 
 TRAIN_SCRIPT = "fairseq-train"
@@ -117,9 +117,9 @@ def _child(request, server_pid, replies_fd):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.close(replies_fd)
-        null = os.open(os.devnull, os.O_RDONLY)
+        null = open_fd(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        log = open_fd(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
