@@ -37,7 +37,7 @@ import time
 from itertools import islice
 from pathlib import Path
 
-from .common import open_fd, write_json
+from .common import open_fd, open_log, write_json
 from .errors import CommandParser, check, comma_list, run_main
 from .launch import NO_WARMUP, adam, train_args
 from .variants import SIZES, THROUGHPUT_TARGETS, TINY, VARIANTS, arch_name
@@ -326,7 +326,7 @@ def measure_startup(data, runs, log, updates=2, threads=1):
         try:
             for i in range(runs):
                 start = time.perf_counter()
-                with open(log_path, "ab") as out:
+                with open_log(log_path, binary=True) as out:
                     proc = popen([script("fairseq-train"), *argv], env, stdout=out, stderr=subprocess.STDOUT)
                 check(reap.wait(proc) == 0, f"fairseq-train failed; see {log_path}")
                 fresh.append((time.perf_counter() - start, proc.cpu_seconds))
