@@ -94,3 +94,33 @@ def test_the_readme_counts_come_from_the_registry():
 def test_the_architecture_page_lists_every_variant():
     text = (REPO / "docs" / "architectures.md").read_text(encoding="utf-8")
     assert sorted(re.findall(r"^\| `transformer_(\w+)` \|", text, re.M)) == sorted(VARIANTS)
+
+
+def readme_drift(text, root):
+    """(numbers a paragraph of ``text`` quotes that the results pages it links do not state, how many
+    numbers were checked). A paragraph that links docs/results/NAME/index.md quotes only what that page
+    or its per-seed runs.csv states: decimals, and counts of CPU-s."""
+    missing, checked = [], 0
+    for paragraph in text.split("\n\n"):
+        pages = set(re.findall(r"\((docs/results/[\w.-]+/index\.md)\)", paragraph))
+        if not pages:
+            continue
+        numbers = set(re.findall(r"(?<![\w.])\d+\.\d+(?![\w.])|(?<![\w.-])\d+(?= CPU-s)", paragraph))
+        page_text = " ".join(f.read_text(encoding="utf-8") for p in pages
+                             for f in (Path(root) / p, (Path(root) / p).parent / "runs.csv") if f.exists())
+        missing += sorted(n for n in numbers if n not in page_text)
+        checked += len(numbers)
+    return missing, checked
+
+
+def test_every_number_the_readme_quotes_is_on_the_results_page_it_links():
+    """README.md and the pages the lab's commands wrote cannot drift apart."""
+    missing, checked = readme_drift((REPO / "README.md").read_text(encoding="utf-8"), REPO)
+    assert missing == [] and checked >= 8  # the demo's numbers at least
+
+
+def test_the_readme_check_finds_a_number_the_page_does_not_state(tmp_path):
+    (tmp_path / "docs" / "results" / "x").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "x" / "index.md").write_text("| Pre-LN | 98.72 |\n| cost | 792 CPU-s |\n")
+    text = "Pre-LN 98.71 and 98.72 in 792 CPU-s ([the page](docs/results/x/index.md)).\n\nElsewhere 1.5."
+    assert readme_drift(text, tmp_path) == (["98.71"], 3)
