@@ -331,6 +331,7 @@ def test_the_results_table_over_seeds_by_hand(tmp_path):
     loss = next(r for r in rows if r["run"] == "postln-L6-lr0.001-w0" and r["metric"] == "best_valid_loss")
     assert (float(loss["min"]), float(loss["max"])) == (4.1, 4.3)
     assert tmp_path / "results_by_run.csv" in written
+    assert read_runs_csv(tmp_path / "runs.csv")["final_valid_nll"].tolist() == [3.1, 3.2, 3.3, 2.0]
 
 
 def test_a_results_csv_of_an_earlier_version_is_replaced_a_foreign_one_is_not(tmp_path):

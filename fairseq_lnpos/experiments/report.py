@@ -2,7 +2,8 @@
 
     scripts/make_table.sh OUT_DIR [--no-figures]
 
-Writes OUT_DIR/results.md (a row per run and seed, then a row per run over its seeds: n, mean,
+Writes OUT_DIR/runs.csv (the table of every run, :mod:`~fairseq_lnpos.analysis.frame`: one row per run
+and seed with every setting, outcome, number and provenance), OUT_DIR/results.md (a row per run and seed, then a row per run over its seeds: n, mean,
 min-max and 95 % CI, :mod:`~fairseq_lnpos.analysis.seeds`), OUT_DIR/results.csv (per seed),
 OUT_DIR/results_by_run.csv (over seeds: a row per run and metric) and OUT_DIR/fig_<figure>.png (one per `figure`
 group of runs.py, and fig_all.png with every run when there are several groups: BLEU and
@@ -264,9 +265,13 @@ def make_table(out_dir, with_figures=True, skip_unreadable=False):
     written = [write_text(out / "results.md", md), out / "results.csv", out / "results_by_run.csv"]
     write_csv(rows, out / "results.csv")
     write_seeds_csv(over_seeds(rows), out / "results_by_run.csv")
+    bad = [r for r in rows if r.get("unreadable")]
+    if not bad:  # the per-seed table of every run (analysis/frame.py), as a results page publishes it
+        from ..analysis.frame import runs_frame, write_runs_csv
+
+        written.append(write_runs_csv(runs_frame(out), out / "runs.csv"))
     if with_figures:
         written += figures([r for r in rows if not r.get("unreadable")], out)
-    bad = [r for r in rows if r.get("unreadable")]
     if bad and not skip_unreadable:
         raise StateError(f"{len(bad)} run folder(s) unreadable, marked in {out / 'results.md'}; the first: "
                          f"{bad[0]['unreadable']} (or pass --skip-unreadable)")
