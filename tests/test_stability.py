@@ -364,3 +364,14 @@ def test_the_bleu_figure_per_architecture(tmp_path):
     for c in objs:
         c.bleu = None
     assert plot_bleu(objs, tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+
+
+def test_a_run_with_an_outcome_but_no_config_is_not_dropped_without_a_word(sweep, capsys):
+    """Every reader of a grid's folder (the map, the table, status) says so, as the grid does."""
+    d = sweep / "postln-L6-lr0.001-w0" / "seed2"
+    (d / "config.json").unlink()
+    assert S.main([str(sweep), "--no-figures"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{d} has an outcome (DONE.json) but no config.json" in err
+    with pytest.raises(Exception, match="has an outcome"):
+        report.make_table(sweep, with_figures=False)

@@ -56,6 +56,11 @@ def grid_run_dirs(out, what, keep=None, queued=()):
     out = Path(out)
     if not out.is_dir():
         raise LnposError(f"{out} is not a folder: give {what}")
+    orphans = sorted(p.parent for p in out.glob("*/seed*/DONE.json") if not (p.parent / "config.json").exists())
+    if orphans:  # the grid would call such a run finished; no reader leaves it out without a word
+        raise StateError(f"{orphans[0]} has an outcome (DONE.json) but no config.json"
+                         + (f" (and {len(orphans) - 1} more such folders)" if len(orphans) > 1 else "")
+                         + ": delete it to redo that run, or move it out of the folder")
     found = [rd for rd in run_dirs(out) if keep is None or keep(rd)]
     if not found and not queued:
         raise LnposError(f"no runs in {out} (no NAME/seedS/ with config.json"
