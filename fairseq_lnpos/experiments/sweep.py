@@ -26,7 +26,8 @@ command line win.
 import math
 from dataclasses import replace
 
-from ..errors import LnposError, comma_list
+from ..cli import comma_list
+from ..errors import LnposError
 from ..variants import GROUPS, TINY, VARIANTS
 from . import runs as R
 
