@@ -67,7 +67,9 @@ def test_the_selections_made_from_the_registry_follow_its_groups():
         assert R.DEMO_ROWS[data] == (f"{prefix}-postln-nowu", f"{prefix}-postln-wu100",
                                      *(f"{prefix}-{v}-nowu" for v in V.GROUPS[group][1:]))
         assert all(n in R.BY_NAME for n in R.DEMO_ROWS[data])
-    assert demo.OPTIONAL == tuple(v for v in V.VARIANTS if v not in V.GROUPS["demo"])
+    # every other variant is a --with-<variant> of the demo, whose row exists on both corpora
+    assert set(demo.OPTIONAL) == set(V.VARIANTS) - set(V.GROUPS["demo"])
+    assert all(R.DEMO_OPTIONAL[data].format(v) in R.BY_NAME for v in demo.OPTIONAL for data in R.DEMO_OPTIONAL)
     # step 5 of the GPU check: a Multi30k row at lr 5e-4 of each of its variants, in the table's order
     rows = [R.BY_NAME[n] for n in gpu_check.m30k_rows()]
     assert {r.ln for r in rows} == set(V.GROUPS["gpu_multi30k"]) and all(r.dataset == "multi30k" for r in rows)
