@@ -38,7 +38,8 @@ from itertools import islice
 from pathlib import Path
 
 from .common import open_fd, open_log, write_json
-from .errors import CommandParser, check, comma_list, run_main
+from .cli import CommandParser, comma_list
+from .errors import check, run_main
 from .launch import NO_WARMUP, adam, train_args
 from .variants import SIZES, THROUGHPUT_TARGETS, TINY, VARIANTS, arch_name
 

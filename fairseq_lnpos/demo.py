@@ -38,7 +38,8 @@ from pathlib import Path
 
 from .analysis.seeds import ESTIMATOR, spread
 from .common import GRAD_NORMS_JSONL, hold_lock, release_lock, write_figure, write_json, write_text
-from .errors import CommandParser, LnposError, check, run_main, whole_number
+from .cli import CommandParser, whole_number
+from .errors import LnposError, check, run_main
 from .experiments.runs import BY_NAME, DEMO_OPTIONAL, DEMO_ROWS
 from .variants import GROUPS, VARIANTS
 

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .common import GRAD_NORMS_JSONL, open_log, write_text
-from .errors import CommandParser, LnposError, check, run_main
+from .cli import CommandParser
+from .errors import LnposError, check, run_main
 from .experiments import runs as R
 from .fairseq_log import LogState
 from .launch import NO_WARMUP, adam, train_cmd

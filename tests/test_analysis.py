@@ -208,3 +208,20 @@ def test_a_damaged_model_record_is_an_error_naming_it(tmp_path, capsys):
     assert init_grad.main(argv) == 2
     err = capsys.readouterr().err
     assert "Post-LN-depth2-seed1.json is damaged" in err and "delete it to measure that model again" in err
+
+
+def test_fig3_records_the_settings_it_was_given():
+    from fairseq_lnpos.analysis.summary import summarize
+
+    def record(label, depth, requested):
+        grads = {stack: {"fc1": [1.0] * depth, "fc2": [2.0] * depth} for stack in ("encoder", "decoder")}
+        return dict(label=label, full=False, depth=depth, depth_requested=requested, mean_grad=grads, batch_norm=grads)
+
+    # Pre-LN measured at one depth only, and no Lemma 2 records: the settings are still the arguments
+    records = [record("Post-LN", 6, 6), record("Post-LN", 14, 14), record("Pre-LN", 6, 6)]
+    for lemma2 in (True, False):
+        result = summarize(records, {"batches": 2}, depths=(6, 14), layers_depth=6, seeds=1, lemma2=lemma2)
+        assert result["settings"] == {"batches": 2, "archs": ["Post-LN", "Pre-LN"], "depths": [6, 14],
+                                      "layers_depth": 6, "seeds": 1, "lemma2": lemma2}
+        assert result["last_w2"]["Pre-LN"]["encoder"]["depths"] == [6] and result["lemma2"] == {}
+        assert result["ratio_last_w2"]["Post-LN"]["decoder"] == 1.0

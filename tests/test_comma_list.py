@@ -1,9 +1,10 @@
-"""The one parser of comma-separated option values (errors.comma_list) and the commands that use it."""
+"""The one parser of comma-separated option values (cli.comma_list) and the commands that use it."""
 import argparse
 
 import pytest
 
-from fairseq_lnpos.errors import LnposError, comma_list, comma_list_type
+from fairseq_lnpos.cli import comma_list, comma_list_type
+from fairseq_lnpos.errors import LnposError
 
 
 def test_spaces_and_empty_items_are_dropped_and_items_read_in_order():

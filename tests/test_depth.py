@@ -2,6 +2,7 @@
 and peak memory from run folders written here with the grid's own run-record helpers, the depth
 figure, peak memory from a child and from fairseq's log, and an interrupted depth sweep resumed."""
 import json
+import math
 import os
 import signal
 import subprocess
@@ -58,15 +59,21 @@ def test_the_depth_preset_expands_along_depth(capsys, tmp_path):
     assert all(f"--max-update {W.DEPTH_MAP_REAL['max_update']} " in c for c in cmds)
     # the stability map's defaults: 4 archs x 4 lrs x 2 warm-ups x 3 seeds at depth 6, no gradient logging
     cmds = trains(capsys, "--out", str(tmp_path / "s"))
-    assert len(cmds) == 96 and not any("--log-grad-norms" in c or "--encoder-layers 12" in c for c in cmds)
+    assert len(cmds) == preset_runs(W.STABILITY_MAP)
+    assert not any("--log-grad-norms" in c or "--encoder-layers 12" in c for c in cmds)
     assert sorted({c.split("--seed ")[1].split()[0] for c in cmds}) == ["1", "2", "3"]
     assert run_main("grid", G.main, ["sweep", "--dry-run", "--depth-map", "--width", "30", "--out", str(tmp_path)]) == 2
     assert "--width 30: give a multiple of 4" in capsys.readouterr().err
 
 
+def preset_runs(preset):
+    """A preset's cells x seeds: its archs x learning rates x warm-ups x depths x seeds."""
+    return math.prod(len(str(preset[axis]).split(",")) for axis in ("archs", "lr", "warmup", "layers", "seeds"))
+
+
 def test_the_all_archs_preset_is_every_variant_on_the_stability_grid_at_width_96(capsys, tmp_path):
     cmds = trains(capsys, "--all-archs", "--out", str(tmp_path / "a"))
-    assert len(cmds) == len(VARIANTS) * 3 * 2 * 3 == 342
+    assert W.ALL_MAP["archs"].split(",") == list(VARIANTS) and len(cmds) == preset_runs(W.ALL_MAP)
     assert {c.split("--arch ")[1].split()[0] for c in cmds} == {f"transformer_{v}_tiny" for v in VARIANTS}
     assert {c.split("--lr ")[1].split()[0] for c in cmds} == {"0.0003", "0.001", "0.003"}
     assert {c.split("--warmup-updates ")[1].split()[0] for c in cmds} == {"1", "100"}

@@ -23,7 +23,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import CommandParser, LnposError, fraction, run_main
+from ..cli import CommandParser, fraction
+from ..errors import LnposError, run_main
 from ..experiments.early_stop import DEFAULT_RULE, StopRule, first_stop
 from ..fairseq_log import LogState
 from . import stability as S

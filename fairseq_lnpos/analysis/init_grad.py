@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 from fairseq_lnpos.common import fmt_time, read_json, write_json, write_text
-from fairseq_lnpos.errors import MAX_SEED, CommandParser, LnposError, Range, at_least, check, comma_list, run_main
+from fairseq_lnpos.cli import CommandParser, Options as CommandOptions, Range, at_least, comma_list, option
+from fairseq_lnpos.errors import MAX_SEED, LnposError, check, run_main
 from fairseq_lnpos.launch import config_hash, train_args
-from fairseq_lnpos.cli import Options as CommandOptions, option
 from fairseq_lnpos.variants import GROUPS, INITS, SIZES, VARIANTS, arch_name
 
 PROG = "init_grad_analysis"

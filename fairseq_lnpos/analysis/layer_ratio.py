@@ -9,7 +9,8 @@ the per-layer models (``--layers-depth``) of each file.
 import sys
 
 from fairseq_lnpos.common import read_json
-from fairseq_lnpos.errors import CommandParser, StateError, run_main
+from fairseq_lnpos.cli import CommandParser
+from fairseq_lnpos.errors import StateError, run_main
 
 
 def ratios(fig3, weight="fc2"):

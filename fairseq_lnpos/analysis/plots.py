@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from fairseq_lnpos.common import read_json, write_figure
-from fairseq_lnpos.errors import CommandParser, run_main
+from fairseq_lnpos.cli import CommandParser
+from fairseq_lnpos.errors import run_main
 
 STATS = {"mean_grad": ("mean", "fig3.png", "norm of the gradient averaged over batches (paper)"),
          "batch_norm": ("batch_norm_mean", "fig3_per_batch.png", "mean per-batch gradient norm")}

@@ -24,7 +24,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ..common import write_text
-from ..errors import CommandParser, LnposError, run_main
+from ..cli import CommandParser
+from ..errors import LnposError, run_main
 from ..experiments.runs import warmup_label
 from ..variants import VARIANTS
 from . import depth, verdict as V

@@ -28,7 +28,7 @@ def _labels(records):
 def summarize(records, settings, depths, layers_depth, seeds, lemma2=True):
     """fig3.json's content from init_grad's per-model ``records``; the other values are the run's settings."""
     labels = _labels(records)
-    per_layer, last_w2, ratio, lemma2 = {}, {}, {}, {}
+    per_layer, last_w2, ratio, lemma2_of = {}, {}, {}, {}
     for label in labels:
         mine = [r for r in records if r["label"] == label]
         full = [r for r in mine if r["full"]]
@@ -47,12 +47,12 @@ def summarize(records, settings, depths, layers_depth, seeds, lemma2=True):
                         entry["batch_norm_mean"].append(b)
                     per_layer[label][stack][w] = entry
         sweep = [r for r in mine if r["depth_requested"] is not None]
-        depths = sorted({r["depth"] for r in sweep})
+        measured = sorted({r["depth"] for r in sweep})
         if sweep:
             last_w2[label], ratio[label] = {}, {}
             for stack in STACKS:
-                entry = {"depths": depths, "mean": [], "std": [], "batch_norm_mean": [], "seeds": []}
-                for depth in depths:
+                entry = {"depths": measured, "mean": [], "std": [], "batch_norm_mean": [], "seeds": []}
+                for depth in measured:
                     at = [r for r in sweep if r["depth"] == depth]
                     m, s = _mean_std([r["mean_grad"][stack]["fc2"][depth - 1] for r in at])
                     b, _ = _mean_std([r["batch_norm"][stack]["fc2"][depth - 1] for r in at])
@@ -62,10 +62,10 @@ def summarize(records, settings, depths, layers_depth, seeds, lemma2=True):
                     entry["seeds"].append(len(at))
                 last_w2[label][stack] = entry
                 ratio[label][stack] = (
-                    entry["mean"][-1] / entry["mean"][0] if len(depths) > 1 and entry["mean"][0] else None)
+                    entry["mean"][-1] / entry["mean"][0] if len(measured) > 1 and entry["mean"][0] else None)
         with_lemma = [r for r in mine if r.get("lemma2")]
         if with_lemma:
-            lemma2[label] = {stack: _lemma2(with_lemma, stack) for stack in STACKS}
+            lemma2_of[label] = {stack: _lemma2(with_lemma, stack) for stack in STACKS}
     return {
         "paper": PAPER,
         "settings": dict(settings, archs=labels, depths=list(depths), layers_depth=layers_depth,
@@ -73,7 +73,7 @@ def summarize(records, settings, depths, layers_depth, seeds, lemma2=True):
         "per_layer": per_layer,
         "last_w2": last_w2,
         "ratio_last_w2": ratio,
-        "lemma2": lemma2,
+        "lemma2": lemma2_of,
         "models": [{k: v for k, v in r.items() if k != "settings_key"} for r in records],
     }
 

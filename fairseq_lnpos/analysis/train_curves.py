@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 from fairseq_lnpos.common import plain_name, write_figure
-from fairseq_lnpos.errors import CommandParser, LnposError, run_main
+from fairseq_lnpos.cli import CommandParser
+from fairseq_lnpos.errors import LnposError, run_main
 
 
 UPDATE = re.compile(r'^\{"update": (\d+)')  # how the task starts a record

@@ -199,7 +199,7 @@ def check_table(sims=4000, spreads=(0.0, 0.5, 1.0)):
 def _main(argv):
     import sys
 
-    from ..errors import CommandParser
+    from ..cli import CommandParser
 
     p = CommandParser(prog="python -m fairseq_lnpos.analysis.verdict",
                       description="The verdict's false 'poor' rate, simulated on identical cells.")

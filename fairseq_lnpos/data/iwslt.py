@@ -22,7 +22,8 @@ from fairseq_lnpos.data.pipeline import (
     check_parallel, counts_of, log, map_lines, raw_segments, read_lines, require_files,
     run_dataset, run_stage, write_lines, xml_segments,
 )
-from fairseq_lnpos.errors import CommandParser, at_least, run_main
+from fairseq_lnpos.cli import CommandParser, at_least
+from fairseq_lnpos.errors import run_main
 
 URL = "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"
 ARCHIVE = "de-en.tgz"

@@ -35,7 +35,8 @@ from pathlib import Path
 from fairseq_lnpos.data import BIN_DIRS, bpe, text_dir
 from fairseq_lnpos.data.download import DataError, download, sha256_of, verify
 from fairseq_lnpos.data.iwslt import tok_lc
-from fairseq_lnpos.errors import CommandParser, at_least, run_main
+from fairseq_lnpos.cli import CommandParser, at_least
+from fairseq_lnpos.errors import run_main
 from fairseq_lnpos.data.pipeline import (
     add_folder_options,
     check_parallel, counts_of, log, map_lines, read_lines, require_files, run_dataset, run_stage,

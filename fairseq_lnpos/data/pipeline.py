@@ -25,7 +25,8 @@ from fairseq_lnpos.common import read_lines  # noqa: F401  (the data modules imp
 from fairseq_lnpos.data import BIN_DIRS, text_dir
 from fairseq_lnpos.data.download import DataError
 from fairseq_lnpos.data.manifest import write_manifest
-from fairseq_lnpos.errors import at_least, interrupt_handler
+from fairseq_lnpos.cli import at_least
+from fairseq_lnpos.errors import interrupt_handler
 from fairseq_lnpos.launch import config_hash
 
 STAMP = ".stage.json"

@@ -24,7 +24,8 @@ import time
 from fairseq_lnpos.data import BIN_DIRS, bpe, text_dir
 from fairseq_lnpos.data.download import DataError
 from fairseq_lnpos.data.pipeline import log, run_dataset, run_stage, write_lines
-from fairseq_lnpos.errors import CommandParser, at_least, run_main
+from fairseq_lnpos.cli import CommandParser, at_least
+from fairseq_lnpos.errors import run_main
 
 SRC, TGT = "de", "en"
 LEXICON_SEED = 20200212  # the invented source lexicon is the same for every --seed

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from fairseq_lnpos.common import open_log
 from fairseq_lnpos.data.manifest import read_manifest
-from fairseq_lnpos.errors import MAX_SEED, CommandParser, LnposError, Range, at_least, check, run_main
+from fairseq_lnpos.cli import CommandParser, Range, at_least
+from fairseq_lnpos.errors import MAX_SEED, LnposError, check, run_main
 from fairseq_lnpos.fairseq_log import LogState, bleu4, number
 from fairseq_lnpos.launch import adam, child_env, generate_cmd, train_cmd
 

@@ -24,7 +24,8 @@ from fairseq_lnpos.data.pipeline import (
     check_parallel, count_lines, log, map_lines, raw_segments, read_lines, run_dataset,
     run_stage, write_lines, xml_segments,
 )
-from fairseq_lnpos.errors import CommandParser, at_least, run_main
+from fairseq_lnpos.cli import CommandParser, at_least
+from fairseq_lnpos.errors import run_main
 
 SRC, TGT = "en", "de"
 ARCHIVES = {  # file name -> address (fairseq's prepare-wmt14en2de.sh --icml17)

@@ -25,7 +25,8 @@ import tempfile
 from pathlib import Path
 
 from ..common import read_lines, write_text
-from ..errors import CommandParser, LnposError, finite_float, run_main, whole_number
+from ..cli import CommandParser, finite_float, whole_number
+from ..errors import LnposError, run_main
 from ..launch import generate_cmd
 from .records import Scores
 

@@ -20,7 +20,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from ..common import CONTROL, one_line, refuse_link
-from ..errors import INTERRUPT_EXIT, CommandParser, LnposError, StateError, run_main
+from ..cli import CommandParser
+from ..errors import INTERRUPT_EXIT, LnposError, StateError, run_main
 from . import runs as R
 from . import slurm, status, sweep
 from .commands import arch_name, batch_plan, total_updates

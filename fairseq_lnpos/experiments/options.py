@@ -15,9 +15,10 @@ import re
 from dataclasses import MISSING, dataclass, field, fields
 from typing import List, Optional
 
+from ..cli import (CommandParser, Options, comma_list_type, finite_float, option,  # noqa: F401
+                   to_argv, whole_number)  # (slurm.py imports to_argv from here)
 from ..common import one_line
-from ..errors import CommandParser, LnposError, comma_list_type, finite_float, whole_number
-from ..cli import Options, option, to_argv  # noqa: F401  (slurm.py imports to_argv from here)
+from ..errors import LnposError
 from .sweep import ALL_MAP, DEPTH_MAP, DEPTH_MAP_REAL, PRESETS, STABILITY_MAP
 
 
@@ -46,7 +47,7 @@ def slurm_name(text):
 
 def slurm_names(option, several):
     """argparse type of a SLURM name (``several``: a comma-separated list of them, as sbatch takes
-    partitions, read by :func:`~fairseq_lnpos.errors.comma_list`)."""
+    partitions, read by :func:`~fairseq_lnpos.cli.comma_list`)."""
     if several:
         return comma_list_type(slurm_name, what=f"a SLURM {option} name (letters, digits, '_', '.' and '-')")
 

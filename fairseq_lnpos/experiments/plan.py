@@ -5,7 +5,8 @@ with it.
 from pathlib import Path
 
 from ..data.manifest import read_manifest
-from ..errors import MAX_SEED, LnposError, comma_list
+from ..cli import comma_list
+from ..errors import MAX_SEED, LnposError
 from . import runs as R
 from .commands import Job, arch_name, check_joined_dictionary, check_train_flags, split_flags
 from .rundir import check_out_dir

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from ..analysis.seeds import ESTIMATOR, spread
 from ..common import plain_name, refuse_folder, write_figure, write_text
-from ..errors import CommandParser, LnposError, StateError, run_main
+from ..cli import CommandParser
+from ..errors import LnposError, StateError, run_main
 from . import runs as R
 from .rundir import grid_run_dirs, run_dirs
 

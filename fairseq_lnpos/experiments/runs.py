@@ -45,7 +45,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..common import plain_name
 from ..data import BIN_DIRS
-from ..errors import LnposError, Range
+from ..cli import Range
+from ..errors import LnposError
 from ..launch import ADAM_BETAS, LABEL_SMOOTHING
 from ..variants import DEFAULT_INIT, GROUPS, INITS, VARIANTS
 

@@ -26,7 +26,8 @@ command line win.
 import math
 from dataclasses import replace
 
-from ..errors import LnposError, comma_list
+from ..cli import comma_list
+from ..errors import LnposError
 from ..variants import GROUPS, TINY, VARIANTS
 from . import runs as R
 
@@ -46,9 +47,9 @@ DEPTH_MAP = dict(archs=",".join(GROUPS["depth_map"]), lr="1e-3", warmup="1",
                  layers="6,12,24,48", max_update=300, width=64, seeds="1,2,3")
 # one GPU: the paper's IWSLT model (d 512) on Multi30k (~115 updates an epoch), fp16, one seed
 DEPTH_MAP_REAL = dict(DEPTH_MAP, lr="5e-4,1e-3", layers="6,18,36,60,100", max_update=600, width=None, seeds="1")
-# ... and the map of every architecture (19 x 3 x 2 cells x 3 seeds = 342 runs) at width 96, where the
-# 200 updates cost about two thirds of the tiny size's (d 128) and leave its contrasts; docs/results.md has
-# the timed cells this was chosen from
+# ... and the map of every architecture (every variant x 3 x 2 cells x 3 seeds; 342 runs for 19 variants)
+# at width 96, where the 200 updates cost about two thirds of the tiny size's (d 128) and leave its
+# contrasts; docs/results.md has the timed cells this was chosen from
 ALL_MAP = dict(STABILITY_MAP, archs=",".join(VARIANTS), lr="3e-4,1e-3,3e-3", width=96)
 # what the depth map measures beside the loss: per-layer gradient norms (<save-dir>/grad_norms.jsonl)
 GRAD_NORMS = dict(task="translation_lnpos", extra=("--log-grad-norms",))

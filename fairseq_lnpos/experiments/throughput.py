@@ -12,7 +12,8 @@ by side train than one after another would. Also the evaluator's time (``eval_se
 the grid waits for.
 """
 import sys
-from ..errors import CommandParser, LnposError, check, run_main
+from ..cli import CommandParser
+from ..errors import LnposError, check, run_main
 from ..fairseq_log import LogState, number
 from . import rundir
 

@@ -28,7 +28,8 @@ model changes: with ``layernorm`` the model is the one fairseq builds, parameter
 import torch
 from torch import nn
 
-from ..errors import LnposError, Range, check
+from ..cli import Range
+from ..errors import LnposError, check
 
 NORMS = ("layernorm", "rmsnorm", "dyt", "derf", "scalenorm")
 DEFAULT_NORM = "layernorm"

@@ -15,7 +15,8 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.optim import FairseqOptimizer, register_optimizer
 from omegaconf import II, OmegaConf
 
-from ..errors import Range, check
+from ..cli import Range
+from ..errors import check
 
 
 @dataclass
