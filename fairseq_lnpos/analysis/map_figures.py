@@ -4,7 +4,8 @@ against the learning rate with the seeds' min-max, and the LR sensitivity agains
 import math
 
 from ..experiments.runs import warmup_label
-from ..variants import VARIANTS
+from ..common import FONT
+from ..variants import VARIANTS, variant_color
 from .map_common import pyplot, save
 from .map_common import num
 
@@ -206,26 +207,24 @@ def plot_loss_vs_lr(cells, path):
     panel per depth and warm-up, error bars the seeds' min-max; returns :func:`loss_curves`."""
     plt = pyplot()
     panels = loss_curves(cells)
-    fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(5.2 * len(panels), 4.2), sharey=True)
+    fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(5.2 * len(panels) + 2, 4.2), sharey=True)
     for ax, ((layers, warmup), lines) in zip(axes[0], panels.items()):
         for v, pts in lines.items():
-            i = list(VARIANTS).index(v)
             lo = [m - (m if a is None else a) for _, m, a, _ in pts]
             hi = [(m if b is None else b) - m for _, m, _, b in pts]
             ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[lo, hi], marker="o", ms=3, capsize=2,
-                        lw=1, color=f"C{i % 10}", ls=("-", "--")[i // 10 % 2], label=VARIANTS[v].label)
+                        lw=1, color=variant_color(v), label=VARIANTS[v].label)
         ax.set_xscale("log")
         lrs = sorted({p[0] for pts in lines.values() for p in pts})
         ax.set_xticks(lrs)
-        ax.set_xticklabels([f"{lr:g}" for lr in lrs], fontsize=7)
+        ax.set_xticklabels([f"{lr:g}" for lr in lrs], fontsize=FONT)
         ax.minorticks_off()
-        ax.set_xlabel("learning rate")
-        ax.set_title(f"{layers} layers, warm-up {warmup_label(warmup)}", fontsize=9)
+        ax.set_xlabel("learning rate (peak, log scale)", fontsize=FONT)
+        ax.set_title(f"{layers} layers, warm-up {warmup_label(warmup)}", fontsize=FONT)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("final validation NLL (bits)")
-    axes[0][-1].legend(fontsize=6, ncol=2)
-    save(fig, path, "Final validation NLL against the learning rate: mean over the seeds that finished, "
-                    "bars = min-max over the seeds")
+    axes[0][0].set_ylabel("final validation NLL (bits per token)", fontsize=FONT)
+    save(fig, path, "Final validation NLL against the learning rate, per architecture: mean over the seeds that "
+                    "finished, bars = min-max over the seeds", legend_from=axes.flat)
     return path
 
 
@@ -234,7 +233,7 @@ def plot_sensitivity(sens, path):
     {warmup: {variant: [(layers, sensitivity), ...]}} as drawn."""
     plt = pyplot()
     warmups = sorted({w for _, _, w in sens})
-    fig, axes = plt.subplots(1, len(warmups), squeeze=False, figsize=(4 * len(warmups), 3.2))
+    fig, axes = plt.subplots(1, len(warmups), squeeze=False, figsize=(4 * len(warmups) + 2, 3.4))
     drawn = {}
     for j, w in enumerate(warmups):
         ax = axes[0][j]
@@ -242,14 +241,14 @@ def plot_sensitivity(sens, path):
                     for v in VARIANTS}
         drawn[w] = {v: pts for v, pts in drawn[w].items() if pts}
         for v, pts in drawn[w].items():
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=VARIANTS[v].label)
-        ax.set_title(f"warm-up {warmup_label(w)}", fontsize=9)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=variant_color(v),
+                    label=VARIANTS[v].label)
+        ax.set_title(f"warm-up {warmup_label(w)}", fontsize=FONT)
         ax.set_xticks(sorted({l for pts in drawn[w].values() for l, _ in pts}))
         ax.set_ylim(bottom=0)
-        ax.set_xlabel("layers (encoder = decoder)")
-        ax.set_ylabel("LR sensitivity (bits)")
+        ax.set_xlabel("layers (encoder = decoder)", fontsize=FONT)
+        ax.set_ylabel("LR sensitivity (bits per token)", fontsize=FONT)
         ax.grid(alpha=0.3)
-        if drawn[w]:
-            ax.legend(fontsize=7)
-    save(fig, path)
+    save(fig, path, "Learning-rate sensitivity against depth, per architecture",
+         legend_from=axes.flat)
     return path
