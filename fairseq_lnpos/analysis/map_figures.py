@@ -41,7 +41,7 @@ def plot_heatmaps(cells, path):
         for j, variant in enumerate(variants):
             ax, m = axes[i][j], heatmap(cells, variant, layers)
             drawn[variant, layers] = m
-            ax.set_title(f"{VARIANTS[variant].label}, {layers} layers", fontsize=9)
+            ax.set_title(f"{VARIANTS[variant].label}, {layers} layers", fontsize=FONT)
             if not m["lrs"]:
                 ax.axis("off")
                 continue
@@ -65,11 +65,11 @@ def plot_heatmaps(cells, path):
                     dark = not math.isnan(loss) and (loss - vmin) > 0.6 * (vmax - vmin)  # viridis_r: dark at high loss
                     ax.text(k, r, text, ha="center", va="center", fontsize=6, color="white" if dark else "black")
             ax.set_xticks(range(len(m["lrs"])))
-            ax.set_xticklabels([f"{lr:g}" for lr in m["lrs"]], fontsize=7)
+            ax.set_xticklabels([f"{lr:g}" for lr in m["lrs"]], fontsize=FONT)
             ax.set_yticks(range(len(m["warmups"])))
-            ax.set_yticklabels([warmup_label(w) for w in m["warmups"]], fontsize=7)
-            ax.set_xlabel("learning rate", fontsize=8)
-            ax.set_ylabel("warm-up updates", fontsize=8)
+            ax.set_yticklabels([warmup_label(w) for w in m["warmups"]], fontsize=FONT)
+            ax.set_xlabel("learning rate (peak)", fontsize=FONT)
+            ax.set_ylabel("warm-up (updates)", fontsize=FONT)
             fig.colorbar(im, ax=ax, fraction=0.046)
     save(fig, path, "Final validation NLL (bits, mean over the seeds that finished; then test tok BLEU where "
                     "scored); G = good against its architecture's cells (white frame), p = poor, - = does not train,\n"
@@ -132,8 +132,8 @@ def plot_overview(cells, path):
         ax.set_xticks(range(len(m["cols"])))
         ax.set_xticklabels([f"wu {warmup_label(w)}\nlr {lr:g}" for w, lr in m["cols"]], fontsize=7)
         ax.set_yticks(range(len(m["variants"])))
-        ax.set_yticklabels([VARIANTS[v].label for v in m["variants"]], fontsize=7)
-        ax.set_title(f"{d} layers", fontsize=9)
+        ax.set_yticklabels([VARIANTS[v].label for v in m["variants"]], fontsize=FONT)
+        ax.set_title(f"{d} layers", fontsize=FONT)
         fig.colorbar(im, ax=ax, fraction=0.03)
     save(fig, path, "Final validation NLL (bits), mean over seeds; n seeds\nG good against its architecture's "
                     "cells (white frame), + also against every cell at that depth,\np poor, - does not train, · one "
@@ -168,7 +168,7 @@ def plot_bleu(cells, path):
         return None
     plt = pyplot()
     variants = [v for v in VARIANTS if any(p[0] == v for w in points.values() for pts in w.values() for p in pts)]
-    fig, axes = plt.subplots(1, len(points), squeeze=False, figsize=(6.0 * len(points), 0.32 * len(variants) + 1.8),
+    fig, axes = plt.subplots(1, len(points), squeeze=False, figsize=(6.0 * len(points) + 2, 0.32 * len(variants) + 1.8),
                              sharey=True)
     for ax, (layers, by_warmup) in zip(axes[0], points.items()):
         for j, (warmup, pts) in enumerate(by_warmup.items()):
@@ -180,14 +180,13 @@ def plot_bleu(cells, path):
                 ax.plot(p[1], yy, "o", ms=5, color=color, mfc=color if p[4] else "white")
             ax.plot([], [], "o", color=color, label=f"warm-up {warmup_label(warmup)}")
         ax.set_yticks(range(len(variants)))
-        ax.set_yticklabels([VARIANTS[v].label for v in variants], fontsize=7)
+        ax.set_yticklabels([VARIANTS[v].label for v in variants], fontsize=FONT)
         ax.invert_yaxis()
-        ax.set_xlabel("test tok BLEU (last scored epoch)")
-        ax.set_title(f"{layers} layers", fontsize=9)
+        ax.set_xlabel("test tok BLEU (last scored epoch)", fontsize=FONT)
+        ax.set_title(f"{layers} layers", fontsize=FONT)
         ax.grid(alpha=0.3, axis="x")
-        ax.legend(fontsize=7)
     save(fig, path, "Test BLEU per architecture: mean over seeds, bars = min-max\nfilled: good against its "
-                    "architecture's cells")
+                    "architecture's cells", legend_from=axes.flat)
     return path
 
 
