@@ -31,10 +31,10 @@ demo-real: venv
 	$(PY) -m fairseq_lnpos.demo --data multi30k $(DEMO_ARGS)
 
 test: venv
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests -rs $(PYTEST_ARGS)
 
 test-fast: venv
-	$(PY) -m pytest tests -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest tests -m "not slow" -rs $(PYTEST_ARGS)
 
 bench: venv
 	$(PY) -m fairseq_lnpos.bench

@@ -7,7 +7,10 @@ optimizer, schedulers, task) are registered with fairseq
 - by fairseq itself, when a fairseq command runs with ``--user-dir``: fairseq imports this
   package after importing itself, so ``"fairseq" in sys.modules`` holds and :func:`register`
   runs here; in that case (and only then) the command also gets the plugin's one-line errors
-  (:func:`fairseq_lnpos.errors.install_excepthook`);
+  (:func:`fairseq_lnpos.errors.install_excepthook`) and does not show the known deprecation
+  warnings of fairseq and the libraries under it (:func:`fairseq_lnpos.errors.quiet_warnings`);
+  a misspelt ``--arch`` is one line naming the closest registered ones
+  (:func:`fairseq_lnpos.errors.check_arch`);
 - by :func:`register`, for code that builds fairseq objects in its own process (the analyses,
   the tests, :mod:`fairseq_lnpos.fairseq_build`). fairseq skips a ``--user-dir`` package that is
   imported already, so such code must call it.
@@ -50,6 +53,10 @@ def print_user_dir():
 if "fairseq" in sys.modules:  # imported by fairseq (--user-dir) or next to it: fairseq and torch are loaded
     register()
     if _imported_by_fairseq_command():
-        from .errors import install_excepthook
+        from fairseq.models import ARCH_MODEL_REGISTRY
+
+        from .errors import check_arch, install_excepthook, quiet_warnings
 
         install_excepthook()
+        quiet_warnings()
+        check_arch(sys.argv[1:], ARCH_MODEL_REGISTRY)

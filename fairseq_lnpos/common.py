@@ -67,6 +67,31 @@ def write_figure(fig, path, **savefig_kw):
     return replace_file(path, lambda f: fig.savefig(f, format=path.suffix.lstrip(".") or None, **savefig_kw))
 
 
+FONT = 9  # the smallest text of a figure, in points at the written size
+
+
+def integer_ticks(axis):
+    """Tick a matplotlib axis (a layer or epoch axis) at whole numbers only."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def legend_right(fig, axes, right):
+    """One legend for matplotlib figure ``fig``, right of its axes, from the lines of ``axes`` (one
+    or several; a label once): the axes end at ``right`` (a fraction of the figure's width), the
+    legend starts there. ``None`` where no line has a label."""
+    fig.subplots_adjust(right=right)
+    lines = {}
+    for ax in [axes] if hasattr(axes, "get_legend_handles_labels") else axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            lines.setdefault(label, handle)
+    if not lines:
+        return None
+    return fig.legend(list(lines.values()), list(lines), loc="center left", bbox_to_anchor=(right + 0.01, 0.5),
+                      fontsize=FONT, frameon=False)
+
+
 def refuse_link(path):
     """A symbolic link where the project writes a file of its own is an error that names it."""
     if Path(path).is_symlink():

@@ -37,11 +37,12 @@ import time
 from pathlib import Path
 
 from .analysis.seeds import ESTIMATOR, spread
-from .common import GRAD_NORMS_JSONL, hold_lock, release_lock, write_figure, write_json, write_text
 from .cli import CommandParser, whole_number
+from .common import (FONT, GRAD_NORMS_JSONL, hold_lock, integer_ticks, legend_right, release_lock, write_figure,
+                     write_json, write_text)
 from .errors import LnposError, check, run_main
 from .experiments.runs import BY_NAME, DEMO_OPTIONAL, DEMO_ROWS
-from .variants import GROUPS, VARIANTS
+from .variants import GROUPS, VARIANTS, variant_color
 
 RUNS = list(DEMO_ROWS["synthetic"])
 # --with-keel, --with-admin, --with-tfixup, --with-dyt, --with-periln, ...: demo-<name>-nowu (real-<name>-nowu)
@@ -141,7 +142,19 @@ def time_split(rows):
 
 def grad_norm_figure(out, rows, runs, seed):
     """Total and top-decoder-layer FFN W2 gradient norms over the first updates, one line per run of
-    ``runs`` (its row of the table, ``rows``) with seed ``seed``."""
+    ``runs`` (its row of the table, ``rows``) with seed ``seed``, in its variant's colour (dashed:
+    with warm-up); the path of the PNG."""
+    fig = grad_norm_plot(rows, runs, seed)
+    path = out / "grad_norms_first_updates.png"
+    write_figure(fig, path, dpi=90)  # a link there is replaced, not written through
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def grad_norm_plot(rows, runs, seed):
+    """The matplotlib figure :func:`grad_norm_figure` writes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -149,7 +162,7 @@ def grad_norm_figure(out, rows, runs, seed):
 
     from .analysis.train_curves import read_jsonl
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
     for row in rows:
         if row["run"] not in runs or str(row["seed"]) != seed or "record" not in row:
             continue
@@ -160,18 +173,19 @@ def grad_norm_figure(out, rows, runs, seed):
         n = sum(1 for u in updates if u <= FIRST_UPDATES)
         top = max(int(g.split("/")[1]) for g in series if g.startswith("decoder/") and g.count("/") == 2)
         for ax, key in zip(axes, ("total", f"decoder/{top}/fc2")):
-            ax.plot(updates[:n], series[key][:n], label=run.replace("demo-", ""))
-            ax.set_title(f"gradient norm: {key}")
+            ax.plot(updates[:n], series[key][:n], label=label(run), color=variant_color(row["ln"]),
+                    linestyle="--" if row["warmup"] > 1 else "-")
+            ax.set_title(f"{'all parameters' if key == 'total' else 'last decoder layer, FFN W2'} ({key})", fontsize=FONT)
     for ax in axes:
-        ax.set_xlabel("update")
+        ax.set_xlabel("update", fontsize=FONT)
+        ax.set_ylabel("gradient norm (Frobenius, log scale)", fontsize=FONT)
         ax.set_yscale("log")
-        ax.legend(fontsize=8)
-    fig.suptitle(f"per-layer gradient norms of the mean loss, first {FIRST_UPDATES} updates (seed {seed})")
-    fig.tight_layout()
-    path = out / "grad_norms_first_updates.png"
-    write_figure(fig, path, dpi=90)  # a link there is replaced, not written through
-    plt.close(fig)
-    return path
+        integer_ticks(ax.xaxis)
+    fig.suptitle(f"Gradient norms of the mean loss per architecture, first {FIRST_UPDATES} updates (seed {seed})",
+                 fontsize=FONT + 1)
+    fig.subplots_adjust(left=0.07, bottom=0.13, top=0.86, wspace=0.25)
+    legend_right(fig, axes, 0.76)
+    return fig
 
 
 def fig3(out, variants, quick):

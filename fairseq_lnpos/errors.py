@@ -6,6 +6,8 @@ own commands run the plugin (``--user-dir``), :func:`install_excepthook` does th
 raised while fairseq builds a model, optimizer, scheduler or task. :func:`run_main` also keeps
 third-party start-up noise off a command's terminal (:func:`quiet_terminal`).
 """
+import argparse
+import difflib
 import logging
 import os
 import signal
@@ -77,12 +79,25 @@ def interrupt_handler(on_interrupt=None):
     return handler
 
 
-# Start-up warnings of the libraries under fairseq, printed before anything useful when a command
-# imports fairseq in its own process: (module the warning is attributed to, what it is)
+# Warnings of fairseq and the libraries under it, printed before anything useful when a command
+# imports fairseq in its own process or fairseq's own commands run the plugin (--user-dir):
+# (category, module the warning is attributed to, start of its message, what it is)
 THIRD_PARTY_WARNINGS = (
-    (r"hydra\.", "the deprecation warnings of the hydra version fairseq pins (composing fairseq's configuration)"),
-    (r"torch\.utils\.data\.", "torch's 'pin_memory' warning on a machine without GPU (fairseq's batch iterators)"),
+    (UserWarning, r"hydra\.", "", "the deprecation warnings of the hydra version fairseq pins (composing fairseq's configuration)"),
+    (UserWarning, "", r"\s*'config' is validated against ConfigStore schema",
+     "hydra's deprecation of schema matching, attributed to no module ('sys:1')"),
+    (UserWarning, r"torch\.utils\.data\.", "", "torch's 'pin_memory' warning on a machine without GPU (fairseq's batch iterators)"),
+    (FutureWarning, r"fairseq\.tasks\.fairseq_task", r"`torch\.cuda\.amp\.autocast",
+     "torch's deprecation of the autocast call fairseq makes at every training step"),
+    (UserWarning, r"torch\.nn\.functional", r"Support for mismatched key_padding_mask and attn_mask is deprecated",
+     "torch's deprecation of the mask types fairseq's attention passes"),
 )
+
+
+def quiet_warnings():
+    """Do not show the warnings of :data:`THIRD_PARTY_WARNINGS`; any other warning still shows."""
+    for category, module, message, _ in THIRD_PARTY_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
 
 
 def quiet_terminal():
@@ -101,8 +116,27 @@ def quiet_terminal():
         terminal.setFormatter(logging.Formatter("%(message)s"))  # as Python prints a warning without handlers
         root.addHandler(terminal)
         root.setLevel(logging.INFO)  # what file handlers of fairseq's loggers write
-    for module, _ in THIRD_PARTY_WARNINGS:
-        warnings.filterwarnings("ignore", category=UserWarning, module=module)
+    quiet_warnings()
+
+
+def closest(name, choices, n=3):
+    """The names of ``choices`` closest to ``name`` (difflib), closest first; at most ``n``."""
+    return difflib.get_close_matches(name, list(choices), n=n, cutoff=0.6)
+
+
+def check_arch(argv, archs):
+    """An :class:`LnposError` naming the closest of ``archs`` if the ``--arch``/``-a`` that the
+    command line ``argv`` gives is not one of them (fairseq's answer is its whole usage message
+    and every arch name)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--arch", "-a")
+    arch = parser.parse_known_args(argv)[0].arch
+    if arch is None or arch in archs:
+        return
+    near = closest(arch, archs)
+    hint = f"did you mean {' or '.join(near)}?" if near else "no registered arch has a similar name"
+    raise LnposError(f"--arch {arch} is not a registered architecture: {hint} "
+                     f"(docs/architectures.md lists the plugin's)")
 
 
 def run_main(prog, main, argv=None):

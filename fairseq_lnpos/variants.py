@@ -97,3 +97,26 @@ def arch_name(variant, size="base"):
 def arch_names():
     """Every registered arch name -> (variant, size)."""
     return {arch_name(v, s): (v, s) for v in VARIANTS for s in SIZES}
+
+
+# Figures draw a variant in one colour everywhere: the variant's place in VARIANTS picks it from
+# matplotlib's 20-colour qualitative map, the ten dark colours first (the first ten variants), then
+# the ten light ones; a curve that is no variant (a trained checkpoint) is black.
+COLOR_MAP = "tab20"
+OTHER_COLOR = "#000000"
+
+
+def variant_color(variant):
+    """The colour (``#rrggbb``) figures draw ``variant`` (a key of :data:`VARIANTS`) in."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
+    i = list(VARIANTS).index(variant)
+    return to_hex(colormaps[COLOR_MAP](2 * i % 20 + i // 10 % 2))
+
+
+def label_color(label):
+    """The colour of the variant that figures name ``label`` (``"Post-LN"``); :data:`OTHER_COLOR`
+    for a label that is no variant's."""
+    variant = next((v for v, spec in VARIANTS.items() if spec.label == label), None)
+    return OTHER_COLOR if variant is None else variant_color(variant)

@@ -572,3 +572,10 @@ def test_reference_recipes_end_to_end_with_averaging(data, tmp_path):
     # and a finished run is not redone
     third = sh(GRID, *REF_ARGS, "--data", data, "--out", out)
     assert third.returncode == 0 and third.stdout.count("already finished, not redone") == 2
+
+
+def test_grid_without_a_command_lists_the_commands(capsys):
+    assert G.main([]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert all(c in err for c in ("list", "run", "sweep", "slurm", "status")), err

@@ -135,6 +135,52 @@ def test_fairseq_user_dir_registers_and_installs_one_line_errors(tmp_path):
     assert "Traceback" not in res.stderr
 
 
+def test_a_misspelt_arch_names_the_closest_registered_ones():
+    from fairseq_lnpos.errors import LnposError, check_arch
+
+    archs = ["transformer_preln_iwslt_de_en", "transformer_postln_iwslt_de_en", "transformer_preln_tiny", "lstm"]
+    check_arch(["data", "--arch", "lstm"], archs)
+    check_arch(["data", "--task", "translation"], archs)  # no --arch: fairseq's own default
+    with pytest.raises(LnposError, match=r"did you mean transformer_preln_iwslt_de_en or transformer_postln_iwslt_de_en or transformer_preln_tiny\? "):
+        check_arch(["data", "-a", "transformer_preln_iwslt_de_e"], archs)
+    with pytest.raises(LnposError, match="no registered arch has a similar name"):
+        check_arch(["data", "--arch=zzz"], archs)
+
+
+@pytest.mark.slow
+def test_fairseq_train_with_a_misspelt_arch_says_one_line(tmp_path):
+    res = subprocess.run([str(Path(sys.executable).parent / "fairseq-train"), str(tmp_path),
+                          "--user-dir", str(REPO / "fairseq_lnpos"), "--arch", "transformer_preln_iwslt_de_e", "--cpu"],
+                         capture_output=True, text=True)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "fairseq-train: error: --arch transformer_preln_iwslt_de_e is not a registered architecture: did you mean "
+        "transformer_preln_iwslt_de_en or transformer_periln_iwslt_de_en or transformer_postln_iwslt_de_en? "
+        "(docs/architectures.md lists the plugin's)"]
+
+
+@pytest.mark.slow
+def test_fairseq_train_with_the_plugin_shows_no_known_deprecation_warning(toy_data, tmp_path):
+    from conftest import train_argv, two_layers
+    from fairseq_lnpos.errors import THIRD_PARTY_WARNINGS
+
+    res = subprocess.run([str(Path(sys.executable).parent / "fairseq-train"),
+                          *map(str, train_argv(toy_data, "transformer_preln_tiny", *two_layers("transformer_preln_tiny"))),
+                          "--cpu", "--max-update", "1", "--max-tokens", "500", "--optimizer", "adam", "--lr", "1e-4",
+                          "--no-save", "--save-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert res.returncode == 0, res.stdout[-2000:]
+    assert "num_updates 1" in res.stdout
+    assert "Warning:" not in res.stdout, res.stdout[:3000]
+    # the filters are narrow: a warning of the plugin's own modules still shows
+    from fairseq_lnpos import errors
+    import warnings
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.resetwarnings()
+        errors.quiet_warnings()
+        warnings.warn("anything else", UserWarning)
+    assert [str(w.message) for w in shown] == ["anything else"] and len(THIRD_PARTY_WARNINGS) >= 4
+
+
 def test_prepare_iwslt14_help_answers_without_loading_fairseq_or_torch():
     """--help of a data script is quick because it loads none of the heavy libraries (their import
     takes seconds): the script's own Python, with its imports listed (PYTHONPROFILEIMPORTTIME)."""

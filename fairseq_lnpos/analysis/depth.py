@@ -24,10 +24,10 @@ import math
 import statistics
 from pathlib import Path
 
-from ..common import GRAD_NORMS_JSONL, write_text
+from ..common import FONT, GRAD_NORMS_JSONL, write_text
 from ..errors import StateError
 from ..experiments.runs import warmup_label
-from ..variants import VARIANTS
+from ..variants import VARIANTS, variant_color
 from .map_common import group, num, pyplot, save
 from .train_curves import read_jsonl
 
@@ -192,11 +192,11 @@ def plot(cells, path):
                                (c.nll_min, c.nll_max) if c.finished > 1 else None))
         panels.setdefault((w, lr), {})[v] = points
     keys = sorted(panels)
-    fig, axes = plt.subplots(1, len(keys), squeeze=False, figsize=(max(6.4, 4.4 * len(keys)), 4.0), sharey=True)
+    fig, axes = plt.subplots(1, len(keys), squeeze=False, figsize=(max(6.4, 4.4 * len(keys)) + 2, 4.0), sharey=True)
     depths = sorted({c.layers for c in cells})
     for ax, key in zip(axes[0], keys):
-        for i, (v, points) in enumerate(panels[key].items()):
-            color = f"C{list(VARIANTS).index(v) % 10}"
+        for v, points in panels[key].items():
+            color = variant_color(v)
             drawn = [(x, y) for x, y, kind, _ in points if kind != "diverged" and y is not None and math.isfinite(y)]
             ax.plot([x for x, _ in drawn], [y for _, y in drawn], color=color, lw=1.2, label=VARIANTS[v].label)
             for x, y, kind, span in points:
@@ -209,12 +209,13 @@ def plot(cells, path):
                     ax.errorbar([x], [y], yerr=[[y - span[0]], [span[1] - y]], color=color, capsize=2, lw=1)
         ax.set_xscale("log", base=2)
         ax.set_xticks(depths)
-        ax.set_xticklabels([str(d) for d in depths])
-        ax.set_xlabel("layers (encoder = decoder)")
-        ax.set_title(f"warm-up {warmup_label(key[0])}, lr {key[1]:g}", fontsize=9)
+        ax.set_xticklabels([str(d) for d in depths], fontsize=FONT)
+        ax.minorticks_off()
+        ax.set_xlabel("layers (encoder = decoder)", fontsize=FONT)
+        ax.set_title(f"warm-up {warmup_label(key[0])}, lr {key[1]:g}", fontsize=FONT)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("final validation NLL (bits)")
-    axes[0][-1].legend(fontsize=7)
-    save(fig, path, "Final validation NLL against depth: filled = good at its depth, hollow = not good,\nx = diverged "
-                    "or stopped (at the unigram bits); bars = the seeds' min-max")
+    axes[0][0].set_ylabel("final validation NLL (bits per token)", fontsize=FONT)
+    save(fig, path, "Final validation NLL against depth, per architecture: filled = good at its depth, hollow = not "
+                    "good,\nx = diverged or stopped (at the unigram bits); bars = the seeds' min-max",
+         legend_from=axes.flat)
     return path

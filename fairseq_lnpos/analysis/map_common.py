@@ -2,7 +2,7 @@
 architectures, number formatting and the figures' setup."""
 import math
 
-from ..common import write_figure
+from ..common import FONT, legend_right, write_figure
 from ..variants import VARIANTS
 
 
@@ -34,10 +34,17 @@ def pyplot():
     return plt
 
 
-def save(fig, path, title=None):
-    """Title, lay out, write (dpi 90, :func:`~fairseq_lnpos.common.write_figure`) and close a figure of the map."""
+LEGEND_INCHES = 2.0  # the width a legend right of the axes takes
+
+
+def save(fig, path, title=None, legend_from=None):
+    """Title, lay out, write (dpi 90, :func:`~fairseq_lnpos.common.write_figure`) and close a figure of
+    the map; with ``legend_from`` (axes) the legend of its lines right of all axes."""
     if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+        fig.suptitle(title, fontsize=FONT)
+    right = 1 - LEGEND_INCHES / fig.get_figwidth() if legend_from is not None else 1
+    fig.tight_layout(rect=(0, 0, right, 1))
+    if legend_from is not None:
+        legend_right(fig, legend_from, right)
     write_figure(fig, path, dpi=90)
     pyplot().close(fig)

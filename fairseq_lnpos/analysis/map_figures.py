@@ -4,7 +4,8 @@ against the learning rate with the seeds' min-max, and the LR sensitivity agains
 import math
 
 from ..experiments.runs import warmup_label
-from ..variants import VARIANTS
+from ..common import FONT
+from ..variants import VARIANTS, variant_color
 from .map_common import pyplot, save
 from .map_common import num
 
@@ -40,7 +41,7 @@ def plot_heatmaps(cells, path):
         for j, variant in enumerate(variants):
             ax, m = axes[i][j], heatmap(cells, variant, layers)
             drawn[variant, layers] = m
-            ax.set_title(f"{VARIANTS[variant].label}, {layers} layers", fontsize=9)
+            ax.set_title(f"{VARIANTS[variant].label}, {layers} layers", fontsize=FONT)
             if not m["lrs"]:
                 ax.axis("off")
                 continue
@@ -64,11 +65,11 @@ def plot_heatmaps(cells, path):
                     dark = not math.isnan(loss) and (loss - vmin) > 0.6 * (vmax - vmin)  # viridis_r: dark at high loss
                     ax.text(k, r, text, ha="center", va="center", fontsize=6, color="white" if dark else "black")
             ax.set_xticks(range(len(m["lrs"])))
-            ax.set_xticklabels([f"{lr:g}" for lr in m["lrs"]], fontsize=7)
+            ax.set_xticklabels([f"{lr:g}" for lr in m["lrs"]], fontsize=FONT)
             ax.set_yticks(range(len(m["warmups"])))
-            ax.set_yticklabels([warmup_label(w) for w in m["warmups"]], fontsize=7)
-            ax.set_xlabel("learning rate", fontsize=8)
-            ax.set_ylabel("warm-up updates", fontsize=8)
+            ax.set_yticklabels([warmup_label(w) for w in m["warmups"]], fontsize=FONT)
+            ax.set_xlabel("learning rate (peak)", fontsize=FONT)
+            ax.set_ylabel("warm-up (updates)", fontsize=FONT)
             fig.colorbar(im, ax=ax, fraction=0.046)
     save(fig, path, "Final validation NLL (bits, mean over the seeds that finished; then test tok BLEU where "
                     "scored); G = good against its architecture's cells (white frame), p = poor, - = does not train,\n"
@@ -131,8 +132,8 @@ def plot_overview(cells, path):
         ax.set_xticks(range(len(m["cols"])))
         ax.set_xticklabels([f"wu {warmup_label(w)}\nlr {lr:g}" for w, lr in m["cols"]], fontsize=7)
         ax.set_yticks(range(len(m["variants"])))
-        ax.set_yticklabels([VARIANTS[v].label for v in m["variants"]], fontsize=7)
-        ax.set_title(f"{d} layers", fontsize=9)
+        ax.set_yticklabels([VARIANTS[v].label for v in m["variants"]], fontsize=FONT)
+        ax.set_title(f"{d} layers", fontsize=FONT)
         fig.colorbar(im, ax=ax, fraction=0.03)
     save(fig, path, "Final validation NLL (bits), mean over seeds; n seeds\nG good against its architecture's "
                     "cells (white frame), + also against every cell at that depth,\np poor, - does not train, · one "
@@ -167,7 +168,7 @@ def plot_bleu(cells, path):
         return None
     plt = pyplot()
     variants = [v for v in VARIANTS if any(p[0] == v for w in points.values() for pts in w.values() for p in pts)]
-    fig, axes = plt.subplots(1, len(points), squeeze=False, figsize=(6.0 * len(points), 0.32 * len(variants) + 1.8),
+    fig, axes = plt.subplots(1, len(points), squeeze=False, figsize=(6.0 * len(points) + 2, 0.32 * len(variants) + 1.8),
                              sharey=True)
     for ax, (layers, by_warmup) in zip(axes[0], points.items()):
         for j, (warmup, pts) in enumerate(by_warmup.items()):
@@ -179,14 +180,13 @@ def plot_bleu(cells, path):
                 ax.plot(p[1], yy, "o", ms=5, color=color, mfc=color if p[4] else "white")
             ax.plot([], [], "o", color=color, label=f"warm-up {warmup_label(warmup)}")
         ax.set_yticks(range(len(variants)))
-        ax.set_yticklabels([VARIANTS[v].label for v in variants], fontsize=7)
+        ax.set_yticklabels([VARIANTS[v].label for v in variants], fontsize=FONT)
         ax.invert_yaxis()
-        ax.set_xlabel("test tok BLEU (last scored epoch)")
-        ax.set_title(f"{layers} layers", fontsize=9)
+        ax.set_xlabel("test tok BLEU (last scored epoch)", fontsize=FONT)
+        ax.set_title(f"{layers} layers", fontsize=FONT)
         ax.grid(alpha=0.3, axis="x")
-        ax.legend(fontsize=7)
     save(fig, path, "Test BLEU per architecture: mean over seeds, bars = min-max\nfilled: good against its "
-                    "architecture's cells")
+                    "architecture's cells", legend_from=axes.flat)
     return path
 
 
@@ -206,26 +206,24 @@ def plot_loss_vs_lr(cells, path):
     panel per depth and warm-up, error bars the seeds' min-max; returns :func:`loss_curves`."""
     plt = pyplot()
     panels = loss_curves(cells)
-    fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(5.2 * len(panels), 4.2), sharey=True)
+    fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(5.2 * len(panels) + 2, 4.2), sharey=True)
     for ax, ((layers, warmup), lines) in zip(axes[0], panels.items()):
         for v, pts in lines.items():
-            i = list(VARIANTS).index(v)
             lo = [m - (m if a is None else a) for _, m, a, _ in pts]
             hi = [(m if b is None else b) - m for _, m, _, b in pts]
             ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[lo, hi], marker="o", ms=3, capsize=2,
-                        lw=1, color=f"C{i % 10}", ls=("-", "--")[i // 10 % 2], label=VARIANTS[v].label)
+                        lw=1, color=variant_color(v), label=VARIANTS[v].label)
         ax.set_xscale("log")
         lrs = sorted({p[0] for pts in lines.values() for p in pts})
         ax.set_xticks(lrs)
-        ax.set_xticklabels([f"{lr:g}" for lr in lrs], fontsize=7)
+        ax.set_xticklabels([f"{lr:g}" for lr in lrs], fontsize=FONT)
         ax.minorticks_off()
-        ax.set_xlabel("learning rate")
-        ax.set_title(f"{layers} layers, warm-up {warmup_label(warmup)}", fontsize=9)
+        ax.set_xlabel("learning rate (peak, log scale)", fontsize=FONT)
+        ax.set_title(f"{layers} layers, warm-up {warmup_label(warmup)}", fontsize=FONT)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("final validation NLL (bits)")
-    axes[0][-1].legend(fontsize=6, ncol=2)
-    save(fig, path, "Final validation NLL against the learning rate: mean over the seeds that finished, "
-                    "bars = min-max over the seeds")
+    axes[0][0].set_ylabel("final validation NLL (bits per token)", fontsize=FONT)
+    save(fig, path, "Final validation NLL against the learning rate, per architecture: mean over the seeds that "
+                    "finished, bars = min-max over the seeds", legend_from=axes.flat)
     return path
 
 
@@ -234,7 +232,7 @@ def plot_sensitivity(sens, path):
     {warmup: {variant: [(layers, sensitivity), ...]}} as drawn."""
     plt = pyplot()
     warmups = sorted({w for _, _, w in sens})
-    fig, axes = plt.subplots(1, len(warmups), squeeze=False, figsize=(4 * len(warmups), 3.2))
+    fig, axes = plt.subplots(1, len(warmups), squeeze=False, figsize=(4 * len(warmups) + 2, 3.4))
     drawn = {}
     for j, w in enumerate(warmups):
         ax = axes[0][j]
@@ -242,14 +240,14 @@ def plot_sensitivity(sens, path):
                     for v in VARIANTS}
         drawn[w] = {v: pts for v, pts in drawn[w].items() if pts}
         for v, pts in drawn[w].items():
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=VARIANTS[v].label)
-        ax.set_title(f"warm-up {warmup_label(w)}", fontsize=9)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=variant_color(v),
+                    label=VARIANTS[v].label)
+        ax.set_title(f"warm-up {warmup_label(w)}", fontsize=FONT)
         ax.set_xticks(sorted({l for pts in drawn[w].values() for l, _ in pts}))
         ax.set_ylim(bottom=0)
-        ax.set_xlabel("layers (encoder = decoder)")
-        ax.set_ylabel("LR sensitivity (bits)")
+        ax.set_xlabel("layers (encoder = decoder)", fontsize=FONT)
+        ax.set_ylabel("LR sensitivity (bits per token)", fontsize=FONT)
         ax.grid(alpha=0.3)
-        if drawn[w]:
-            ax.legend(fontsize=7)
-    save(fig, path)
+    save(fig, path, "Learning-rate sensitivity against depth, per architecture",
+         legend_from=axes.flat)
     return path

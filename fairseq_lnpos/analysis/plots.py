@@ -10,13 +10,13 @@ architectures). ``lemma2.png``: ||x||^2 / d at every LayerNorm input with the le
 import sys
 from pathlib import Path
 
-from fairseq_lnpos.common import read_json, write_figure
 from fairseq_lnpos.cli import CommandParser
+from fairseq_lnpos.common import FONT, integer_ticks, legend_right, read_json, write_figure
 from fairseq_lnpos.errors import run_main
+from fairseq_lnpos.variants import label_color
 
 STATS = {"mean_grad": ("mean", "fig3.png", "norm of the gradient averaged over batches (paper)"),
          "batch_norm": ("batch_norm_mean", "fig3_per_batch.png", "mean per-batch gradient norm")}
-COLORS = ["tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown"]
 
 
 def _plt():
@@ -29,13 +29,21 @@ def _plt():
 
 
 def plot_fig3(result, out, stat="mean_grad"):
+    fig = fig3_figure(result, stat)
+    path = write_figure(fig, Path(out) / STATS[stat][1], dpi=80)
+    _plt().close(fig)
+    return path
+
+
+def fig3_figure(result, stat="mean_grad"):
+    """The matplotlib figure :func:`plot_fig3` writes."""
     plt = _plt()
-    key, filename, what = STATS[stat]
+    key, _, what = STATS[stat]
     per_layer, last = result["per_layer"], result["last_w2"]
     labels = list(dict.fromkeys(list(per_layer) + list(last)))
-    color = {label: COLORS[i % len(COLORS)] for i, label in enumerate(labels)}
+    color = {label: label_color(label) for label in labels}
     ncols = 2 + len(last)
-    fig, axes = plt.subplots(2, ncols, figsize=(3.1 * ncols, 5.6), squeeze=False)
+    fig, axes = plt.subplots(2, ncols, figsize=(3.4 * ncols + 2, 6.4), squeeze=False)
     letters = "abcdefghij"
     for row, stack in enumerate(("encoder", "decoder")):
         for col, w in enumerate(("fc1", "fc2")):
@@ -46,11 +54,11 @@ def plot_fig3(result, out, stat="mean_grad"):
                 xs = list(range(1, len(ys) + 1))
                 err = e["std"] if stat == "mean_grad" else None
                 ax.errorbar(xs, ys, yerr=err, marker="o", ms=3, capsize=2, color=color[label], label=label)
-            ax.set_xlabel("layer")
-            ax.set_title(f"({letters[col]}) {'W1' if w == 'fc1' else 'W2'} of FFN, {stack}", fontsize=9)
+            ax.set_xlabel("layer", fontsize=FONT)
+            ax.set_ylabel("gradient norm (Frobenius)", fontsize=FONT)
+            integer_ticks(ax.xaxis)
+            ax.set_title(f"({letters[col]}) {'W1' if w == 'fc1' else 'W2'} of FFN, {stack}", fontsize=FONT)
             ax.set_ylim(bottom=0)
-            if row == 0 and col == 0:
-                ax.legend(fontsize=7)
         for j, (label, stacks) in enumerate(last.items()):
             ax = axes[row][2 + j]
             e = stacks[stack]
@@ -58,33 +66,41 @@ def plot_fig3(result, out, stat="mean_grad"):
             err = e["std"] if stat == "mean_grad" else None
             ax.bar(xs, e[key], yerr=err, color=color[label], alpha=0.8, capsize=2)
             ax.set_xticks(list(xs))
-            ax.set_xticklabels([f"{d}-{d}" for d in e["depths"]], fontsize=7)
-            ax.set_title(f"({letters[2 + j]}) {label}: last-layer W2, {stack}", fontsize=9)
+            ax.set_xticklabels([f"{d}-{d}" for d in e["depths"]], fontsize=FONT)
+            ax.set_xlabel("layers (encoder-decoder)", fontsize=FONT)
+            ax.set_title(f"({letters[2 + j]}) {label}: last-layer W2, {stack}", fontsize=FONT)
             if label.lower().startswith("post") and stat == "mean_grad":
                 ax.axhline(result["paper"]["post_ln_last_w2"], ls="--", lw=0.8, color="gray")
-                ax.text(0, result["paper"]["post_ln_last_w2"], " paper ~1.6", fontsize=6, va="bottom")
+                ax.text(0, result["paper"]["post_ln_last_w2"], " paper ~1.6", fontsize=FONT, va="bottom")
     s = result["settings"]
     fig.suptitle(
         f"Gradient norm at initialization ({what}); {s['seeds']} seeds, K={s['batches']} batches of "
-        f"<= {s['tokens']} tokens.\nRows: encoder / decoder (the paper does not say which stack its "
-        f"layers are). Data: {s['data_desc']}", fontsize=8)
-    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.08, top=0.86, wspace=0.3, hspace=0.45)
-    path = write_figure(fig, Path(out) / filename, dpi=80)
-    plt.close(fig)
-    return path
+        f"<= {s['tokens']} tokens, per architecture.\nRows: encoder / decoder (the paper does not say which "
+        f"stack its layers are). Data: {s['data_desc']}", fontsize=FONT)
+    fig.subplots_adjust(left=0.06, bottom=0.09, top=0.85, wspace=0.35, hspace=0.5)
+    legend_right(fig, axes.flat, 1 - 1.9 / fig.get_figwidth())
+    return fig
 
 
 def plot_lemma2(result, out):
     if not result["lemma2"]:
         return None
+    fig = lemma2_figure(result)
+    path = write_figure(fig, Path(out) / "lemma2.png", dpi=80)
+    _plt().close(fig)
+    return path
+
+
+def lemma2_figure(result):
+    """The matplotlib figure :func:`plot_lemma2` writes."""
     plt = _plt()
     labels = list(result["lemma2"])
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4), squeeze=False)
     for col, stack in enumerate(("encoder", "decoder")):
         ax = axes[0][col]
-        for i, label in enumerate(labels):
+        for label in labels:
             e = result["lemma2"][label][stack]
-            c = COLORS[i % len(COLORS)]
+            c = label_color(label)
             if "stream" in e:
                 st = e["stream"]
                 ax.plot(st["layers_applied"], st["mean"], "o-", ms=3, color=c, label=f"{label}: x_l (stream)")
@@ -97,15 +113,15 @@ def plot_lemma2(result, out):
                 ys = [p["mean"] for p in pts if p["layer"] is not None]
                 ax.plot([x + 1 for x in xs], ys, "s-", ms=3, color=c, label=f"{label}: LN inputs")
                 ax.axhline(1.5, ls="--", lw=0.8, color=c)
-        ax.set_xlabel("layers applied")
-        ax.set_ylabel("E ||x||^2 / d")
-        ax.set_title(f"Lemma 2, {stack} (eval mode, depth {result['lemma2'][labels[0]][stack]['depth']})",
-                     fontsize=9)
-        ax.legend(fontsize=6)
-    fig.subplots_adjust(left=0.08, right=0.99, bottom=0.14, top=0.9, wspace=0.25)
-    path = write_figure(fig, Path(out) / "lemma2.png", dpi=80)
-    plt.close(fig)
-    return path
+        ax.set_xlabel("layers applied", fontsize=FONT)
+        ax.set_ylabel("E ||x||^2 / d (per coordinate)", fontsize=FONT)
+        integer_ticks(ax.xaxis)
+        ax.set_title(f"{stack}, depth {result['lemma2'][labels[0]][stack]['depth']}", fontsize=FONT)
+    fig.suptitle("Lemma 2: size of the LayerNorm inputs at initialization, per architecture (eval mode)",
+                 fontsize=FONT)
+    fig.subplots_adjust(left=0.07, bottom=0.14, top=0.86, wspace=0.25)
+    legend_right(fig, axes.flat, 0.72)
+    return fig
 
 
 def plot_all(result, out):

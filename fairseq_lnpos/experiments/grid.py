@@ -141,6 +141,7 @@ def build_parser():
     SlurmOptions.add_command(sub, "slurm", conflict_handler="resolve",
                              help="submit runs as one SLURM job array of `run` units (slurm.py; --dry-run prints it)")
     StatusOptions.add_command(sub, "status", help="one line per run of an --out folder: status, epochs, best BLEU")
+    p.commands = list(sub.choices)
     return p
 
 
@@ -156,7 +157,10 @@ def check_one_line(opts):
 
 
 def command(argv=None):
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not list(sys.argv[1:] if argv is None else argv):
+        raise LnposError(f"give a command: {', '.join(parser.commands)} (grid.sh COMMAND --help says what it does)")
+    ns = parser.parse_args(argv)
     opts = ns.options.from_namespace(ns)
     check_one_line(opts)
     if ns.cmd == "list":

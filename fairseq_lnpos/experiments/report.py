@@ -17,10 +17,11 @@ import sys
 from pathlib import Path
 
 from ..analysis.seeds import ESTIMATOR, spread
-from ..common import plain_name, refuse_folder, write_figure, write_text
 from ..cli import CommandParser
+from ..common import FONT, integer_ticks, legend_right, plain_name, refuse_folder, write_figure, write_text
 from ..errors import LnposError, StateError, run_main
 from . import runs as R
+from ..variants import variant_color
 from .rundir import grid_run_dirs, run_dirs
 
 CSV_COLUMNS = ["run", "arch", "optimizer", "lr", "warmup", "schedule", "seed", "status", "paper_bleu",
@@ -195,7 +196,6 @@ def figures(rows, out_dir):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     written = []
     groups = sorted({r["figure"] for r in rows})
@@ -204,30 +204,31 @@ def figures(rows, out_dir):
         if not group:
             continue
         opts = sorted({r["optimizer"] for r in group})
-        fig, axes = plt.subplots(2, len(opts), figsize=(5 * len(opts), 7), squeeze=False)
-        colors = {}
-        for r in group:
-            key = (r["ln"], r["lr"], r["schedule"])
-            color = colors.setdefault(key, f"C{len(colors) % 10}")
+        fig, axes = plt.subplots(2, len(opts), figsize=(5 * len(opts) + 4, 7.5), squeeze=False)
+        markers = {}
+        for r in group:  # colour: the variant; line style: the warm-up; marker: the learning rate
+            color = variant_color(r["ln"])
+            marker = markers.setdefault(r["lr"], ".ov^sD"[len(markers) % 6])
             warm = R.warmup_label(r["warmup"])
             col = opts.index(r["optimizer"])
             label = f"{r['ln']} lr {r['lr']:g} warm-up {warm}" + (
                 f" {r['schedule']}" if r["schedule"] != "inverse_sqrt" else "") + (
                 f" seed {r['seed']}" if len({x['seed'] for x in group}) > 1 else "")
             ep = [e.epoch for e in r["curve"]]
-            style = dict(color=color, linestyle=LINESTYLES.get(warm, "-."), marker=".", label=label)
+            style = dict(color=color, linestyle=LINESTYLES.get(warm, "-."), marker=marker, label=label)
             axes[0][col].plot(ep, [e.bleu_tok for e in r["curve"]], **style)
             axes[1][col].plot(ep, [e.valid_loss for e in r["curve"]], **style)
         for col, opt in enumerate(opts):
-            axes[0][col].set_title(f"{fig_name}: {opt}")
-            axes[0][col].set_ylabel(f"test {TOK_LABEL}")
-            axes[1][col].set_ylabel("validation loss")
+            axes[0][col].set_title(f"{fig_name}: test BLEU per LayerNorm placement, {opt}", fontsize=FONT + 1)
+            axes[1][col].set_title(f"{fig_name}: validation loss per LayerNorm placement, {opt}", fontsize=FONT + 1)
+            axes[0][col].set_ylabel(f"test {TOK_LABEL}", fontsize=FONT)
+            axes[1][col].set_ylabel("validation loss (bits per token)", fontsize=FONT)
             for row in (0, 1):
-                axes[row][col].set_xlabel("epoch")
-                axes[row][col].xaxis.set_major_locator(MaxNLocator(integer=True))
+                axes[row][col].set_xlabel("epoch", fontsize=FONT)
+                integer_ticks(axes[row][col].xaxis)
                 axes[row][col].grid(alpha=0.3)
-            axes[0][col].legend(fontsize=7)
-        fig.tight_layout()
+        fig.subplots_adjust(left=0.08, bottom=0.08, top=0.95, hspace=0.3, wspace=0.25)
+        legend_right(fig, axes.flat, 1 - 3.8 / fig.get_figwidth())
         path = write_figure(fig, Path(out_dir) / f"fig_{plain_name(fig_name, 'figure')}.png", dpi=100)
         plt.close(fig)
         written.append(path)
