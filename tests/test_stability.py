@@ -375,3 +375,11 @@ def test_a_run_with_an_outcome_but_no_config_is_not_dropped_without_a_word(sweep
     assert err.count("\n") == 1 and f"{d} has an outcome (DONE.json) but no config.json" in err
     with pytest.raises(Exception, match="has an outcome"):
         report.make_table(sweep, with_figures=False)
+
+
+def test_a_page_without_runs_links_no_runs_csv(tmp_path):
+    from fairseq_lnpos.analysis.publish import publish
+
+    text = publish(tmp_path / "page", "A check", "# A check\n\nbody\n", None, [], "cmd").read_text()
+    assert "- Data: none beside this page" in text and "runs.csv" not in text
+    assert not (tmp_path / "page" / "runs.csv").exists()

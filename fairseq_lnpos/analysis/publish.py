@@ -56,7 +56,8 @@ def page_text(title, body_md, runs, command, files, when=None):
     data = [Path(f).name for f in files if not str(f).endswith(".png")]
     head = [MARKER, f"# {title}", "", f"- Command: `{command}`", f"- Written: {when}",
             f"- Machine: {_machine_line(counted)}", f"- Code: {_code_line(counted)}",
-            "- Data: [runs.csv](runs.csv) (one row per run and seed)" + "".join(f", [{d}]({d})" for d in data), ""]
+            "- Data: " + ", ".join((["[runs.csv](runs.csv) (one row per run and seed)"] if runs is not None else [])
+                                   + [f"[{d}]({d})" for d in data] or ["none beside this page"]), ""]
     return "\n".join(head + [body.rstrip(), ""] + [f"![{f}]({f})" for f in figures]) + "\n"
 
 
