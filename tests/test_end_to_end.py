@@ -84,7 +84,7 @@ def test_restore_file_resumes_from_checkpoint_last(toy_data, trained):
     (["--optimizer", "radam", "--lr-scheduler", "warmup_inverse_sqrt", "--warmup-updates", "-5"],
      "--warmup-updates must be >= 0"),
     (["--optimizer", "radam", "--adam-betas", "(0.9, 2)"], "--adam-betas must be two numbers"),
-    (["--arch", "transformer_nonsense"], "invalid choice: 'transformer_nonsense'"),
+    (["--arch", "transformer_nonsense"], "--arch transformer_nonsense is not a registered architecture: did you mean"),
 ])
 @pytest.mark.slow
 def test_bad_input_is_a_one_line_error(toy_data, tmp_path, extra, message):
