@@ -1,0 +1,163 @@
+"""Do two runs of one map reach the same verdicts? Each cell judged in both, by the map's rule
+(:mod:`.verdict`, on NLL) and by the earlier rule, side by side.
+
+    python -m fairseq_lnpos.analysis.agreement A B [--allow-mixed-code] [--out-dir D] [--publish DIR]
+
+``A`` and ``B`` are two runs of the same sweep (its folder, or the ``runs.csv`` a results page
+published): the same cells, settings and seeds, trained on another machine or another day. For each
+rule, a cell's verdict is one of good, poor, no-train (diverged and stopped count as no-train) or NA
+(not compared); the share of the cells judged in both (NA in neither) whose verdicts are equal is
+reported with its 95 % interval (Wilson's, treating the cells as independent, which neighbouring
+learning rates of one architecture are not: read it as a description of this map).
+
+The earlier rule (:func:`earlier_verdicts`), kept here only to be compared: on the label-smoothed
+validation loss; trains = no seed diverged or stopped and the mean loss is at most 0.6 x the mean
+first training loss; good = trains and the mean within delta of the best mean of the same
+architecture and depth, delta = max(0.1 x best, 2 x s x sqrt(1/n + 1/n_best)), s the standard
+deviation between seeds pooled over every cell that trains.
+
+Writes ``agreement.csv`` (one row per cell: both runs' means and verdicts under both rules) and
+``agreement.md`` into ``--out-dir`` (default: the current folder), and with ``--publish DIR`` a
+results page whose ``runs.csv`` holds both runs (column ``map``: A or B).
+"""
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..cli import CommandParser
+from ..errors import LnposError, run_main
+from .frame import COUNTED, check_model_code, check_one_experiment, pandas, read_runs_csv, runs_frame
+from .publish import argv_of
+from .stability import KEYS, make_cells, order
+
+EARLIER = dict(ratio=0.6, near=0.10, noise_k=2.0)
+NO_TRAIN = {"no-train", "diverged", "stopped"}
+
+
+def load(source, allow_mixed=False):
+    """The table of every run of a map: a sweep's folder or a published runs.csv."""
+    path = Path(source)
+    if path.is_dir():
+        runs = runs_frame(path, "the output folder of a sweep (OUT/NAME/seedS/)")
+    elif path.is_file():
+        runs = read_runs_csv(path)
+    else:
+        raise LnposError(f"{source}: no such folder or file: give a sweep's output folder or a published runs.csv")
+    check_one_experiment(source, runs)
+    check_model_code(runs, allow_mixed)
+    if not runs["outcome"].isin(COUNTED).any():
+        raise LnposError(f"{source}: no run finished, diverged or was stopped early: run or resume the sweep first")
+    return runs
+
+
+def earlier_verdicts(runs, ratio=EARLIER["ratio"], near=EARLIER["near"], noise_k=EARLIER["noise_k"]):
+    """The earlier rule's verdict of each cell (a Series indexed by the cells' keys): good, poor or no-train."""
+    counted = runs[runs["outcome"].isin(COUNTED)]
+    fin = counted[counted["outcome"] == "finished"]
+    cells = counted.groupby(KEYS).agg(seeds=("seed", "size"), initial=("initial_loss", "mean")).join(
+        fin.groupby(KEYS)["final_valid_loss"].agg(loss="mean", n="size", var="var"))
+    cells["trains"] = (cells["n"] == cells["seeds"]) & (cells["loss"] <= ratio * cells["initial"])
+    t = cells[cells["trains"]]
+    dof = (t["n"] - 1).sum()
+    s = math.sqrt(((t["n"] - 1) * t["var"].fillna(0)).sum() / dof) if dof else math.nan
+    best = t.loc[t.groupby(["variant", "layers"])["loss"].idxmin()].droplevel(["warmup", "lr"])
+    best = best.reindex(t.index.droplevel(["warmup", "lr"])).set_axis(t.index)
+    delta = np.fmax(near * best["loss"], noise_k * s * (1 / t["n"] + 1 / best["n"]) ** 0.5)  # fmax: no s, the floor
+    verdict = pandas().Series("no-train", index=cells.index)
+    verdict[t.index] = (t["loss"] <= best["loss"] + delta).map({True: "good", False: "poor"})
+    return verdict
+
+
+def verdicts(runs):
+    """Both rules' verdicts and the mean NLL of every cell of ``runs`` (a DataFrame indexed by the keys)."""
+    cells = make_cells(runs).set_index(KEYS)
+    now = cells["verdict"].where(~cells["verdict"].isin(NO_TRAIN), "no-train")
+    depth = cells["good_depth"].map({True: "good", False: "poor"}).where(cells["trains"], "no-train").fillna("NA")
+    return pandas().DataFrame({"nll": cells["nll"], "loss": cells["loss"], "rule": now, "rule_depth": depth,
+                               "earlier": earlier_verdicts(runs)})
+
+
+def compare(runs_a, runs_b):
+    """One row per cell of both maps: each map's means and verdicts (suffixes _a, _b)."""
+    a, b = (set(r["settings"]) for r in (runs_a, runs_b))
+    if a != b:
+        raise LnposError(f"the two maps differ in a setting other than their axes ({sorted(a ^ b)[0]}): compare two "
+                         f"runs of the same sweep")
+    both = verdicts(runs_a).merge(verdicts(runs_b), left_index=True, right_index=True, how="outer", suffixes=("_a", "_b"))
+    return order(both.reset_index())
+
+
+def shares(both):
+    """Per rule: cells judged in both, how many agree, the share and its 95 % Wilson interval."""
+    from scipy.stats import binomtest
+
+    rows = []
+    for rule, words in (("rule", "the map's rule (own architecture)"), ("rule_depth", "the map's rule (every cell at the depth)"),
+                        ("earlier", "the earlier rule (own architecture)")):
+        judged = both[both[f"{rule}_a"].notna() & both[f"{rule}_b"].notna()
+                      & (both[f"{rule}_a"] != "NA") & (both[f"{rule}_b"] != "NA")]
+        agree = int((judged[f"{rule}_a"] == judged[f"{rule}_b"]).sum())
+        ci = binomtest(agree, len(judged)).proportion_ci(method="wilson") if len(judged) else None
+        rows.append(dict(rule=words, judged=len(judged), agree=agree, share=agree / len(judged) if len(judged) else math.nan,
+                         low=ci.low if ci else math.nan, high=ci.high if ci else math.nan))
+    return pandas().DataFrame(rows)
+
+
+def markdown(name_a, name_b, both, table):
+    lines = [f"# Verdicts of two runs of one map", "", f"A: `{name_a}`; B: `{name_b}`. {len(both)} cells.", "",
+             "| rule | cells judged in both | agree | share | 95 % interval |", "|---|---:|---:|---:|---|"]
+    lines += [f"| {r.rule} | {r.judged} | {r.agree} | {r.share:.0%} | {r.low:.0%} to {r.high:.0%} |"
+              for r in table.itertuples()]
+    lines += ["", "Verdicts: good, poor, no-train (diverged or stopped count as no-train), NA (not compared). "
+              "The map's rule: final validation NLL, Welch per ordered pair, Holm (fairseq_lnpos/analysis/verdict.py). "
+              "The earlier rule: label-smoothed loss within max(10 % of the best, 2 pooled sd) of the "
+              "architecture's best (fairseq_lnpos/analysis/agreement.py). The interval treats cells as independent.", ""]
+    differ = both[(both["rule_a"] != both["rule_b"]) | (both["earlier_a"] != both["earlier_b"])
+                  | (both["rule_depth_a"] != both["rule_depth_b"])]
+    if len(differ):
+        lines += ["Cells whose verdicts differ between the runs under either rule:", "",
+                  "| arch | layers | warm-up | lr | NLL A | NLL B | rule A | rule B | depth A | depth B | earlier A | earlier B |",
+                  "|---|---:|---:|---:|---:|---:|---|---|---|---|---|---|"]
+        lines += [f"| {r.variant} | {r.layers} | {r.warmup} | {r.lr:g} | {r.nll_a:.3f} | {r.nll_b:.3f} | {r.rule_a} | "
+                  f"{r.rule_b} | {r.rule_depth_a} | {r.rule_depth_b} | {r.earlier_a} | {r.earlier_b} |"
+                  for r in differ.itertuples()]
+    else:
+        lines += ["Every cell has the same verdicts in both runs under both rules."]
+    return "\n".join(lines) + "\n"
+
+
+def _main(argv):
+    p = CommandParser(prog="python -m fairseq_lnpos.analysis.agreement", description=__doc__.split("\n\n")[0])
+    p.add_argument("a", help="the first run of the map: its sweep folder or published runs.csv")
+    p.add_argument("b", help="the second run, the same way")
+    p.add_argument("--allow-mixed-code", action="store_true",
+                   help="judge a map whose runs were trained by different versions of the model code")
+    p.add_argument("--out-dir", default=".", help="where to write agreement.csv and agreement.md (default: here)")
+    p.add_argument("--publish", metavar="DIR", help="also write a results page into DIR")
+    args = p.parse_args(argv)
+    runs_a, runs_b = (load(s, args.allow_mixed_code) for s in (args.a, args.b))
+    both = compare(runs_a, runs_b)
+    md = markdown(args.a, args.b, both, shares(both))
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "agreement.csv", out / "agreement.md"]
+    both.to_csv(written[0], index=False, float_format="%.6g", lineterminator="\n")
+    written[1].write_text(md)
+    if args.publish:
+        from .publish import publish
+
+        runs = pandas().concat([runs_a.assign(map="A"), runs_b.assign(map="B")], ignore_index=True)
+        publish(args.publish, "Verdicts of two runs of one map", md, runs, written,
+                argv_of("python -m fairseq_lnpos.analysis.agreement", argv))
+    print(md, end="")
+    return 0
+
+
+def main(argv=None):
+    return run_main("agreement", _main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Two runs of one map compared: each cell's verdicts under the map's rule and the earlier rule, the
+share that agree, the cells that differ, and bad input."""
+import json
+
+import pytest
+
+from fairseq_lnpos.analysis import agreement as A
+from fairseq_lnpos.analysis.frame import read_runs_csv, runs_frame
+from test_stability import SMOOTHING, write_run
+
+CELLS = {  # (variant, lr, warmup): NLL of seeds 1-3 (None: diverged)
+    ("postln", 1e-3, 0): (1.00, 1.01, 1.02),
+    ("postln", 3e-3, 0): (1.18, 1.19, 1.20),  # 0.18 bit worse: poor on NLL, within the earlier 10 % floor
+    ("postln", 1e-2, 0): (None, None, None),
+    ("preln", 1e-3, 0): (0.80, 0.82, 0.81),
+    ("preln", 3e-3, 0): (5.5, 5.6, 5.4),  # above half the unigram bits (9.6): no-train
+}
+
+
+def write_map(out, cells=CELLS):
+    for (variant, lr, warmup), finals in cells.items():
+        for seed, final in enumerate(finals, 1):
+            write_run(out, variant, lr, warmup, seed, final=final,
+                      status="finished" if final is not None else "diverged at update 40")
+    return out
+
+
+def test_the_earlier_rule_by_hand(tmp_path):
+    v = A.earlier_verdicts(runs_frame(write_map(tmp_path / "a")))
+    # best Post-LN loss 2.01; s = 0.01 pooled; delta = max(0.201, 2 x 0.01 x sqrt(2/3)) = 0.201
+    assert v["postln", 6, 0, 3e-3] == "good"
+    assert v["postln", 6, 0, 1e-3] == "good"
+    assert v["postln", 6, 0, 1e-2] == "no-train"
+    # Pre-LN at 3e-3: loss 6.5 > 0.6 x the first loss 9.0: does not train under the earlier rule either
+    assert v["preln", 6, 0, 3e-3] == "no-train"
+
+
+def test_the_earlier_floor_and_the_nll_rule_disagree_where_the_issue_said(tmp_path):
+    v = A.verdicts(runs_frame(write_map(tmp_path / "a")))
+    assert (v.loc[("postln", 6, 0, 3e-3), "rule"], v.loc[("postln", 6, 0, 3e-3), "earlier"]) == ("poor", "good")
+    assert v.loc[("preln", 6, 0, 3e-3), "rule"] == "no-train"
+    assert v.loc[("postln", 6, 0, 1e-2), "rule"] == "no-train"
+    assert v.loc[("preln", 6, 0, 1e-3), "rule_depth"] == "good"
+    assert v.loc[("postln", 6, 0, 1e-3), "rule_depth"] == "poor"  # 0.2 bit worse than Pre-LN's best
+
+
+def test_two_identical_runs_agree_on_every_cell(tmp_path, capsys):
+    a, b = write_map(tmp_path / "a"), write_map(tmp_path / "b")
+    assert A.main([str(a), str(b), "--out-dir", str(tmp_path / "cmp")]) == 0
+    table = A.shares(A.compare(runs_frame(a), runs_frame(b)))
+    assert list(table["judged"]) == [5, 5, 5] and list(table["agree"]) == [5, 5, 5]
+    assert "Every cell has the same verdicts" in capsys.readouterr().out
+    assert (tmp_path / "cmp" / "agreement.csv").read_text().count("\n") == 6
+
+
+def test_a_cell_that_flips_is_counted_and_listed(tmp_path, capsys):
+    flipped = dict(CELLS)
+    flipped["postln", 3e-3, 0] = (1.04, 1.05, 1.03)  # now within the margin: good under both rules
+    a, b = write_map(tmp_path / "a"), write_map(tmp_path / "b", flipped)
+    both = A.compare(runs_frame(a), runs_frame(b))
+    table = A.shares(both).set_index("rule")
+    assert table.loc["the map's rule (own architecture)", "agree"] == 4
+    assert table.loc["the earlier rule (own architecture)", "agree"] == 5
+    assert 0 < table.loc["the map's rule (own architecture)", "low"] < 0.8 < table.loc["the map's rule (own architecture)", "high"] <= 1
+    assert A.main([str(a), str(b), "--out-dir", str(tmp_path / "cmp")]) == 0
+    assert "| postln | 6 | 0 | 0.003 | 1.190 | 1.040 | poor | good |" in capsys.readouterr().out
+
+
+def test_published_runs_csv_and_a_folder_compare_and_the_page_holds_both(tmp_path):
+    a, b = write_map(tmp_path / "a"), write_map(tmp_path / "b")
+    (tmp_path / "a.csv").write_text(runs_frame(a).to_csv(index=False))
+    page = tmp_path / "page"
+    assert A.main([str(tmp_path / "a.csv"), str(b), "--out-dir", str(tmp_path / "cmp"), "--publish", str(page)]) == 0
+    runs = read_runs_csv(page / "runs.csv")
+    assert sorted(runs["map"].unique()) == ["A", "B"] and len(runs) == 30
+    assert "agreement.md" in (page / "index.md").read_text()
+
+
+def test_maps_of_different_settings_are_refused(tmp_path, capsys):
+    a, b = write_map(tmp_path / "a"), write_map(tmp_path / "b")
+    for cfg in b.glob("*/seed*/config.json"):
+        c = json.loads(cfg.read_text())
+        c["run"]["optimizer"] = "radam"
+        cfg.write_text(json.dumps(c))
+    assert A.main([str(a), str(b)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "differ in a setting other than their axes" in err and len(err.splitlines()) == 1
+
+
+def test_a_missing_map_is_a_one_line_error(tmp_path, capsys):
+    a = write_map(tmp_path / "a")
+    assert A.main([str(a), str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no such folder or file" in err and len(err.splitlines()) == 1
