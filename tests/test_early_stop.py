@@ -151,6 +151,10 @@ def test_the_replay_reports_stops_fractions_false_stops_and_time_saved(tmp_path,
     assert R.main([str(tmp_path), "--after", "0.3"]) == 0
     out = capsys.readouterr().out
     assert "stopped: 1 of 1 not trained (100%), at a median 30% of the budget" in out
+    assert R.main([str(tmp_path), "--scan", "--score-on", str(tmp_path), "--publish", str(tmp_path / "page")]) == 0
+    page = (tmp_path / "page" / "index.md").read_text()
+    assert "chosen on" in page and "held out" in page and (tmp_path / "page" / "runs.csv").read_text().count("\n") == 1 + 2 * 7
+    capsys.readouterr()
     assert R.main([str(tmp_path), "--scan", "--score-on", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"chosen on {tmp_path}: after 0.3, ratio 0.6" in out and f"held out, {tmp_path}" in out

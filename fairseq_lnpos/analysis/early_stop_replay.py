@@ -2,6 +2,7 @@
 
     python -m fairseq_lnpos.analysis.early_stop_replay OUT [--after F] [--ratio R] [--progress P]
                                                           [--window W] [--scan] [--score-on OTHER ...]
+                                                          [--publish DIR]
 
 OUT is a sweep's folder (``grid.sh sweep --no-early-stop``): every run that finished is replayed
 update by update from its train.log (:func:`~fairseq_lnpos.experiments.early_stop.first_stop`) and
@@ -16,7 +17,8 @@ end is unknown, so they cannot score a rule.
 ``--scan`` replays a grid of ``--after`` x ``--ratio`` values and chooses the rule that stops the most
 runs that end not trained without a false stop of a good run (then the one that saves most); with
 ``--score-on OTHER`` that chosen rule (without --scan: the given one) is then scored on OTHER, maps
-it was not chosen on: a rule is only as good as it is on runs it was not tuned on.
+it was not chosen on: a rule is only as good as it is on runs it was not tuned on. ``--publish DIR``
+writes all of it as a results page (:mod:`.publish`) with the runs of every folder replayed.
 """
 import statistics
 import sys
@@ -134,18 +136,33 @@ def _main(argv):
     p.add_argument("--scan", action="store_true", help="also a grid of --after x --ratio, and the rule it chooses")
     p.add_argument("--score-on", nargs="+", default=[], metavar="OTHER",
                    help="score the rule (the scan's choice with --scan) on these sweeps' folders")
+    p.add_argument("--publish", metavar="DIR", help="also write the replay as a results page into DIR, with the "
+                                                     "runs of every folder replayed")
     args = p.parse_args(argv)
     rule = StopRule(after=args.after, ratio=args.ratio, progress=args.progress, window=args.window)
     rows = _replayable(args.out)
-    print(report(replay(rows, rule), rule))
+    sections = [f"Replayed on {args.out}:", "", _block(report(replay(rows, rule), rule))]
     if args.scan:
         rule, lines = choose(rows, rule)
-        print("\n" + "\n".join(lines))
-        print(f"\nchosen on {args.out}: after {rule.after:g}, ratio {rule.ratio:g}")
+        sections += ["The scan (judged from a fraction of the budget x ratio):", ""] + lines + [
+            "", f"chosen on {args.out}: after {rule.after:g}, ratio {rule.ratio:g}", ""]
     for other in args.score_on:
         held = _replayable(other)
-        print(f"\nheld out, {other} (the rule was not chosen on it):\n" + report(replay(held, rule), rule))
+        sections += [f"held out, {other} (the rule was not chosen on it):", "", _block(report(replay(held, rule), rule))]
+    md = "\n".join(sections)
+    if args.publish:
+        from .frame import pandas
+        from .publish import argv_of, publish
+
+        runs = pandas().concat([runs_frame(Path(o)).assign(map=str(o)) for o in [args.out] + args.score_on],
+                               ignore_index=True)
+        publish(args.publish, "Early stopping replayed", md, runs, [], argv_of("early_stop_replay", argv))
+    print(md, end="")
     return 0
+
+
+def _block(text):
+    return "```\n" + text + "\n```\n"
 
 
 def main(argv=None):
