@@ -178,3 +178,14 @@ def test_the_replay_refuses_a_sweep_made_with_early_stopping(tmp_path, capsys):
     assert "\n" not in err and err.startswith(f"early_stop_replay: error: {tmp_path}: 1 of its 2 runs were stopped "
                                               f"early ({stopped}, ...), and the replay judges each run by how it ended")
     assert err.endswith("replay a sweep made with --no-early-stop")
+
+
+def test_a_run_budgeted_in_epochs_is_replayed_over_the_updates_it_ran(tmp_path):
+    from fairseq_lnpos.analysis import early_stop_replay as R
+    from test_stability import write_run
+
+    d = write_run(tmp_path, "postln", 1e-3, 0, 1, final=5.6)  # no --max-update; DONE.json: 100 updates
+    (d / "train.log").write_text("".join(T % (loss, u) + "\n" for u, loss in flat()[:100]))
+    ((r, how, losses, budget),) = R.outcomes(tmp_path)
+    assert (how, budget, len(losses)) == ("not trained", 100, 100)
+    assert R.replay([(r, how, losses, budget)], StopRule())["fraction_median"] == 0.6

@@ -39,7 +39,8 @@ SCAN_RATIO = (0.6, 0.7, 0.8)
 
 def outcomes(out):
     """[(run row, how it ended: good | trains | not trained, [(update, loss)], budget)] of the runs of
-    ``out`` that finished with a budget in updates. A folder where runs were stopped early is refused:
+    ``out`` that finished. A run's budget is its ``--max-update``, or for a run budgeted in epochs (the demo) the
+    updates it ran, which a finished run ran in full. A folder where runs were stopped early is refused:
     how a stopped run would have ended is not known, and leaving it out would leave out the runs the
     rule is to stop."""
     runs = runs_frame(out, "a sweep's output folder, made with --no-early-stop")
@@ -52,12 +53,13 @@ def outcomes(out):
     rows = []
     for r in runs[runs["outcome"] == "finished"].itertuples():
         log = Path(r.path) / "train.log"
-        if not r.max_update or not log.is_file():
+        budget = r.max_update if r.max_update == r.max_update and r.max_update else r.updates
+        if not budget or budget != budget or not log.is_file():
             continue
         losses = LogState.of(log.read_text(encoding="utf-8", errors="replace")).losses
         trained = r.nll_ratio <= DEFAULT_TRAINS
         good = trained and cells.loc[(r.variant, r.layers, r.warmup, r.lr), "good_own"] is True
-        rows.append((r, "good" if good else "trains" if trained else "not trained", losses, r.max_update))
+        rows.append((r, "good" if good else "trains" if trained else "not trained", losses, int(budget)))
     return rows
 
 
@@ -123,7 +125,7 @@ def choose(rows, rule):
 def _replayable(out):
     rows = outcomes(Path(out))
     if not rows:
-        raise LnposError(f"{out}: no finished run with a train.log and a budget in updates: give a sweep's folder")
+        raise LnposError(f"{out}: no finished run with a train.log: give a sweep's folder")
     return rows
 
 
