@@ -7,7 +7,7 @@ For a map of more than one depth (``scripts/grid.sh sweep --depth-map``):
   Markdown, beside the final loss at every depth;
 - OUT/depth_loss.png: final validation loss against depth (log axis), one line per architecture,
   one panel per warm-up and learning rate, error bars the seeds' min-max; cells that are not good
-  hollow, diverged or stopped ones an x at their initial loss.
+  hollow, cells whose every seed diverged or stopped an x at the unigram bits.
 
 For any map whose runs recorded them:
 
