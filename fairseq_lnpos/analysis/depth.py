@@ -85,23 +85,16 @@ def _fmt_depth(value, deepest):
     return f"{top}" + (" (deepest run)" if top == deepest else "") + (f" (not {', '.join(map(str, gaps))})" if gaps else "")
 
 
-def _largest(cells):
-    """A row per line along depth: its depths, the largest good depth, the shallower ones not good, the
-    largest that trains."""
-    import pandas as pd
-
+def write_csv(cells, path):
+    """OUT/largest_depth.csv: one row per architecture, warm-up and learning rate: its depths, the
+    largest good depth, the shallower ones not good, the largest that trains."""
+    cells = frame_of(cells)
     trains = largest_depth(cells, lambda c: c.trains)
     depths = cells.groupby(LINE, sort=False)["layers"].agg(lambda s: " ".join(map(str, sorted(s))))
-    return pd.DataFrame([(label(v), v, w, lr, depths[v, w, lr], top, gaps, trains[v, w, lr][0])
-                         for (v, w, lr), (top, gaps) in largest_depth(cells).items()],
-                        columns=["label", "variant", "warmup", "lr", "depths", "largest_good_depth", "not_good_below",
-                                 "largest_trains_depth"])
-
-
-def write_csv(cells, path):
-    """OUT/largest_depth.csv: one row per architecture, warm-up and learning rate."""
-    t = _largest(frame_of(cells)).astype(object)
-    t["not_good_below"] = t["not_good_below"].map(lambda gaps: " ".join(map(str, gaps)))
+    t = type(cells)([(label(v), v, w, lr, depths[v, w, lr], top, " ".join(map(str, gaps)), trains[v, w, lr][0])
+                     for (v, w, lr), (top, gaps) in largest_depth(cells).items()],
+                    columns=["label", "variant", "warmup", "lr", "depths", "largest_good_depth", "not_good_below",
+                             "largest_trains_depth"], dtype=object)
     return write_text(path, t.to_csv(index=False, lineterminator="\n"))
 
 
