@@ -1,25 +1,69 @@
-"""What the stability map (stability.py) and its depth sections (depth.py) share: the order of
-architectures, number formatting and the figures' setup."""
+"""What the reports share: the cells of a map as a frame in the registry's order, a cell's words,
+Markdown tables and the figures' setup (stability.py, depth.py, map_figures.py, report.py)."""
 import math
 
 from ..common import FONT, legend_right, write_figure
 from ..variants import VARIANTS
 
+RANK = {v: i for i, v in enumerate(VARIANTS)}  # architectures in the registry's order (Post-LN, Pre-LN, ...)
+# the cells' numbers (stability.make_cells); None in a cell's object is NaN in the frame
+NUMBERS = ("nll", "nll_min", "nll_max", "bleu", "bleu_min", "bleu_max", "unigram_bits", "grad_ratio_encoder",
+           "grad_ratio_decoder", "peak_rss_mb", "cuda_peak_mb", "train_seconds")
 
-def rank(key):
-    """Sort key: architectures in the registry's order (Post-LN, Pre-LN, DeepNorm, Keel), then the rest."""
-    return (list(VARIANTS).index(key[0]),) + key[1:] if isinstance(key, tuple) else key
+
+def frame_of(cells):
+    """A map's cells as a DataFrame: ``cells`` itself, or the objects of ``stability.rows``."""
+    import pandas as pd
+
+    if isinstance(cells, pd.DataFrame):
+        return cells
+    df = pd.DataFrame([vars(c) for c in cells])
+    return df.astype({c: float for c in NUMBERS if c in df})
 
 
-def group(items, key):
-    groups = {}
-    for item in items:
-        groups.setdefault(key(item), []).append(item)
-    return dict(sorted(groups.items(), key=lambda kv: rank(kv[0])))
+def ordered(df, *by):
+    """``df`` sorted by the columns ``by``, ``variant`` in the registry's order."""
+    return df.sort_values(list(by), key=lambda s: s.map(RANK) if s.name == "variant" else s, kind="stable")
+
+
+def label(variant):
+    return VARIANTS[variant].label
+
+
+def missing(v):
+    """None or NaN: a number a cell or run does not have."""
+    return v is None or (isinstance(v, float) and math.isnan(v))
 
 
 def num(v, fmt=".3f"):
-    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+    return "–" if missing(v) else format(v, fmt)
+
+
+def nll_text(c, fmt=".2f"):
+    """A cell's mean NLL and, from two finished seeds on, ``[min to max]``."""
+    return num(c.nll, fmt) + (f" [{c.nll_min:.2f} to {c.nll_max:.2f}]" if c.finished > 1 and not missing(c.nll) else "")
+
+
+def lost(c):
+    """``, x d/n, s k/n``: the seeds of a cell that diverged (x) or were stopped early (s)."""
+    return "".join(f", {mark} {k}/{c.seeds}" for mark, k in (("x", c.diverged), ("s", c.stopped)) if k)
+
+
+def markdown_table(df):
+    """``df`` as Markdown lines, its columns the header, every cell as text ('|' written '/'). Unlike
+    DataFrame.to_markdown, columns are not padded: a line of a table can be found by its text."""
+    cells = [["" if missing(v) else str(v).replace("|", "/") for v in row]
+             for row in df.itertuples(index=False)]
+    return (["| " + " | ".join(map(str, df.columns)) + " |", "|---" * len(df.columns) + "|"]
+            + ["| " + " | ".join(row) + " |" for row in cells])
+
+
+def pivot(df, index, columns, values, corner, col_fmt=str):
+    """Markdown lines of ``df[values]`` with a row per ``index`` (first-seen order) headed ``corner``, and
+    a column per ``columns`` (sorted, named by ``col_fmt``); '' where there is none."""
+    t = df.pivot(index=index, columns=columns, values=values).reindex(df[index].unique())
+    t = t.reindex(columns=sorted(t.columns))
+    return markdown_table(t.rename(columns=col_fmt).rename_axis(corner).reset_index())
 
 
 def pyplot():
@@ -32,6 +76,11 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def panels(n, width, height, **kw):
+    """A figure of ``n`` panels side by side, ``width`` inches each and 2 more for the legend."""
+    return pyplot().subplots(1, n, squeeze=False, figsize=(width * n + 2, height), **kw)
 
 
 LEGEND_INCHES = 2.0  # the width a legend right of the axes takes

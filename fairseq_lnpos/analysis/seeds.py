@@ -8,11 +8,11 @@ the interval say nothing a reader can use, so none is given ("no interval from 2
 seeds on it is printed.
 """
 import math
-import statistics
 from dataclasses import dataclass
 
 ESTIMATOR = ("n seeds; mean; min to max; 95 % CI of the mean: mean +- t(0.975, n-1) s/sqrt(n) (Student's t, "
              "s the sample standard deviation), clipped to the metric's range; no CI for one or two seeds")
+STATS = ["n", "mean", "min", "max", "sd", "ci95_low", "ci95_high"]  # the columns of over_seeds
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,12 @@ class Spread:
     ci_low: float = None  # 95 % CI of the mean; None for one seed
     ci_high: float = None
 
+    @classmethod
+    def of(cls, row):
+        """The Spread of a row of :func:`over_seeds`."""
+        n, mean, lo, hi, *rest = (row[k] for k in STATS)
+        return cls(int(n), float(mean), float(lo), float(hi), *(None if math.isnan(v) else float(v) for v in rest))
+
     def text(self, fmt=".2f"):
         """``mean (min to max, CI lo to hi, n=3)``, ``mean (min to max, n=2; no interval from 2 seeds)``
         or ``mean (1 seed)``."""
@@ -36,28 +42,35 @@ class Spread:
                 f"n={self.n})")
 
     def as_dict(self):
-        return {"n": self.n, "mean": self.mean, "min": self.min, "max": self.max, "sd": self.sd,
-                "ci95_low": self.ci_low, "ci95_high": self.ci_high}
+        return dict(zip(STATS, (self.n, self.mean, self.min, self.max, self.sd, self.ci_low, self.ci_high)))
 
 
-def t975(df):
-    """The 0.975 quantile of Student's t with ``df`` degrees of freedom."""
+def over_seeds(frame, by, metrics):
+    """The seeds of each ``by`` (a column of ``frame``, one row per seed) per metric: a DataFrame with the
+    columns ``by``, ``metric`` and :data:`STATS`, one row per group and metric that has a finite value,
+    in the groups' first-seen order; ``metrics``: {column: (low, high) the metric's range, None unbounded}."""
+    import numpy as np
+    import pandas as pd
     from scipy.stats import t
 
-    return float(t.ppf(0.975, df))
+    long = frame.melt(id_vars=[by], value_vars=list(metrics), var_name="metric")
+    long["value"] = pd.to_numeric(long["value"], errors="coerce")
+    long = long[np.isfinite(long["value"])]
+    out = long.groupby([by, "metric"], sort=False)["value"].agg(
+        n="count", mean="mean", min="min", max="max", sd="std").reset_index()
+    half = t.ppf(0.975, out["n"] - 1) * out["sd"] / np.sqrt(out["n"])
+    bound = {i: out["metric"].map(lambda m: metrics[m][i]).astype(float) for i in (0, 1)}  # None: NaN, no clipping
+    out["ci95_low"] = (out["mean"] - half).clip(lower=bound[0])
+    out["ci95_high"] = (out["mean"] + half).clip(upper=bound[1])
+    first = {k: i for i, k in enumerate(frame[by].unique())}
+    return out.sort_values(by, key=lambda s: s.map(first), kind="stable").reset_index(drop=True)
 
 
 def spread(values, bounds=(None, None)):
     """The :class:`Spread` of the finite numbers among ``values`` (None and NaN are left out), its
     interval clipped to ``bounds`` (low, high; None: unbounded); None when there are none."""
-    xs = [float(v) for v in values if v is not None and math.isfinite(v)]
-    if not xs:
-        return None
-    mean = statistics.fmean(xs)
-    if len(xs) == 1:
-        return Spread(1, mean, xs[0], xs[0])
-    sd = statistics.stdev(xs)
-    half = t975(len(xs) - 1) * sd / math.sqrt(len(xs))
-    low, high = mean - half, mean + half
-    low, high = (low if bounds[0] is None else max(low, bounds[0])), (high if bounds[1] is None else min(high, bounds[1]))
-    return Spread(len(xs), mean, min(xs), max(xs), sd, low, high)
+    import pandas as pd
+
+    values = list(values)
+    out = over_seeds(pd.DataFrame({"g": [0] * len(values), "x": pd.Series(values, dtype=object)}), "g", {"x": bounds})
+    return Spread.of(out.iloc[0]) if len(out) else None

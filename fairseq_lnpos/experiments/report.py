@@ -11,12 +11,11 @@ validation loss per epoch, one column per optimizer, warm-up as line styles). "b
 A results.md or results.csv this command did not write (results.md without its first line
 :data:`MD_MARKER`, results.csv without its header) is never overwritten: it is an error.
 """
-import csv
-import io
 import sys
 from pathlib import Path
 
-from ..analysis.seeds import ESTIMATOR, spread
+from ..analysis.map_common import markdown_table, missing, pyplot
+from ..analysis.seeds import ESTIMATOR, Spread, over_seeds as seeds_over_seeds
 from ..cli import CommandParser
 from ..common import FONT, integer_ticks, legend_right, plain_name, refuse_folder, write_figure, write_text
 from ..errors import LnposError, StateError, run_main
@@ -32,8 +31,8 @@ MD_MARKER = "<!-- written by scripts/make_table.sh, which rewrites this file -->
 # the header of results.csv before the compound-split columns (a file with it is replaced)
 CSV_EARLIER = ",".join(c for c in CSV_COLUMNS if c not in ("best_bleu_tok_cs", "avg_bleu_tok_cs"))
 # the seeds of a run: (row key, label) of each metric aggregated
-SEED_METRICS = (("best_bleu_tok", "tok BLEU best"), ("avg_bleu_tok", "tok BLEU avg"), ("sacrebleu", "sacreBLEU"),
-                ("best_valid_loss", "best valid loss"))
+SEED_METRICS = {"best_bleu_tok": "tok BLEU best", "avg_bleu_tok": "tok BLEU avg", "sacrebleu": "sacreBLEU",
+                "best_valid_loss": "best valid loss"}
 SEED_COLUMNS = ["run", "arch", "seeds", "status", "metric", "n", "mean", "min", "max", "sd", "ci95_low", "ci95_high"]
 TOK_LABEL = "tok BLEU"
 CS_LABEL = "tok BLEU compound-split"  # rows with compound_split_bleu (runs.py)
@@ -87,104 +86,70 @@ def _row(rec):
     return row
 
 
-def _fmt(v, nd=2):
-    if v is None or v == "":
-        return ""
-    if isinstance(v, float):
-        return f"{v:.{nd}f}" if nd is not None else f"{v:g}"
-    return str(v)
+def table(rows, columns):
+    """``rows`` (dicts, a key missing: empty) as a DataFrame of ``columns`` holding the values themselves."""
+    import pandas as pd
+
+    return pd.DataFrame([[r.get(k) for k in columns] for r in rows], columns=columns, dtype=object)
+
+
+def _text(col, f=lambda v: f"{v:.2f}" if isinstance(v, float) else str(v)):
+    """A column as text: ``f`` of each value, '' where there is none."""
+    return col.map(lambda v: "" if missing(v) else f(v))
 
 
 def write_csv(rows, path):
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: ("" if r.get(k) is None else (f"{r[k]:g}" if k == "lr" else r[k])) for k in CSV_COLUMNS})
-    write_text(path, buf.getvalue())
+    t = table(rows, CSV_COLUMNS)
+    t["lr"] = _text(t["lr"], lambda v: f"{v:g}")
+    write_text(path, t.to_csv(index=False, lineterminator="\n"))
 
 
 def over_seeds(rows):
-    """{run: {"arch", "seeds", "status": {outcome: count}, metric: Spread or None}} of the readable rows."""
-    out = {}
-    for r in rows:
-        if r.get("unreadable"):
-            continue
-        entry = out.setdefault(r["run"], {"arch": r["arch"], "seeds": 0, "status": {}, "values": {}})
-        entry["seeds"] += 1
-        outcome = r.get("outcome") or r.get("status", "")  # a row made by hand may lack the enum's value
-        entry["status"][outcome] = entry["status"].get(outcome, 0) + 1
-        for key, _ in SEED_METRICS:
-            entry["values"].setdefault(key, []).append(r.get(key))
-    for entry in out.values():
-        for key, _ in SEED_METRICS:
-            entry[key] = spread(entry["values"][key], (0.0, 100.0) if "bleu" in key else (None, None))
-        del entry["values"]
-    return out
-
-
-def _status_words(counts):
-    return ", ".join(f"{n} {k}" for k, n in counts.items())
+    """The readable rows over seeds: a DataFrame with a row per run and metric (:data:`SEED_COLUMNS`,
+    :func:`~fairseq_lnpos.analysis.seeds.over_seeds`)."""
+    t = table([r for r in rows if not r.get("unreadable")], ["run", "arch", "outcome", "status", *SEED_METRICS])
+    t["outcome"] = t["outcome"].fillna(t["status"])  # a row made by hand may lack the enum's value
+    per_run = t.groupby("run", sort=False).agg(arch=("arch", "first"), seeds=("run", "size"), status=(
+        "outcome", lambda s: ", ".join(f"{n} {k}" for k, n in s.value_counts(sort=False).items())))
+    stats = seeds_over_seeds(t, "run", {k: (0.0, 100.0) if "bleu" in k else (None, None) for k in SEED_METRICS})
+    return stats.join(per_run, on="run")[SEED_COLUMNS]
 
 
 def seeds_markdown(agg):
-    """The table over seeds: a row per run (its name in backticks)."""
-    head = ["run", "seeds", "status"] + [label for _, label in SEED_METRICS]
-    lines = ["## Over seeds", "", f"Per run: {ESTIMATOR}; '(1 seed)': no spread.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for run, e in agg.items():
-        cells = [f"`{run}`", str(e["seeds"]), _status_words(e["status"])]
-        cells += [e[k].text(".3f" if k == "best_valid_loss" else ".2f") if e[k] else "" for k, _ in SEED_METRICS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
-
-
-def write_seeds_csv(agg, path):
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(SEED_COLUMNS)
-    for run, e in agg.items():
-        for key, _ in SEED_METRICS:
-            if e[key] is not None:
-                d = e[key].as_dict()
-                w.writerow([run, e["arch"], e["seeds"], _status_words(e["status"]), key] +
-                           ["" if d[k] is None else repr(d[k]) for k in ("n", "mean", "min", "max", "sd", "ci95_low",
-                                                                         "ci95_high")])
-    write_text(path, buf.getvalue())
+    """The table over seeds (:func:`over_seeds`): a row per run (its name in backticks)."""
+    text = agg.assign(text=[Spread.of(r).text(".3f" if r["metric"] == "best_valid_loss" else ".2f")
+                            for _, r in agg.iterrows()])
+    wide = text.pivot(index="run", columns="metric", values="text").reindex(index=agg["run"].unique(),
+                                                                              columns=list(SEED_METRICS))
+    runs = agg.drop_duplicates("run").set_index("run")
+    wide = wide.rename(columns=SEED_METRICS).assign(seeds=runs["seeds"], status=runs["status"])
+    wide.index = "`" + wide.index + "`"
+    return (["## Over seeds", "", f"Per run: {ESTIMATOR}; '(1 seed)': no spread.", ""]
+            + markdown_table(wide[["seeds", "status", *SEED_METRICS.values()]].rename_axis("run").reset_index()))
 
 
 def markdown(rows):
-    head = ["run", "arch", "opt", "lr", "warm-up", "seed", "status", "paper",
-            f"{TOK_LABEL} best (epoch)", f"{TOK_LABEL} avg (epochs)", f"{TOK_LABEL} last", "sacreBLEU", "best valid loss"]
-    split = any(r.get(k) is not None for r in rows for k in ("best_bleu_tok_cs", "avg_bleu_tok_cs"))
-    if split:  # the compound-split scores beside the plain ones
-        head.insert(10, f"{CS_LABEL} best / avg")
-    lines = [MD_MARKER, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        if r.get("unreadable"):
-            lines.append(f"| {r['run']} | | | | | {r['seed']} | {r['status'].replace('|', '/')} |" + " |" * (len(head) - 7))
-            continue
-        paper = _fmt(r["paper_bleu"]) if r["paper_bleu"] is not None else r["paper_note"]
-        best = f"{_fmt(r.get('best_bleu_tok'))} ({r['best_epoch']})" if r.get("best_bleu_tok") is not None else ""
-        avg = f"{_fmt(r['avg_bleu_tok'])} ({r['avg_epochs']})" if r.get("avg_bleu_tok") is not None else ""
-        warm = R.warmup_label(r["warmup"])
-        cells = [r["run"], r["arch"], r["optimizer"], f"{r['lr']:g}", warm, str(r["seed"]), r["status"], paper,
-                 best, avg, _fmt(r.get("last_bleu_tok")), _fmt(r.get("sacrebleu")), _fmt(r.get("best_valid_loss"), 3)]
-        if split:
-            cs = [_fmt(r.get(k)) for k in ("best_bleu_tok_cs", "avg_bleu_tok_cs")]
-            cells.insert(10, " / ".join(cs) if any(cs) else "")
-        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
-    sigs = sorted({r["signature"] for r in rows if r.get("signature")})
-    lines.append("")
-    published = {}  # source -> the runs whose published number it gives
-    for r in rows:
-        if r.get("paper_bleu") is not None and r.get("source") and r["run"] not in published.get(r["source"], []):
-            published.setdefault(r["source"], []).append(r["run"])
-    lines += [f"paper (published BLEU) of {', '.join(names)}: {source}" for source, names in published.items()]
+    t = table(rows, ["run", "arch", "optimizer", "lr", "warmup", "seed", "status", "paper_bleu", "paper_note",
+                     "best_bleu_tok", "best_epoch", "avg_bleu_tok", "avg_epochs", "last_bleu_tok", "sacrebleu",
+                     "best_valid_loss", "best_bleu_tok_cs", "avg_bleu_tok_cs", "signature", "source"])
+    at = lambda col, where: (_text(t[col]) + " (" + t[where].astype(str) + ")").where(t[col].notna(), "")  # noqa: E731
+    show = {"run": t["run"], "arch": t["arch"], "opt": t["optimizer"], "lr": _text(t["lr"], lambda v: f"{v:g}"),
+            "warm-up": _text(t["warmup"], R.warmup_label), "seed": t["seed"].astype(str), "status": t["status"],
+            "paper": _text(t["paper_bleu"]).where(t["paper_bleu"].notna(), t["paper_note"]),
+            f"{TOK_LABEL} best (epoch)": at("best_bleu_tok", "best_epoch"),
+            f"{TOK_LABEL} avg (epochs)": at("avg_bleu_tok", "avg_epochs")}
+    if t[["best_bleu_tok_cs", "avg_bleu_tok_cs"]].notna().any(axis=None):  # the compound-split scores beside
+        cs = _text(t["best_bleu_tok_cs"]) + " / " + _text(t["avg_bleu_tok_cs"])
+        show[f"{CS_LABEL} best / avg"] = cs.where(cs != " / ", "")
+    show.update({f"{TOK_LABEL} last": _text(t["last_bleu_tok"]), "sacreBLEU": _text(t["sacrebleu"]),
+                 "best valid loss": _text(t["best_valid_loss"], lambda v: f"{v:.3f}")})
+    lines = [MD_MARKER, ""] + markdown_table(type(t)(show)) + [""]  # an unreadable row: its run, seed and why
+    published = t[t["paper_bleu"].notna() & t["source"].fillna("").astype(bool)]
+    lines += [f"paper (published BLEU) of {', '.join(names)}: {source}"
+              for source, names in published.groupby("source", sort=False)["run"].unique().items()]
+    sigs = sorted(set(t["signature"].dropna()) - {""})
     lines += [f"sacreBLEU signature: {s}" for s in sigs] or ["sacreBLEU signature: (no run evaluated yet)"]
-    lines.append("")
-    lines.append(NOTE)
-    lines += [""] + seeds_markdown(over_seeds(rows))
+    lines += ["", NOTE, ""] + seeds_markdown(over_seeds(rows))
     return "\n".join(lines) + "\n"
 
 
@@ -192,11 +157,7 @@ LINESTYLES = {"none": "-", "500": "--", "4000": ":"}
 
 
 def figures(rows, out_dir):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     written = []
     groups = sorted({r["figure"] for r in rows})
     for fig_name in groups + (["all"] if len(groups) > 1 else []):
@@ -266,7 +227,7 @@ def make_table(out_dir, with_figures=True, skip_unreadable=False):
     md = markdown(rows)
     written = [write_text(out / "results.md", md), out / "results.csv", out / "results_by_run.csv"]
     write_csv(rows, out / "results.csv")
-    write_seeds_csv(over_seeds(rows), out / "results_by_run.csv")
+    write_text(out / "results_by_run.csv", over_seeds(rows).to_csv(index=False, lineterminator="\n"))
     bad = [r for r in rows if r.get("unreadable")]
     if not bad:  # the per-seed table of every run (analysis/frame.py), as a results page publishes it
         from ..analysis.frame import runs_frame, write_runs_csv
