@@ -92,6 +92,7 @@ def test_rerun_resumes_from_records(small_run, capsys):
     (["--depths", "6,x"], "--depths: 'x' is not a whole number"),
     (["--depths", "6,8,6"], "--depths: '6' is listed twice"),
     (["--data", "/nonexistent/bin"], "data folder /nonexistent/bin does not exist"),
+    (["--width", "90"], "--width 90: give a multiple of 4 (the attention heads)"),
 ])
 def test_bad_input_one_line_error(tmp_path, capsys, args, message):
     from fairseq_lnpos.analysis import init_grad
@@ -225,3 +226,17 @@ def test_fig3_records_the_settings_it_was_given():
                                       "layers_depth": 6, "seeds": 1, "lemma2": lemma2}
         assert result["last_w2"]["Pre-LN"]["encoder"]["depths"] == [6] and result["lemma2"] == {}
         assert result["ratio_last_w2"]["Post-LN"]["decoder"] == 1.0
+
+
+def test_width_builds_the_sweeps_model_size():
+    """--width gives the models the sweeps' width flags (d, FFN 4d), and is a setting of the records
+    only when given (records of earlier versions still resume)."""
+    from fairseq_lnpos.analysis import init_grad
+    from fairseq_lnpos.experiments.sweep import width_args
+
+    opts = init_grad.parse_args(["--size", "tiny", "--width", "96"])
+    argv = init_grad.fairseq_argv("transformer_postln_tiny", 6, opts)
+    assert " ".join(width_args(96)) in " ".join(argv)
+    assert argv[argv.index("--encoder-ffn-embed-dim") + 1] == "384"
+    assert init_grad.settings_of(opts, "d")["width"] == 96
+    assert "width" not in init_grad.settings_of(init_grad.parse_args([]), "d")

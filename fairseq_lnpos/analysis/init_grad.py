@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 from fairseq_lnpos.common import fmt_time, read_json, write_json, write_text
-from fairseq_lnpos.cli import CommandParser, Options as CommandOptions, Range, at_least, comma_list, option
+from fairseq_lnpos.cli import CommandParser, Options as CommandOptions, Range, at_least, comma_list, option, whole_number
 from fairseq_lnpos.errors import MAX_SEED, LnposError, check, run_main
+from fairseq_lnpos.experiments.sweep import width_args
 from fairseq_lnpos.launch import config_hash, train_args
 from fairseq_lnpos.variants import GROUPS, INITS, SIZES, VARIANTS, arch_name
 
@@ -65,6 +66,9 @@ class Options(CommandOptions):
     model_args: str = option("", "extra fairseq model options, one quoted string, e.g. "
                                  "\"--encoder-embed-dim 64 --decoder-embed-dim 64\" (for quick looks and tests)",
                              action="flags")
+    width: Optional[int] = option(type=whole_number(1), help="model width d (embeddings d, FFN 4d), as the sweeps' "
+                                  "--width, e.g. --size tiny --width 96 for the map of every architecture "
+                                  "(default: the size's own)")
     init: Optional[str] = option(
         choices=INITS, help="the plugin archs' --lnpos-init (default fairseq-0.12, fairseq 0.12's own; "
                             "fairseq-0.8: Xavier FFNs and zero biases, the fairseq of the paper's time)")
@@ -99,6 +103,7 @@ class Options(CommandOptions):
         """Normalise the lists and range-check every value; raises :class:`LnposError`."""
         self.archs = comma_list(self.archs, "--archs", what="a variant or arch name")
         check(self.size in SIZES or self.size == "", f"--size {self.size!r}: one of {', '.join(SIZES)} ('' = base)")
+        width_args(self.width)  # a width the heads divide
         self.depths = sorted(comma_list(self.depths, "--depths", int))
         check(min(self.depths) >= 1, "--depths must list positive layer counts, e.g. 6,8,10,12,14")
         check(self.layers_depth in self.depths,
@@ -145,7 +150,7 @@ def resolve_arch(name, size):
 
 def fairseq_argv(arch, layers, opts, data="-"):
     """fairseq-train's arguments for one model of the analysis (the project's recipe, fairseq's task)."""
-    model = ["--dropout", str(opts.dropout), *shlex.split(opts.model_args)]
+    model = ["--dropout", str(opts.dropout), *width_args(opts.width), *shlex.split(opts.model_args)]
     if opts.init:
         model += ["--lnpos-init", opts.init]
     if layers is not None:
@@ -329,6 +334,8 @@ def settings_of(opts, data_desc):
                                        "first_seed", "split", "data", "checkpoint")}
     if opts.init:  # absent when not given, so results of earlier versions still resume
         s["init"] = opts.init
+    if opts.width:
+        s["width"] = opts.width
     if opts.spectral:
         s["spectral"] = True
     s["data_desc"] = data_desc
