@@ -86,3 +86,13 @@ def test_fig3_and_lemma2_tick_layers_at_whole_numbers_with_the_legend_outside():
         assert smallest_text(fig) >= FONT
     lemma = plots.lemma2_figure(result)
     assert line_colors(lemma)["Pre-LN: x_l (stream)"] == variant_color("preln")
+
+
+def test_fig3_of_every_architecture_names_each_panel():
+    labels = tuple(VARIANTS[v].label for v in VARIANTS)  # every variant: more panels than a-j
+    result = fig3_result()
+    result["last_w2"] = {lab: result["last_w2"]["Post-LN"] for lab in labels}
+    fig = plots.fig3_figure(result)
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert len(titles) == 2 * (2 + len(labels))
+    assert len({t.split(")")[0] for t in titles}) == 2 + len(labels)  # a letter (or number) a column

@@ -44,7 +44,7 @@ def fig3_figure(result, stat="mean_grad"):
     color = {label: label_color(label) for label in labels}
     ncols = 2 + len(last)
     fig, axes = plt.subplots(2, ncols, figsize=(3.4 * ncols + 2, 6.4), squeeze=False)
-    letters = "abcdefghij"
+    letters = [chr(ord("a") + i) if i < 26 else str(i + 1) for i in range(ncols)]  # a panel each
     for row, stack in enumerate(("encoder", "decoder")):
         for col, w in enumerate(("fc1", "fc2")):
             ax = axes[row][col]
