@@ -18,10 +18,15 @@ Steps (each resumes; a finished demo re-runs in seconds):
     warm-up), 512-token batches, 3 epochs (~100 updates each), per-layer gradient norms logged at every update, test BLEU per epoch;
  3. the results table (scripts/make_table.sh): demo-out/results.csv, results.md (per seed), fig_demo.png;
  4. gradient norms of the first updates (grad_norms_first_updates.png);
- 5. Fig. 3 at initialization at the tiny size (fig3/);
+ 5. Fig. 3 at initialization at the tiny size (fig3/): on the analysis's own generated corpus, also
+    with ``--data multi30k``, and its own seeds 1 and 2 (analysis/init_grad.py);
  6. the summary: the table over seeds (analysis/seeds.py: n, mean, min-max, 95 % CI), the verdict,
     the time spent scoring against the time spent training and what to do next, printed and
-    written to summary.md and summary.json.
+    written to summary.md and summary.json. It is over every seed of the rows recorded in OUT/grid:
+    a re-run with other ``--seeds`` adds them to the earlier ones and says so in one line.
+
+Each step prints a line at least every minute (progress.py): the grid and Fig. 3 their own, the
+other steps their name and how long they have run.
 
 The verdict: the effect is shown when the two controls, Post-LN with warm-up and Pre-LN without
 it, have learned the task (every seed at tok BLEU >= ``LEARNED``: 20 on the generated corpus, 5 on
