@@ -18,10 +18,15 @@ Steps (each resumes; a finished demo re-runs in seconds):
     warm-up), 512-token batches, 3 epochs (~100 updates each), per-layer gradient norms logged at every update, test BLEU per epoch;
  3. the results table (scripts/make_table.sh): demo-out/results.csv, results.md (per seed), fig_demo.png;
  4. gradient norms of the first updates (grad_norms_first_updates.png);
- 5. Fig. 3 at initialization at the tiny size (fig3/);
+ 5. Fig. 3 at initialization at the tiny size (fig3/): on the analysis's own generated corpus, also
+    with ``--data multi30k``, and its own seeds 1 and 2 (analysis/init_grad.py);
  6. the summary: the table over seeds (analysis/seeds.py: n, mean, min-max, 95 % CI), the verdict,
     the time spent scoring against the time spent training and what to do next, printed and
-    written to summary.md and summary.json.
+    written to summary.md and summary.json. It is over every seed of the rows recorded in OUT/grid:
+    a re-run with other ``--seeds`` adds them to the earlier ones and says so in one line.
+
+Each step prints a line at least every minute (progress.py): the grid and Fig. 3 their own, the
+other steps their name and how long they have run.
 
 The verdict: the effect is shown when the two controls, Post-LN with warm-up and Pre-LN without
 it, have learned the task (every seed at tok BLEU >= ``LEARNED``: 20 on the generated corpus, 5 on
@@ -42,6 +47,7 @@ from .common import (FONT, GRAD_NORMS_JSONL, hold_lock, integer_ticks, legend_ri
                      write_json, write_text)
 from .errors import LnposError, check, run_main
 from .experiments.runs import BY_NAME, DEMO_OPTIONAL, DEMO_ROWS
+from .progress import Cadence
 from .variants import GROUPS, VARIANTS, variant_color
 
 RUNS = list(DEMO_ROWS["synthetic"])
@@ -188,12 +194,24 @@ def grad_norm_plot(rows, runs, seed):
     return fig
 
 
+FIG3 = {True: dict(depths=[6, 8], seeds=1, tokens=256), False: dict(depths=[6, 8, 10, 12, 14], seeds=2)}  # by --quick
+
+
 def fig3(out, variants, quick):
     from .analysis import init_grad
 
-    size = dict(depths=[6, 8], seeds=1, tokens=256) if quick else dict(depths=[6, 8, 10, 12, 14], seeds=2)
-    init_grad.run(init_grad.Options(out=str(out / "fig3"), size="tiny", archs=list(variants), **size))
+    init_grad.run(init_grad.Options(out=str(out / "fig3"), size="tiny", archs=list(variants), **FIG3[quick]))
     return out / "fig3"
+
+
+def fig3_step(variants, quick, data):
+    """The words of the Fig. 3 step: what it measures, on what (init_grad's generated corpus, whatever
+    ``data`` the runs trained on), with which seeds."""
+    size = FIG3[quick]
+    seeds = " and ".join(str(s) for s in range(1, size["seeds"] + 1))
+    return (f"Fig. 3 at initialization: {len(variants) * len(size['depths']) * size['seeds']} tiny models "
+            f"(seed{'s' if size['seeds'] > 1 else ''} {seeds}, not --seeds) on a generated Markov corpus, "
+            f"not the demo's {DATA[data]}")
 
 
 def label(run):
@@ -213,6 +231,7 @@ def summarize(rows):
     for r in rows:
         by_run.setdefault(r["run"], []).append(r)
     return {run: {"label": label(run) if run in BY_NAME else run, "seeds": len(rs),
+                  "seed_list": sorted({int(r["seed"]) for r in rs}),
                   "status": sorted({r["outcome"] for r in rs}),
                   **{key: spread((r.get(key) for r in rs), bounds) for key, bounds in SUMMARY_METRICS.items()}}
             for run, rs in by_run.items()}
@@ -247,6 +266,33 @@ def seed_table(summary, runs):
         lines.append(f"| {s['label']} (`{run}`) | {s['seeds']} | {cell(s.get('best_bleu_tok'))} | "
                      f"{cell(s.get('final_valid_nll'))} | {', '.join(s['status'])} |")
     return lines
+
+
+def and_list(items):
+    """``[0, 1, 2]`` -> ``0, 1 and 2``."""
+    items = [str(i) for i in items]
+    return " and ".join(filter(None, [", ".join(items[:-1]), items[-1]])) if items else "none"
+
+
+def seeds_merged(summary, runs, asked):
+    """(the seeds of ``runs`` in ``summary``, those of them not in ``asked``: merged from earlier runs in
+    the same folder, the seeds of ``asked`` with no run recorded)."""
+    found = sorted({s for run in runs for s in (summary.get(run) or {}).get("seed_list", ())})
+    return found, [s for s in found if s not in asked], [s for s in asked if s not in found]
+
+
+def seeds_line(summary, runs, asked, grid):
+    """One line: the seeds the summary is over, which of them ``asked`` (--seeds) gave and which come
+    from earlier runs in the grid folder ``grid``."""
+    found, earlier, missing = seeds_merged(summary, runs, asked)
+    flag = f"--seeds {','.join(map(str, asked))}"
+    if earlier:
+        new = [s for s in found if s in asked]
+        text = (f"summary over seeds {and_list(found)}: {and_list(new)} asked for ({flag}), {and_list(earlier)} "
+                f"from earlier runs in {grid}")
+    else:
+        text = f"summary over seeds {and_list(found)}, those asked for ({flag})"
+    return text + (f"; no run of seed {and_list(missing)} recorded" if missing else "")
 
 
 def text_folder(data):
@@ -284,13 +330,16 @@ def next_steps(out, seed, corpus="synthetic", data_dir=None):
 
 
 def write_summary(out, summary, runs, shown_text, figures, seconds, seed, controls=CONTROLS, corpus="synthetic",
-                  data_dir=None):
-    """summary.md and summary.json in ``out``; returns the Markdown's lines."""
+                  data_dir=None, asked=None):
+    """summary.md and summary.json in ``out``; returns the Markdown's lines. ``asked``: the seeds the
+    command was given (--seeds): the summary says which seeds it merged from earlier runs."""
     controls_need = (None, *controls)
     shown, text = shown_text
     train, score = seconds
     wrap = lambda text: textwrap.wrap(text, WIDTH, break_long_words=False, break_on_hyphens=False)  # noqa: E731
-    md = [f"# `{MAKE[corpus]}`: summary", "", *seed_table(summary, runs), "", *wrap(f"Over seeds: {ESTIMATOR}."), "",
+    merged = [] if asked is None else [*wrap(seeds_line(summary, runs, asked, out / "grid") + "."), ""]
+    md = [f"# `{MAKE[corpus]}`: summary", "", *seed_table(summary, runs), "", *merged,
+          *wrap(f"Over seeds: {ESTIMATOR}."), "",
           *wrap(f"Verdict: {text}."), "",
           *wrap(f"The rule: the controls (Post-LN with warm-up, Pre-LN without) must learn the task (tok BLEU >= "
                 f"{learned_bleu(controls_need):g} in every seed), and the best seed of Post-LN without warm-up must reach at most "
@@ -303,6 +352,8 @@ def write_summary(out, summary, runs, shown_text, figures, seconds, seed, contro
     md += next_steps(out, seed, corpus, data_dir)
     write_text(out / "summary.md", "\n".join(md) + "\n")
     write_json(out / "summary.json", {
+        **({} if asked is None else {"seeds": dict(zip(("in_summary", "from_earlier_runs", "not_recorded"),
+                                                       seeds_merged(summary, runs, asked)), asked=list(asked))}),
         "estimator": ESTIMATOR, "verdict": {"shown": shown, "text": text, "learned_bleu": learned_bleu(controls_need),
                                              "controls": list(controls)},
         "runs": {run: {**s, **{k: s[k].as_dict() if s.get(k) else None for k in SUMMARY_METRICS}}
@@ -340,7 +391,7 @@ def command(argv=None):
                 "setting: drop --quick (make demo-real), or drop --data multi30k (make demo --quick)")
     from .experiments.plan import parse_seeds
 
-    first_seed = str(parse_seeds(args.seeds)[0])  # a bad --seeds is refused before anything is prepared
+    asked = parse_seeds(args.seeds)  # a bad --seeds is refused before anything is prepared
     t0 = time.time()
     out = Path(args.out or DEFAULT_OUT[args.data])
     extra = [name for name in OPTIONAL if getattr(args, f"with_{name}")]
@@ -357,33 +408,47 @@ def command(argv=None):
     fd = hold_lock(lock, f"--out {out} is in use by another demo (lock {lock}): wait for it to finish or stop it, "
                          f"or give another --out")
     try:
-        return run_steps(args, out, runs, core, first_seed, t0, argv)
+        return run_steps(args, out, runs, core, asked, t0, argv)
     finally:
         release_lock(fd, lock)
 
 
-def run_steps(args, out, runs, core, first_seed, t0, argv=None):
+def run_steps(args, out, runs, core, asked, t0, argv=None):
     """The demo's steps in ``out`` (locked), from the command line ``args`` (``argv``: as typed, for a
-    results page); returns 0."""
+    results page; ``asked``: its seeds); returns 0. The grid and Fig. 3 print their own progress; while
+    another step runs, its status line comes at least every minute (:class:`~.progress.Cadence`)."""
     variants = list(dict.fromkeys(BY_NAME[r].ln for r in runs))
     inits = sorted({BY_NAME[r].init for r in runs})
     steps = [DATA[args.data], f"grid of {len(runs)} runs x seeds {args.seeds} (initialization "
              f"{', '.join(inits)})", "results table",
-             "gradient norms of the first updates", "Fig. 3 at initialization (tiny size)"]
-    say = lambda i: log(f"step {i}/{len(steps)}: {steps[i - 1]} (elapsed {time.time() - t0:.0f} s)")  # noqa: E731
+             "gradient norms of the first updates", fig3_step(variants, args.quick, args.data)]
+    current = {"step": 0, "since": t0}
 
+    def say(i):
+        current.update(step=i, since=time.time())
+        log(f"step {i}/{len(steps)}: {steps[i - 1]} (elapsed {time.time() - t0:.0f} s)")
+        cadence.printed()
+
+    def status():
+        i = current["step"]
+        log(f"step {i}/{len(steps)}: {steps[i - 1]}: running for {time.time() - current['since']:.0f} s, "
+            f"no estimate of the time left in this step (elapsed {time.time() - t0:.0f} s)")
+
+    cadence = Cadence(status)
     log(f"expected time: {EXPECTED_QUICK if args.quick else EXPECTED[args.data]} (docs/results.md); the same "
         "command resumes after an interruption")
     say(1)
-    data = make_data(out, args.quick, args.data, args.orig, args.bin)
+    with cadence:
+        data = make_data(out, args.quick, args.data, args.orig, args.bin)
     say(2)
-    run_grid(out, data, runs, args.seeds, args.jobs, args.quick)
+    run_grid(out, data, runs, args.seeds, args.jobs, args.quick)  # the grid's own progress lines
     say(3)
-    rows, figures = make_table(out)
-    say(4)
-    figures.append(grad_norm_figure(out, rows, runs, first_seed))
+    with cadence:
+        rows, figures = make_table(out)
+        say(4)
+        figures.append(grad_norm_figure(out, rows, runs, str(asked[0])))
     say(5)
-    fig3_dir = fig3(out, variants, args.quick)
+    fig3_dir = fig3(out, variants, args.quick)  # a line per model
     figures += [fig3_dir / "fig3.png", fig3_dir / "lemma2.png"]
 
     from .analysis.frame import runs_frame
@@ -391,12 +456,14 @@ def run_steps(args, out, runs, core, first_seed, t0, argv=None):
     runs_table = runs_frame(out / "grid")
     summary = summarize(runs_table.to_dict("records"))
     shown_text = verdict(summary, tuple(core[:3]))
-    md = write_summary(out, summary, runs, shown_text, figures, time_split(rows), first_seed, core[1:3], args.data, data)
+    md = write_summary(out, summary, runs, shown_text, figures, time_split(rows), str(asked[0]), core[1:3], args.data,
+                       data, asked)
     print()
     verdict_at = md.index(next(line for line in md if line.startswith("Verdict: ")))
     end = md.index("", verdict_at)
     print("\n".join(md[2:verdict_at] + md[end + 1:]))  # the verdict comes last
     print()
+    log(seeds_line(summary, runs, asked, out / "grid"))
     log(shown_text[1])
     log(f"a CPU-scale illustration on {WHAT[args.data]}, not the paper's IWSLT14 numbers (README.md)")
     log(f"written: {out / 'summary.md'}, {out / 'summary.json'}, {out / 'results.md'} and "

@@ -67,7 +67,7 @@ def test_json_fields_figures_and_progress(small_run):
     for name in ("fig3.png", "fig3_per_batch.png", "lemma2.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) < 200_000
-    progress = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    progress = [line for line in result.stdout.splitlines() if line.startswith("[") and ": measuring (" not in line]
     assert len(progress) == 12 and progress[-1].startswith("[12/12]") and "ETA" in progress[-1]
     assert "time taken:" in result.stdout
 
@@ -240,3 +240,14 @@ def test_width_builds_the_sweeps_model_size():
     assert argv[argv.index("--encoder-ffn-embed-dim") + 1] == "384"
     assert init_grad.settings_of(opts, "d")["width"] == 96
     assert "width" not in init_grad.settings_of(init_grad.parse_args([]), "d")
+
+
+def test_the_start_line_quotes_the_measured_time_only_for_the_settings_measured():
+    from fairseq_lnpos.analysis import init_grad
+
+    measured = "about 70 s on 2 idle cores, about 5 minutes on 2 cores shared with other jobs (measured at 36640e8)"
+    assert init_grad.expected_time(init_grad.Options().validate(), 20) == f"{measured} for these 20 models (the defaults)"
+    demo = init_grad.Options(size="tiny", archs="postln,preln,deepnorm").validate()  # make demo's Fig. 3 step
+    assert init_grad.expected_time(demo, 30) == (f"not measured for these 30 models (--size tiny); the 20 models of "
+                                                 f"the defaults at d 512 take {measured}")
+    assert init_grad.expected_time(init_grad.Options(seeds=10).validate(), 100).startswith("not measured")

@@ -363,3 +363,38 @@ def test_a_second_demo_on_the_same_out_is_refused(tmp_path, capsys, monkeypatch)
         os.close(held)
     assert capsys.readouterr().err == (f"demo: error: --out {out} is in use by another demo (lock {out}/.demo.lock): "
                                        f"wait for it to finish or stop it, or give another --out\n")
+
+
+# ---------------------------------------------------------------- a re-run with other seeds
+
+def test_a_rerun_with_other_seeds_says_which_seeds_it_merged(tmp_path, capsys, monkeypatch):
+    """`make demo-real DEMO_ARGS="--seeds 0"` into a folder whose runs of seed 1 are recorded: the
+    summary is over seeds 0 and 1 and says, in one line, that 1 comes from the earlier runs. No training:
+    the grid's folder is recorded, the training, table and Fig. 3 steps are stand-ins."""
+    out = tmp_path / "demo-real-out"
+    record_grid(out, {run: {0: curve, 1: curve} for run, seeds in MEASURED.items() for curve in seeds.values()})
+    monkeypatch.setattr(demo, "make_data", lambda *a, **k: out / "data" / "bin")
+    monkeypatch.setattr(demo, "run_grid", lambda *a, **k: None)
+    monkeypatch.setattr(demo, "make_table", lambda out: ([], []))  # its figures: test_real_verdict_on_recorded_results
+    monkeypatch.setattr(demo, "fig3", lambda out, *a: out / "fig3")
+    monkeypatch.setattr(demo, "grad_norm_figure", lambda out, *a: out / "grad_norms_first_updates.png")
+    assert demo.main(["--data", "multi30k", "--seeds", "0", "--out", str(out)]) == 0
+    line = f"summary over seeds 0 and 1: 0 asked for (--seeds 0), 1 from earlier runs in {out}/grid"
+    printed = capsys.readouterr().out
+    assert f"[demo] {line}" in printed.splitlines()  # one line, beside the verdict
+    assert f"{line}." in " ".join((out / "summary.md").read_text().splitlines())  # the summary's prose, wrapped
+    seeds = json.loads((out / "summary.json").read_text())["seeds"]
+    assert seeds == {"asked": [0], "in_summary": [0, 1], "from_earlier_runs": [1], "not_recorded": []}
+    # Post-LN and Pre-LN at 5 depths, 2 seeds of their own
+    assert "step 5/5: Fig. 3 at initialization: 20 tiny models (seeds 1 and 2, not --seeds) on a generated " \
+           "Markov corpus, not the demo's Multi30k De-En (real text)" in printed
+
+
+@pytest.mark.parametrize("asked, recorded, line", [
+    ([1, 2], {1, 2}, "summary over seeds 1 and 2, those asked for (--seeds 1,2)"),
+    ([0], {0, 1, 2}, "summary over seeds 0, 1 and 2: 0 asked for (--seeds 0), 1 and 2 from earlier runs in G"),
+    ([3, 1], {1}, "summary over seeds 1, those asked for (--seeds 3,1); no run of seed 3 recorded"),
+])
+def test_the_seeds_line(asked, recorded, line):
+    summary = {"demo-preln-nowu": {"seed_list": sorted(recorded)}, "demo-keel-nowu": {"seed_list": [7]}}
+    assert demo.seeds_line(summary, ["demo-preln-nowu", "demo-postln-nowu"], asked, "G") == line

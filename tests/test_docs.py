@@ -124,3 +124,13 @@ def test_the_readme_check_finds_a_number_the_page_does_not_state(tmp_path):
     (tmp_path / "docs" / "results" / "x" / "index.md").write_text("| Pre-LN | 98.72 |\n| cost | 792 CPU-s |\n")
     text = "Pre-LN 98.71 and 98.72 in 792 CPU-s ([the page](docs/results/x/index.md)).\n\nElsewhere 1.5."
     assert readme_drift(text, tmp_path) == (["98.71"], 3)
+
+
+def test_every_output_folder_the_docs_name_is_ignored_by_git():
+    """A folder a command of README.md or docs/ writes into (``--out all-out``, ``demo-out/``) is in
+    .gitignore, so that following the docs leaves ``git status`` clean."""
+    named = {m for page in PAGES
+             for m in re.findall(r"(?<![\w/.-])([a-z0-9]+(?:-[a-z0-9]+)*-out)(?![\w-])", page.read_text(encoding="utf-8"))}
+    ignored = {line.strip().strip("/") for line in (REPO / ".gitignore").read_text(encoding="utf-8").splitlines()}
+    assert {"demo-out", "demo-real-out", "all-out", "grid-out"} <= named
+    assert named <= ignored, f"not in .gitignore: {sorted(named - ignored)}"

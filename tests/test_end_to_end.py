@@ -106,3 +106,39 @@ def test_each_further_placement_trains_and_generates(toy_data, tmp_path, variant
     assert re.findall(r"num_updates=(\d+)", log) == ["1", "2"]
     assert len(losses) == 2 and all(map(math.isfinite, losses))
     fairseq_generate(toy_data, tmp_path)
+
+
+def readme_generate_line():
+    """The README's first-run fairseq-generate command, its continuation lines joined."""
+    from conftest import REPO
+
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith(".venv/bin/fairseq-generate"))
+    cmd = []
+    for line in lines[start:]:
+        cmd.append(line.strip().rstrip("\\").strip())
+        if not line.endswith("\\"):
+            return " ".join(cmd)
+
+
+@pytest.mark.slow
+def test_the_readme_generate_line_prints_the_bleu_line_only_or_the_error(toy_data, trained):
+    """As typed in the README (the toy corpus and checkpoint for its own): one line, the BLEU; without
+    --user-dir, fairseq's error instead of nothing (docs/errors.md)."""
+    import sys
+    from pathlib import Path
+
+    from conftest import REPO
+
+    save, _ = trained
+    line = readme_generate_line()
+    assert "data-bin/synthetic" in line and "checkpoints/preln-tiny/checkpoint_last.pt" in line
+    line = (line.replace("data-bin/synthetic", str(toy_data)).replace(".venv/bin/", f"{Path(sys.executable).parent}/")
+            .replace("checkpoints/preln-tiny/checkpoint_last.pt", str(save / "checkpoint_last.pt")))
+    shown = run(["bash", "-c", line], cwd=REPO)
+    assert shown.stderr == "" and len(shown.stdout.splitlines()) == 1, shown.stdout[-3000:]
+    assert shown.stdout.startswith("Generate test with beam=5: BLEU4 = ")
+    failed = run(["bash", "-c", line.replace(" --user-dir fairseq_lnpos", "")], cwd=REPO)
+    assert "Generate" not in failed.stdout
+    assert any(out.startswith("fairseq-generate: error: argument --task: invalid choice: 'translation_lnpos'")
+               for out in failed.stdout.splitlines()), failed.stdout[-3000:]

@@ -42,6 +42,7 @@ from fairseq_lnpos.cli import CommandParser, Options as CommandOptions, Range, a
 from fairseq_lnpos.errors import MAX_SEED, LnposError, check, run_main
 from fairseq_lnpos.experiments.sweep import width_args
 from fairseq_lnpos.launch import config_hash, train_args
+from fairseq_lnpos.progress import Cadence
 from fairseq_lnpos.variants import GROUPS, INITS, SIZES, VARIANTS, arch_name
 
 PROG = "init_grad_analysis"
@@ -467,6 +468,23 @@ def finish(out, records, settings, opts, t_start):
     return result
 
 
+MEASURED_TIME = "about 70 s on 2 idle cores, about 5 minutes on 2 cores shared with other jobs (measured at 36640e8)"
+MEASURED_SETTINGS = ("data", "archs", "size", "model_args", "depths", "seeds", "tokens", "batches", "vocab",
+                     "checkpoint", "spectral", "lemma2", "device")  # the defaults: what MEASURED_TIME timed
+
+
+def expected_time(opts, models):
+    """What the start line says of the time ``models`` models of ``opts`` take: the measured time where
+    they are the defaults' 20 models at d 512, else that it was not measured."""
+    defaults = Options()
+    same = all(tuple(getattr(opts, f)) == tuple(getattr(defaults, f)) if f in ("archs", "depths")
+               else getattr(opts, f) == getattr(defaults, f) for f in MEASURED_SETTINGS)
+    if same:
+        return f"{MEASURED_TIME} for these {models} models (the defaults)"
+    return (f"not measured for these {models} models (--size {opts.size or 'base'}); the 20 models of the "
+            f"defaults at d 512 take {MEASURED_TIME}")
+
+
 def process_start_time():
     """Wall-clock start of this process (Linux), so that 'time taken' includes the imports."""
     try:
@@ -520,30 +538,41 @@ def run(opts, t_start=None):
           f"{', ' + opts.checkpoint_label if opts.checkpoint else ''}; depths {opts.depths}; "
           f"seeds {list(range(opts.first_seed, opts.first_seed + opts.seeds))}), K={opts.batches} batches of <= {opts.tokens} tokens, "
           f"data: {data_desc}, {torch.get_num_threads()} threads", flush=True)
-    print("expected time with the defaults (20 models at d 512): about 70 s on 2 idle cores, about 5 minutes on "
-          "2 cores shared with other jobs (docs/results.md); an ETA follows each model", flush=True)
+    print(f"expected time: {expected_time(opts, len(jobs))}; an ETA follows each model", flush=True)
     remaining = sum(j.cost(opts.layers_depth) for j in jobs if j not in done)
     spent_cost, spent_time = 0.0, 0.0
     batches, records = {}, []
-    for i, job in enumerate(jobs, 1):
-        if job in done:
-            records.append(done[job])
-            print(f"[{i}/{len(jobs)}] {job}: done earlier (from {job.file(out)})", flush=True)
-            continue
-        if job.seed not in batches:
-            batches = {job.seed: [_to(s, torch.device(opts.device))
-                                  for s in draw_batches(task, dataset, opts.tokens, opts.batches, job.seed)]}
-        rec = measure(job, opts, task, batches[job.seed], key)
-        write_json(job.file(out), rec)
-        records.append(rec)
-        spent_cost += job.cost(opts.layers_depth)
-        spent_time += rec["seconds"]
-        eta = spent_time / spent_cost * (remaining - spent_cost)
-        depth = rec["depth"]
-        last = {s: rec["mean_grad"][s]["fc2"][depth - 1] for s in ("encoder", "decoder")}
-        print(f"[{i}/{len(jobs)}] {job.label} depth {depth} seed {job.seed}: last-layer W2 grad norm "
-              f"enc {last['encoder']:.3f} dec {last['decoder']:.3f} ({rec['seconds']:.1f} s; elapsed "
-              f"{fmt_time(time.time() - t_start)}, ETA {fmt_time(eta)})", flush=True)
+    now = {"job": None, "i": 0, "since": time.time()}  # the model being measured, for the status line
+
+    def eta():
+        return fmt_time(spent_time / spent_cost * (remaining - spent_cost)) if spent_cost else "?"
+
+    def status():
+        print(f"[{now['i']}/{len(jobs)}] {now['job']}: measuring ({time.time() - now['since']:.0f} s so far; "
+              f"elapsed {fmt_time(time.time() - t_start)}, ETA {eta()})", flush=True)
+
+    with Cadence(status) as cadence:
+        for i, job in enumerate(jobs, 1):
+            if job in done:
+                records.append(done[job])
+                print(f"[{i}/{len(jobs)}] {job}: done earlier (from {job.file(out)})", flush=True)
+                cadence.printed()
+                continue
+            now.update(job=job, i=i, since=time.time())
+            if job.seed not in batches:
+                batches = {job.seed: [_to(s, torch.device(opts.device))
+                                      for s in draw_batches(task, dataset, opts.tokens, opts.batches, job.seed)]}
+            rec = measure(job, opts, task, batches[job.seed], key)
+            write_json(job.file(out), rec)
+            records.append(rec)
+            spent_cost += job.cost(opts.layers_depth)
+            spent_time += rec["seconds"]
+            depth = rec["depth"]
+            last = {s: rec["mean_grad"][s]["fc2"][depth - 1] for s in ("encoder", "decoder")}
+            print(f"[{i}/{len(jobs)}] {job.label} depth {depth} seed {job.seed}: last-layer W2 grad norm "
+                  f"enc {last['encoder']:.3f} dec {last['decoder']:.3f} ({rec['seconds']:.1f} s; elapsed "
+                  f"{fmt_time(time.time() - t_start)}, ETA {eta()})", flush=True)
+            cadence.printed()
     return finish(out, records, settings, opts, t_start)
 
 

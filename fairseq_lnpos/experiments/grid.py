@@ -118,7 +118,8 @@ def run_grid(opts, runs):
     try:
         grid.say(f"{len(jobs)} runs -> {Path(opts.out).resolve()}, {len(slots)} at once "
                  f"(the full progress lines: {grid.progress_log})")
-        grid.run()
+        with grid.cadence:
+            grid.run()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

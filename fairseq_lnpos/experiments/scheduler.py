@@ -27,6 +27,7 @@ from ..errors import LnposError, StateError
 from ..forkserver import ForkedRun, ForkServer, ServerGone, forkable
 from ..launch import child_env
 from ..precision import precision_of
+from ..progress import Cadence
 from . import reap
 from .commands import Job, total_updates
 from .early_stop import DEFAULT_RULE
@@ -124,6 +125,7 @@ class Grid:
                            for d in devices}
         self.finished = threading.Condition(self.lock)
         self.servers = {}  # worker thread -> its ForkServer (CPU slots)
+        self.cadence = Cadence(self.say)  # between events, the status line at least every minute
 
     # processes ----------------------------------------------------------------
     def env(self, device):
@@ -189,6 +191,8 @@ class Grid:
 
     # progress -----------------------------------------------------------------
     def say(self, msg=None):
+        """The progress line: the runs done, each running run's progress, the ETA, and ``msg`` (an event;
+        None: the status line alone, which the cadence prints when no event came for a while)."""
         with self.lock:
             n = len(self.progress)
             done = sum(p.phase in (Phase.DONE, Phase.SKIPPED) for p in self.progress)
@@ -207,6 +211,7 @@ class Grid:
             tail = ([f"eval queue {queued}"] if queued else []) + [f"ETA {self.eta()}"]
             line = " | ".join(parts + tail) + (f" | {msg}" if msg else "")
             print(terminal_text(brief, tail, msg), flush=True)
+            self.cadence.printed()
             try:
                 with open_log(self.progress_log) as f:
                     f.write(line + "\n")
