@@ -28,6 +28,9 @@ setup(
         # the table of every run and its views (analysis/frame.py); the verdicts' tests (analysis/verdict.py)
         "pandas>=1.5",
         "scipy>=1.7",
+        # grid.sh slurm: job arrays, requeue and the task pickles (experiments/slurm.py uses its executor's
+        # script writer for --dry-run)
+        "submitit>=1.5,<2",
     ],
     extras_require={"test": ["pytest>=7"]},
     entry_points={

@@ -3,11 +3,12 @@
     python tests/slurm_cluster.py DIR      # start, print the SLURM_CONF to export, Ctrl-C stops it
 
 :func:`start` returns a :class:`Cluster` (``env``: the environment for sbatch/squeue/scancel;
-``stop()`` ends the daemons it started) or raises :class:`Unavailable` with the reason (no root,
-no apt-get, the packages do not install, a daemon does not start). Every wait is bounded. The
-Debian packages slurm-wlm and munge are installed (apt-get) only when slurmctld is missing and
-this runs as root. No cgroups: proctrack/linuxproc, task/none; one CPU node, partition ``debug``.
+``stop()`` ends the daemons it started) or raises :class:`Unavailable` with the reason (a program of
+the Debian packages slurm-wlm and munge is missing, a daemon does not start). Nothing is installed
+here (.ci/run installs the packages where it can). Every wait is bounded. No cgroups:
+proctrack/linuxproc, task/none; one CPU node, partition ``debug``.
 """
+import getpass
 import os
 import shutil
 import signal
@@ -17,14 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-INSTALL_TIMEOUT = 180
-START_TIMEOUT = 30
+START_CHECKS, CHECK_PAUSE = 60, 0.5  # a daemon is ready within 60 checks, half a second apart
 PARTITION = "debug"
 NODE = "lnpos0"
 
 
 class Unavailable(Exception):
-    """SLURM cannot be installed or started here (the message says why)."""
+    """SLURM is missing here or does not start (the message says why)."""
 
 
 def free_port():
@@ -33,26 +33,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def ensure_installed():
-    if all(Path(sbin(x)).exists() for x in ("slurmctld", "slurmd", "munged")):
-        return
-    if os.geteuid() != 0:
-        raise Unavailable("slurmctld, slurmd or munged is missing and this is not root (apt-get install slurm-wlm munge)")
-    if not shutil.which("apt-get"):
-        raise Unavailable("slurmctld, slurmd or munged is missing and there is no apt-get")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    deadline = time.time() + INSTALL_TIMEOUT
-    install = ["apt-get", "install", "-y", "slurm-wlm", "munge"]
-    for argv in (install, ["apt-get", "update"], install):  # the package lists may be missing or stale
-        try:
-            r = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               timeout=max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            raise Unavailable(f"installing slurm-wlm munge took over {INSTALL_TIMEOUT} s") from None
-        if r.returncode == 0 and argv is install:
-            return
-    tail = r.stdout.decode(errors="replace").strip().splitlines()[-1:] or [""]
-    raise Unavailable(f"apt-get install slurm-wlm munge failed: {tail[0]}")
+def missing():
+    """The daemons and client commands a one-node SLURM needs that this machine lacks."""
+    return [x for x in ("munged", "slurmctld", "slurmd") if not Path(sbin(x)).exists()] + \
+        [x for x in ("sbatch", "srun", "squeue", "scancel", "scontrol", "sinfo") if not shutil.which(x)]
 
 
 def sbin(name):
@@ -132,29 +116,40 @@ class Cluster:
         self._wait(lambda: self._ok(["sinfo", "-h", "-o", "%t"], "idle"), "slurmd")
         return self
 
-    def _ok(self, argv, word):
+    def _out(self, argv):
+        """The output of a SLURM command, None when it fails."""
         try:
             r = subprocess.run(argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=10)
         except subprocess.TimeoutExpired:
-            return False
-        return word in r.stdout.decode(errors="replace")
+            return None
+        return r.stdout.decode(errors="replace") if r.returncode == 0 else None
+
+    def _ok(self, argv, word):
+        return word in (self._out(argv) or "")
 
     def _wait(self, ready, name):
-        deadline = time.time() + START_TIMEOUT
-        while time.time() < deadline:
+        """Until ``ready()`` (checked at most START_CHECKS times) or a daemon has exited."""
+        for _ in range(START_CHECKS):
             if ready():
                 return
-            dead = [p for p in self.procs if p.poll() is not None]
-            if dead:
+            if any(p.poll() is not None for p in self.procs):
                 break
-            time.sleep(0.5)
+            time.sleep(CHECK_PAUSE)
         out = self.dir / f"{name}.out"
         log = self.dir / f"{name}.log"
         tail = [x for f in (log, out) if f.exists() for x in f.read_text(errors="replace").splitlines()][-1:]
         self.stop()
-        raise Unavailable(f"{name} did not start within {START_TIMEOUT} s: {tail[0] if tail else 'no output'}")
+        raise Unavailable(f"{name} is not ready after {START_CHECKS} checks: {tail[0] if tail else 'no output'}")
 
     def stop(self):
+        """Cancel every job and let slurmd end their steps (bounded), then end the daemons."""
+        if self.procs:
+            subprocess.run(["scancel", "--full", "--user", getpass.getuser()], env=self.env, capture_output=True,
+                           timeout=30)
+            for _ in range(START_CHECKS):
+                if self._out(["squeue", "-h", "-o", "%i"]) in ("", None):  # empty, or slurmctld is gone
+                    break
+                time.sleep(CHECK_PAUSE)
         for p in reversed(self.procs):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGTERM)
@@ -168,10 +163,11 @@ class Cluster:
 
 
 def start(d):
-    """Install (when needed and possible) and start a one-node SLURM with its state in ``d``."""
-    ensure_installed()
-    if not shutil.which("sbatch"):
-        raise Unavailable("sbatch is not on PATH")
+    """Start a one-node SLURM with its state in ``d``."""
+    lacking = missing()
+    if lacking:
+        raise Unavailable(f"{', '.join(lacking)} not found (the Debian packages slurm-wlm and munge; .ci/run "
+                          f"installs them when it runs as root with apt-get)")
     return Cluster(d).start()
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import USER_DIR, build_model, fairseq_cmd, run, toy_data  # noqa: F401
 from test_faults import GRID, ROW, Case, check_case
-from test_slurm import TINY, dry_run, task_argv
+from test_slurm import BASE, TINY, unit_options
 
 from fairseq_lnpos.checkpoint import CheckpointError, average_checkpoints
 from fairseq_lnpos.errors import LnposError
@@ -160,12 +160,14 @@ def test_bench_and_the_fig3_analysis_take_one_flag_too():
     assert parser.parse_args(["--model-args", "--encoder-layers 2"]).model_args == "--encoder-layers 2"
 
 
-def test_a_slurm_task_gets_a_one_flag_fairseq_args(tmp_path, capsys):
-    """The task line and the script pass it to the per-run unit, which parses it."""
-    _, script, _ = dry_run(tmp_path, capsys, "--gpus-per-run", "0", *TINY, "--fairseq-args=--log-grad-norms",
-                           "--gen-args", "--quiet")
-    argv, _ = task_argv(script, 0, tmp_path)
-    unit = G.build_parser().parse_args(argv)
+def test_a_slurm_task_gets_a_one_flag_fairseq_args(tmp_path):
+    """The array task passes it to the per-run unit, which parses it."""
+    from fairseq_lnpos.experiments import slurm
+
+    ns = G.build_parser().parse_args([*BASE, "--out", str(tmp_path / "out"), "--dry-run", "--gpus-per-run", "0", *TINY,
+                                      "--fairseq-args=--log-grad-norms", "--gen-args", "--quiet"])
+    _, tasks, _, _ = slurm.plan(ns.options.from_namespace(ns))
+    unit = unit_options(tasks[0])
     assert (unit.fairseq_args, unit.gen_args) == ("--log-grad-norms", "--quiet")
 
 

@@ -119,14 +119,13 @@ def sbatch_option(text, name):
     return found[0][0][len(f"--{name}="):]
 
 
-def test_sbatch_paths_with_spaces_are_quoted(tmp_path, capsys, monkeypatch):
-    work, out = tmp_path / "work dir", tmp_path / "out sp%1"
-    work.mkdir()
-    monkeypatch.chdir(work)
+def test_sbatch_paths_with_spaces_are_quoted(tmp_path, capsys):
+    out = tmp_path / "out sp"
     text = slurm_script(tmp_path, capsys, out, "--partition", "gpu,debug-2", "--account", "lab.a_b-c")
-    assert sbatch_option(text, "output") == f"{out}/slurm-logs/%A_%a.out".replace("%1", "%%1")  # %% is a literal %
-    assert sbatch_option(text, "chdir") == str(work)
+    assert sbatch_option(text, "output") == f"{out}/slurm-logs/%j_0_log.out"  # one task: a job, no array
     assert sbatch_option(text, "partition") == "gpu,debug-2" and sbatch_option(text, "account") == "lab.a_b-c"
+    (srun,) = [shlex.split(line) for line in text.splitlines() if line.startswith("srun ")]
+    assert srun[srun.index("--output") + 1] == f"{out}/slurm-logs/%j_%t_log.out" and srun[-1] == f"{out}/slurm-logs"
 
 
 def test_the_provenance_comment_stays_one_line(tmp_path, capsys, monkeypatch):

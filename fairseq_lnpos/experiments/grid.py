@@ -23,7 +23,7 @@ from ..common import CONTROL, one_line, refuse_link
 from ..cli import CommandParser
 from ..errors import INTERRUPT_EXIT, LnposError, StateError, run_main
 from . import runs as R
-from . import slurm, status, sweep
+from . import status, sweep
 from .commands import arch_name, batch_plan, total_updates
 from .options import ListOptions, RunOptions, SlurmOptions, StatusOptions, SweepOptions
 from .plan import keep_axes, make_jobs, need_cuda, override, parse_sets, plan_slots, select_runs
@@ -169,6 +169,8 @@ def command(argv=None):
     if ns.cmd == "status":
         return status.cmd_status(opts)
     if ns.cmd == "slurm":
+        from . import slurm  # submitit takes about a second to import; no other command needs it
+
         opts.argv = list(sys.argv[1:] if argv is None else argv)[1:]
         return slurm.cmd_slurm(opts)
     if ns.cmd == "sweep":

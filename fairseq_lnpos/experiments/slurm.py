@@ -1,31 +1,38 @@
-"""The grid on a SLURM cluster (``grid.sh slurm``; ``grid.sh status`` is status.py).
+"""The grid on a SLURM cluster (``grid.sh slurm``; ``grid.sh status`` is status.py), on submitit.
 
     scripts/grid.sh slurm --only 'iwslt-*' --seeds 1,2 --data data-bin/iwslt14.de-en --out grid-out \\
         --partition gpu --gpus-per-run 1 --time 24:00:00 --max-running 8 [--dry-run]
 
-``slurm`` writes one sbatch script per grid, OUT/slurm-ID.sbatch, with OUT/slurm-ID.tasks next to it
-(line i+1: run, seed and fairseq args of array task i), and submits it as one job array with ``%K``
-running at once. Every task runs the grid's own per-run unit, ``grid.sh run --only NAME --seeds S``
-with the same options: it takes the run folder's lock, checks its config hash, resumes from
-checkpoint_last.pt and skips a finished run, so a requeued, preempted or resubmitted task goes on
-where it stopped. Plain generated scripts, no new dependency: sbatch is the whole interface.
+One grid is one submitit job array (``map_array``) of :class:`Task`: task i runs the grid's own per-run
+unit, ``grid.sh run --only NAME --seeds S`` with the same options, for line i+1 of OUT/slurm-ID.tasks.
+The unit takes the run folder's lock, checks its config hash, resumes from checkpoint_last.pt and skips
+a finished run, so a requeued, preempted or resubmitted task goes on where it stopped. submitit writes
+the sbatch script, pickles the tasks and requeues a task from its signal before the time limit or a
+preemption (``Task.checkpoint``); its files and the logs are in OUT/slurm-logs.
 
-Multi-node runs (``--nodes-per-run N`` > 1, GPUs only) use fairseq's SLURM initialisation
-(fairseq/distributed/utils.py ``_infer_slurm_init``, one task per node, ``--distributed-port``):
-node 0 runs the per-run unit (training, scoring, the run folder); ``srun`` starts the same
-fairseq-train (:func:`worker`) on the other nodes. The paper's batch is kept through --update-freq
+Multi-node runs (``--nodes-per-run N`` > 1, GPUs only): submitit's srun starts one task per node, and
+fairseq's SLURM initialisation (fairseq/distributed/utils.py ``_infer_slurm_init``, ``--distributed-port``)
+reads that step's variables: node 0 runs the per-run unit (training, scoring, the run folder), the other
+nodes the same fairseq-train (:meth:`Task.worker`). The paper's batch is kept through --update-freq
 computed for N x G GPUs (commands.batch_plan).
 """
+import contextlib
 import hashlib
+import io
 import os
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import submitit
+from submitit.helpers import Checkpointable, DelayedSubmission
+
 from ..common import one_line, write_text
-from ..errors import LnposError, run_main
+from ..errors import LnposError
 from .commands import batch_plan, total_updates
 from .options import RunOptions, run_parser, to_argv
 from .plan import make_jobs, select_runs
@@ -34,10 +41,8 @@ from .rundir import tasks_text
 # options of `grid.sh run` a task does not take from the command line: set per task or by the allocation
 PER_TASK = {"only", "dry_run", "out", "seeds", "fairseq_args", "gpus", "runs_per_gpu", "jobs", "gpus_per_run"}
 PORT_BASE, PORT_SPAN = 20000, 20000
-
-
-def slurm_time(secs):
-    return f"{secs // 3600}:{secs // 60 % 60:02d}:{secs % 60:02d}"
+REQUEUES = 100  # time limits a task requeues itself after (submitit's max_num_timeout); preemptions are not counted
+ROOT = Path(__file__).resolve().parents[2]  # where the package the tasks import lies
 
 
 def check_options(opts):
@@ -50,6 +55,9 @@ def check_options(opts):
                          f"training is GPU-only and would train nothing on CPUs while exiting 0")
     if opts.fp16 and opts.gpus_per_run == 0:
         raise LnposError("--fp16 needs GPUs: give --gpus-per-run >= 1 or drop --fp16")
+    if "%" in opts.out:
+        raise LnposError(f"--out {opts.out}: SLURM reads '%' in a log path as a pattern (%j, %a ...): "
+                         f"give a folder without '%'")
 
 
 def passthrough(opts):
@@ -74,163 +82,144 @@ def task_fairseq_args(opts, run, seed):
     return f"{base} {extra}".strip()
 
 
-SCRIPT = """\
-#!/bin/bash
-{sbatch}
-# {ntasks} tasks: task i runs line i+1 of TASKS (run, seed, fairseq args) with the grid's per-run
-# unit, which resumes a stopped run and skips a finished one. Written by: {command}
-set -uo pipefail
-ROOT={root}
-. "$ROOT/scripts/_env.sh"
-GRID="$ROOT/scripts/grid.sh"
-TASKS={tasks}
-I=${{SLURM_ARRAY_TASK_ID:?run this script with sbatch (a job array)}}
-IFS=$'\\t' read -r NAME SEED FARGS < <(sed -n "$((I + 1))p" "$TASKS") || true
-[ -n "${{NAME:-}}" ] || {{ echo "no task $I in $TASKS" >&2; exit 2; }}
-ARGS=(--only "$NAME" --seeds "$SEED" --out {out} --fairseq-args "${{FARGS:-}}" {passthrough})
-{devices}
-stop_for=
-on_signal() {{ stop_for=$1; [ -n "${{PID:-}}" ] && kill -TERM "$PID" 2>/dev/null; }}
-trap 'on_signal cancel' TERM INT
-trap 'on_signal limit' USR1
-"$GRID" run "${{ARGS[@]}}" &
-PID=$!
-while :; do wait "$PID"; RC=$?; kill -0 "$PID" 2>/dev/null || break; done
-{after}
-if [ "$stop_for" = limit ]; then
-  echo "time limit near: requeued, the run resumes from its last checkpoint" >&2
-  scontrol requeue "${{SLURM_ARRAY_JOB_ID}}_${{I}}"
-fi
-exit "$RC"
-"""
-
-GPU_SETUP = """\
-# the grid puts its runs on the allocated GPUs by id; CUDA_VISIBLE_DEVICES is then set per run
-GPUS=${{CUDA_VISIBLE_DEVICES:?no GPU in the allocation: check --gres}}
-unset CUDA_VISIBLE_DEVICES
-ARGS+=(--gpus "$GPUS" --gpus-per-run {gpus})"""
-
-MULTI_NODE = """
-# fairseq's SLURM init: one task per node, rank = node id x GPUs per node, master = first node
-export SLURM_STEP_NODELIST="$SLURM_JOB_NODELIST"
-srun --nodes={rest} --ntasks-per-node=1 --relative=1 --kill-on-bad-exit=1 \\
-  "$PY" -m fairseq_lnpos.experiments.slurm worker "${{ARGS[@]}}" &
-WORKERS=$!"""
+def ignore_preempt_signal():
+    """In the unit's processes (fairseq-train, the evaluator): SLURM signals every process of the step,
+    and only the task answers submitit's signal, by stopping the unit cleanly (an ignored signal stays
+    ignored through exec)."""
+    signal.signal(getattr(signal, "SIG" + submitit.JobEnvironment.USR_SIG), signal.SIG_IGN)
 
 
-def sbatch_lines(opts, ntasks, name, logs):
+@dataclass
+class Task(Checkpointable):
+    """One array task: the per-run unit of one run x seed. ``argv``: its ``grid.sh run`` options."""
+    argv: list
+    gpus_per_run: int
+    unit: subprocess.Popen = field(default=None, init=False, repr=False, compare=False)
+
+    def unit_argv(self, visible_gpus=None):
+        """The unit's command; on GPUs it places its run on the allocated ones by id."""
+        argv = [sys.executable, "-m", "fairseq_lnpos.experiments.grid", "run", *self.argv]
+        if self.gpus_per_run:
+            if not visible_gpus:
+                raise LnposError("no GPU in the task's allocation (CUDA_VISIBLE_DEVICES is unset): check --gres")
+            argv += ["--gpus", visible_gpus, "--gpus-per-run", str(self.gpus_per_run)]
+        return argv
+
+    def __call__(self):
+        if submitit.JobEnvironment().global_rank > 0:
+            return self.worker()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        visible = env.pop("CUDA_VISIBLE_DEVICES", None)  # the grid sets it per run
+        self.unit = subprocess.Popen(self.unit_argv(visible), env=env, preexec_fn=ignore_preempt_signal)
+        rc = self.unit.wait()
+        if rc:
+            raise LnposError(f"grid.sh run {shlex.join(self.argv[:4])} ... exited with status {rc}")
+        return rc
+
+    def checkpoint(self):
+        """submitit's requeue (its signal before the time limit, or a preemption): the unit stops as on
+        Ctrl-C, its run resumes from checkpoint_last.pt in the requeued task."""
+        if self.unit is not None and self.unit.returncode is None:
+            self.unit.send_signal(signal.SIGTERM)
+            # not Popen.wait: __call__'s wait, interrupted by this signal, holds its lock
+            os.waitpid(self.unit.pid, 0)
+        return DelayedSubmission(replace(self))
+
+    def worker(self):
+        """fairseq-train of the run on a node other than the first (multi-node): the command node 0's unit
+        builds, with fairseq's SLURM init reading this step's variables (node id, nodes)."""
+        opts = RunOptions.from_namespace(run_parser().parse_args(self.argv))
+        (job,), _ = make_jobs(opts, select_runs(opts), dry_run=False)
+        done = job.dir.outcome()
+        if job.dir.trained or (done is not None and done.final):  # node 0's unit only scores it
+            return 0
+        cmd = job.train_cmd(total_updates(job) if job.run.schedule == "linear" else 0)
+        return subprocess.run(cmd, preexec_fn=ignore_preempt_signal).returncode
+
+
+class Executor(submitit.SlurmExecutor):
+    """submitit's SLURM executor; :meth:`script` is the sbatch script it submits, written without SLURM."""
+
+    @classmethod
+    def affinity(cls):
+        return 1  # cmd_slurm checks for sbatch and srun itself, with an error that says what to do
+
+    def script(self, ntasks):
+        """The script ``map_array`` submits for ``ntasks`` tasks (an array from two on, as submitit does)."""
+        if ntasks > 1:
+            self.parameters["map_count"] = ntasks
+        try:
+            return self._make_submission_file_text(self._submitit_command_str, "")
+        finally:
+            self.parameters.pop("map_count", None)
+
+
+def sbatch_parameters(opts, ntasks, name, comment):
+    """submitit's SLURM parameters of the grid's array (``executor.update_parameters``)."""
     g, n = opts.gpus_per_run, opts.nodes_per_run
     cpus = opts.cpus_per_run or (4 * g if g else 2)
-    cap = f"%{opts.max_running}" if opts.max_running else ""
-    margin = min(300, opts.time // 10)
-    lines = [f"--job-name={name}", f"--array=0-{ntasks - 1}{cap}", f"--partition={opts.partition}",
-             f"--time={slurm_time(opts.time)}", f"--nodes={n}", "--ntasks-per-node=1",
-             f"--cpus-per-task={cpus}"]
+    params = dict(job_name=name, partition=opts.partition, time=opts.time // 60, nodes=n, ntasks_per_node=1,
+                  cpus_per_task=cpus, srun_args=[f"--cpus-per-task={cpus}"],  # srun >= 22.05 does not inherit it
+                  signal_delay_s=min(300, opts.time // 10), array_parallelism=opts.max_running or ntasks,
+                  stderr_to_stdout=True, additional_parameters={"requeue": True}, setup=[f"# {comment}"])
     if g:
-        lines.append(f"--gres=gpu:{g}")
+        params["gres"] = f"gpu:{g}"
     if opts.account:
-        lines.append(f"--account={opts.account}")
-    # sbatch reads quotes in #SBATCH lines as a shell does; in --output, %% is a literal %
-    output = str(logs).replace("%", "%%") + "/%A_%a.out"
-    lines += ["--requeue", f"--signal=B:USR1@{margin}", "--open-mode=append",
-              "--output=" + shlex.quote(output), "--chdir=" + shlex.quote(str(Path.cwd()))]
-    return "\n".join(f"#SBATCH {x}" for x in lines)
+        params["account"] = opts.account
+    return params
 
 
 def plan(opts):
-    """(tasks, script path, tasks path, script text); checks what can be checked before queueing."""
+    """(tasks [(run, seed, fairseq args)], their :class:`Task`, the task list's text, grid id); checks
+    what can be checked before queueing."""
     check_options(opts)
     runs = select_runs(opts)
-    out = Path(opts.out).resolve()
-    opts = replace(opts, out=str(out))
+    opts = replace(opts, out=str(Path(opts.out).resolve()))
     jobs, _ = make_jobs(opts, runs, dry_run=opts.dry_run)
-    tasks = []
+    tasks, units = [], []
     for j in jobs:
         batch_plan(j.run, opts.world)
         fargs = task_fairseq_args(opts, j.run, j.seed)
         j = replace(j, opts=replace(opts, fairseq_args=fargs))
         j.dir.check_config(j.config_hash())
         tasks.append((j.run.name, j.seed, fargs))
+        units.append(Task(["--only", j.run.name, "--seeds", str(j.seed), "--out", opts.out, "--fairseq-args", fargs,
+                           *passthrough(opts)], opts.gpus_per_run))
     listing = tasks_text(tasks)
-    grid_id = hashlib.sha256(listing.encode()).hexdigest()[:8]
-    script, tasks_path = out / f"slurm-{grid_id}.sbatch", out / f"slurm-{grid_id}.tasks"
-    devices = GPU_SETUP.format(gpus=opts.gpus_per_run) if opts.gpus_per_run else ""
-    after = ""
-    if opts.nodes_per_run > 1:
-        devices += MULTI_NODE.format(rest=opts.nodes_per_run - 1)
-        after = 'kill -TERM "$WORKERS" 2>/dev/null; wait "$WORKERS" 2>/dev/null'
-    text = SCRIPT.format(
-        sbatch=sbatch_lines(opts, len(tasks), f"grid-{grid_id}", out / "slurm-logs"),
-        ntasks=len(tasks), command=one_line(shlex.join(["grid.sh", "slurm"] + opts.argv)),
-        root=shlex.quote(str(G_ROOT)),
-        tasks=shlex.quote(str(tasks_path)), out=shlex.quote(str(out)),
-        passthrough=shlex.join(passthrough(opts)), devices=devices, after=after)
-    return tasks, script, tasks_path, text, listing
-
-
-G_ROOT = Path(__file__).resolve().parents[2]
+    return tasks, units, listing, hashlib.sha256(listing.encode()).hexdigest()[:8]
 
 
 def cmd_slurm(opts):
-    tasks, script, tasks_path, text, listing = plan(opts)
+    tasks, units, listing, grid_id = plan(opts)
+    out = Path(opts.out).resolve()
+    tasks_path, logs = out / f"slurm-{grid_id}.tasks", out / "slurm-logs"
+    comment = (f"{len(tasks)} tasks: task i runs line i+1 of {tasks_path} (run, seed, fairseq args) with the "
+               f"grid's per-run unit. Written by: {one_line(shlex.join(['grid.sh', 'slurm'] + opts.argv))}")
+    params = sbatch_parameters(opts, len(tasks), f"grid-{grid_id}", comment)
+    missing = [tool for tool in ("sbatch", "srun") if not shutil.which(tool)]
+    if missing and not opts.dry_run:
+        raise LnposError(f"{' and '.join(missing)} not found: run this on a SLURM login node (--dry-run writes "
+                         f"the script here)")
+    executor = Executor(logs, max_num_timeout=REQUEUES)
+    executor.update_parameters(**params)
     try:
-        script.parent.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
         write_text(tasks_path, listing)
-        write_text(script, text)
+        if opts.dry_run:
+            script = out / f"slurm-{grid_id}.sbatch"
+            write_text(script, executor.script(len(tasks)))
     except OSError as e:
-        raise LnposError(f"--out {script.parent}: cannot write the script there ({e.strerror}): give a writable folder")
+        raise LnposError(f"--out {out}: cannot write there ({e.strerror}): give a writable folder")
     if opts.dry_run:
-        print(text, end="")
+        print(script.read_text(), end="")
         print(f"# {len(tasks)} tasks listed in {tasks_path}; not submitted (--dry-run)")
         return 0
-    (script.parent / "slurm-logs").mkdir(exist_ok=True)
     try:
-        r = subprocess.run(["sbatch", "--parsable", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    except FileNotFoundError:
-        raise LnposError(f"sbatch not found: run this on a SLURM login node, or submit {script} there") from None
-    if r.returncode != 0:
-        err = (r.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
-        raise LnposError(f"sbatch {script} failed: {err}")
-    job = r.stdout.decode().strip().split(";")[0]
-    print(f"submitted job array {job}: {len(tasks)} tasks ({script}); "
-          f"logs {script.parent / 'slurm-logs'}; progress: scripts/grid.sh status {script.parent}")
+        with contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's error; it is raised below
+            jobs = executor.submit_array(units)
+    except (submitit.core.utils.FailedSubmissionError, submitit.core.utils.FailedJobError) as e:
+        err = (str(e).strip().splitlines() or ["no message"])[-1]
+        raise LnposError(f"sbatch failed: {err}") from None
+    print(f"submitted job {'array ' if len(jobs) > 1 else ''}{jobs[0].job_id.split('_')[0]}: {len(tasks)} tasks "
+          f"({tasks_path}); logs {logs}; progress: scripts/grid.sh status {out}")
     return 0
-
-
-def worker(argv):
-    """fairseq-train of one run on a node other than the first (multi-node): the same command as the
-    per-run unit builds on node 0, with fairseq's SLURM init seeing the job's nodes."""
-    import socket
-
-    opts = RunOptions.from_namespace(run_parser().parse_args(list(argv)))
-    runs = select_runs(opts)
-    jobs, _ = make_jobs(opts, runs, dry_run=False)
-    if len(jobs) != 1:
-        raise LnposError(f"worker: {len(jobs)} runs selected, expected one (--only NAME --seeds S)")
-    job = jobs[0]
-    done = job.dir.outcome()
-    if job.dir.trained or (done is not None and done.final):
-        print(f"worker: {job.label} already trained", file=sys.stderr)
-        return 0
-    hosts = subprocess.check_output(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]]).decode().split()
-    me = socket.gethostname()
-    node = next((i for i, h in enumerate(hosts) if h == me or h == me.split(".")[0]), None)
-    if node is None:
-        raise LnposError(f"worker: host {me} is not in the job's nodes {hosts}")
-    total = total_updates(job) if job.run.schedule == "linear" else 0
-    cmd = job.train_cmd(total)
-    env = dict(os.environ, SLURM_STEP_NODELIST=os.environ["SLURM_JOB_NODELIST"],
-               SLURM_NNODES=os.environ["SLURM_JOB_NUM_NODES"], SLURM_NODEID=str(node), SLURM_NTASKS_PER_NODE="1")
-    os.execvpe(cmd[0], cmd, env)
-
-
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] != ["worker"]:
-        raise LnposError("usage: python -m fairseq_lnpos.experiments.slurm worker RUN-OPTIONS "
-                         "(started on the other nodes by the script of grid.sh slurm)")
-    return worker(argv[1:])
-
-
-if __name__ == "__main__":
-    sys.exit(run_main("slurm", main))
