@@ -176,12 +176,26 @@ class LogTail:
 
     def __init__(self, path, state, offset=0):
         self.path, self.state, self.offset, self.buf = Path(path), state, offset, b""
+        self.pending = []  # saved epochs whose training statistics are not logged yet
 
-    def poll(self):
-        """Feed new complete lines; return the epochs whose checkpoint was saved meanwhile."""
-        saved = []
-        if not self.path.exists():
-            return saved
+    def poll(self, ended=False):
+        """Feed new complete lines; return the epochs whose checkpoint was saved and whose training
+        statistics fairseq logged meanwhile (it logs them just after the save), every saved epoch
+        once the process has ``ended`` (a process stopped in between never logs them)."""
+        if self.path.exists():
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+            self.offset += len(data)
+            self.buf += data
+            *lines, self.buf = self.buf.split(b"\n")
+            for raw in lines:
+                line = raw.decode("utf-8", "replace")
+                if self.state.feed(line) == "saved":
+                    self.pending.append(int(SAVED.search(line).group(2)))
+        saved = [ep for ep in self.pending if ended or ep in self.state.train]
+        self.pending = [ep for ep in self.pending if ep not in saved]
+        return saved
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             data = f.read()

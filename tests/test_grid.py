@@ -31,6 +31,12 @@ GOOD = "iwslt-preln-adam-lr5e-4-step8"  # Pre-LN, no warm-up
 ARGS = ["run", "--only", f"{BAD},{GOOD}", "--arch-size", "tiny", "--max-epoch", "2",
         "--set", "max_tokens=512", "--set", "batch_tokens=512", "--set", f"{BAD}:lr=1e30"]
 ENV = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1")
+HOLD = Path(__file__).resolve().parent / "hold"  # sitecustomize.py: fairseq-train waits at a chosen point
+
+
+def held(**hold):
+    """ENV under which fairseq-train stops where ``hold`` says (tests/hold/sitecustomize.py)."""
+    return dict(ENV, **hold, PYTHONPATH=os.pathsep.join(filter(None, [str(HOLD), ENV.get("PYTHONPATH")])))
 
 
 def sh(*cmd, **kw):
@@ -104,10 +110,11 @@ def test_grid_end_to_end(uninterrupted, data):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10000
 
 
-def _launch_and_kill(data, out, ready):
-    """Start the grid, SIGKILL it (no clean-up at all) as soon as ``ready()`` holds."""
+def _launch_and_kill(data, out, ready, env):
+    """Start the grid, SIGKILL it (no clean-up at all) as soon as ``ready()`` holds; ``env`` holds a
+    fairseq-train there, so that the kill does not race it."""
     proc = subprocess.Popen([str(GRID), *ARGS, "--data", str(data), "--out", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.time() + 400
     while time.time() < deadline and proc.poll() is None and not ready():
         time.sleep(0.1)
@@ -134,8 +141,8 @@ def test_kill_and_resume_gives_the_same_table(uninterrupted, data, tmp_path):
     ref_epoch1 = json.loads((ref_out / GOOD / "seed1" / "eval" / "epoch1.json").read_text())
     out = tmp_path / "grid-b"
     good, bad = out / GOOD / "seed1", out / BAD / "seed1"
-    # 1. killed once the first run has finished (the second has not saved a checkpoint yet)
-    _launch_and_kill(data, out, lambda: (bad / "DONE.json").exists())
+    # 1. killed once the first run has finished (the second, held before training, has not saved a checkpoint)
+    _launch_and_kill(data, out, lambda: (bad / "DONE.json").exists(), held(LNPOS_TEST_HOLD_BEFORE_TRAINING=GOOD))
     assert not (good / "checkpoints" / "checkpoint_last.pt").exists()
     before = ((bad / "DONE.json").stat().st_mtime_ns, (bad / "train.log").stat().st_size)
     # resumed with two evaluator processes (not part of a run's config: same folder, same results)
@@ -147,7 +154,7 @@ def test_kill_and_resume_gives_the_same_table(uninterrupted, data, tmp_path):
     assert sh(TABLE, out, "--no-figures").returncode == 0
     assert (out / "results.csv").read_text() == (ref_out / "results.csv").read_text()
 
-    # 2. killed in the middle of a run, after its first epoch was saved: it resumes from
+    # 2. killed in the middle of a run, after its first epoch was saved (held there): it resumes from
     #    checkpoint_last.pt (fairseq's own resume) and is evaluated as before
     for p in (good / "DONE.json", good / "TRAINED"):
         p.unlink()
@@ -155,8 +162,10 @@ def test_kill_and_resume_gives_the_same_table(uninterrupted, data, tmp_path):
     shutil.rmtree(good / "eval")
     (good / "train.log").unlink()
     log = good / "train.log"
-    _launch_and_kill(data, out, lambda: log.exists() and "checkpoint1.pt (epoch 1 @" in log.read_text(errors="replace"))
-    killed_at_epoch2 = "checkpoint2.pt (epoch 2 @" in log.read_text(errors="replace")
+    epoch1_logged = '| train | {"epoch": 1,'  # fairseq's statistics of epoch 1, logged after its checkpoint
+    _launch_and_kill(data, out, lambda: log.exists() and epoch1_logged in log.read_text(errors="replace"),
+                     held(LNPOS_TEST_HOLD_AFTER_EPOCH="1"))
+    assert "checkpoint2.pt (epoch 2 @" not in log.read_text(errors="replace")
     scored_before = {e for e in (1, 2) if (good / "eval" / f"epoch{e}.json").exists()}
     third = sh(GRID, *ARGS, "--data", data, "--out", out, "--evaluators", "2")
     assert third.returncode == 0, third.stderr[-2000:]
@@ -167,8 +176,8 @@ def test_kill_and_resume_gives_the_same_table(uninterrupted, data, tmp_path):
         assert (e in scored_before) + again_scored == 1, (e, scored_before, third.stdout[-1500:])
     text = log.read_text()
     assert text.count("# grid: ") == 2  # two launches of fairseq-train, the second resumed
-    if not killed_at_epoch2:  # fairseq names the epoch it resumes at: 2
-        assert f"checkpoint_last.pt (epoch 2 @ {ref_epoch1['num_updates']} updates)" in text.split("# grid: ")[2]
+    # fairseq names the epoch it resumes at: 2
+    assert f"checkpoint_last.pt (epoch 2 @ {ref_epoch1['num_updates']} updates)" in text.split("# grid: ")[2]
     timing = ("eval_seconds",)  # how long scoring took is not a result
     without = lambda rec: {k: v for k, v in rec.items() if k not in timing}  # noqa: E731
     assert without(json.loads((good / "eval" / "epoch1.json").read_text())) == without(ref_epoch1)

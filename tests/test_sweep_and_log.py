@@ -78,10 +78,22 @@ def test_tail_feeds_only_complete_lines(tmp_path):
     assert tail.poll() == []  # no file yet
     log.write_text(T % ("6.4", 1) + "\n" + SAVED % ("checkpoint1.pt", 1, 8) + "\n" + "# fairseq-train ran 12.5 s\n"
                    + (T % ("5.0", 2))[:40])
-    assert tail.poll() == [1] and st.updates == 1 and st.train_seconds == 12.5
+    # epoch 1 is saved, but its training statistics (logged just after the save) are not in yet
+    assert tail.poll() == [] and st.updates == 1 and st.train_seconds == 12.5
     with open(log, "a") as f:
-        f.write((T % ("5.0", 2))[40:] + "\n")
+        f.write((T % ("5.0", 2))[40:] + "\n" + TRAIN[:30])
     assert tail.poll() == [] and st.updates == 2 and st.loss == "5.0"
+    with open(log, "a") as f:
+        f.write(TRAIN[30:] + "\n")
+    assert tail.poll() == [1] and st.train[1]["train_loss"] == "5.576"
+    assert tail.poll() == []  # given once
+
+
+def test_tail_gives_a_saved_epoch_without_statistics_once_the_process_ended(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(SAVED % ("checkpoint1.pt", 1, 8) + "\n")
+    tail = LogTail(log, LogState())
+    assert tail.poll() == [] and tail.poll(ended=True) == [1] and tail.poll(ended=True) == []
 
 
 def test_sweep_expansion_is_deterministic_complete_and_unique():

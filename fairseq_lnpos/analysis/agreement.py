@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cli import CommandParser
+from ..common import write_text
 from ..errors import LnposError, run_main
 from .frame import COUNTED, check_model_code, check_one_experiment, pandas, read_runs_csv, runs_frame
 from .publish import argv_of
@@ -143,8 +144,8 @@ def _main(argv):
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "agreement.csv", out / "agreement.md"]
-    both.to_csv(written[0], index=False, float_format="%.6g", lineterminator="\n")
-    written[1].write_text(md)
+    write_text(written[0], both.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
+    write_text(written[1], md)
     if args.publish:
         from .publish import publish
 

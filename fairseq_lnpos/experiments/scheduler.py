@@ -279,7 +279,7 @@ class Grid:
         job = p.job
         rd, state = job.dir, p.log_state
         tail = LogTail(rd.log_path, state)
-        tail.poll()  # the history of earlier launches
+        tail.poll(ended=True)  # the history of earlier launches
         p.epoch, p.updates = max(state.saved, default=0), state.updates
         for ep in sorted(state.saved):  # saved in an earlier launch, not scored before an interruption
             if not rd.has_eval(ep):
@@ -296,7 +296,7 @@ class Grid:
         try:
             while True:
                 ended = _poll(proc) is not None
-                for ep in tail.poll():
+                for ep in tail.poll(ended):
                     p.epoch = ep
                     self._epoch_saved(p, ep)
                 p.updates, p.loss = state.updates, state.loss
@@ -308,7 +308,7 @@ class Grid:
                 if ended:
                     with open_log(rd.log_path) as log:
                         log.write(f"\n# fairseq-train ran {time.time() - t_launch:.1f} s{reap.peak_text(proc)}\n")
-                    for ep in tail.poll():  # saved just before a diverged run was stopped
+                    for ep in tail.poll(ended=True):  # saved just before a diverged run was stopped
                         self._epoch_saved(p, ep)
                     break
                 if self.stop.is_set():
