@@ -30,7 +30,7 @@ from ..experiments.runs import warmup_label
 from ..variants import VARIANTS
 from . import depth, verdict as V
 from .frame import COUNTED, check_model_code, check_one_experiment, read_runs_csv, runs_frame, write_runs_csv
-from .map_common import num
+from .map_common import lost, nll_text, num, pivot
 from .map_figures import cell_mark
 from .publish import argv_of
 
@@ -122,37 +122,28 @@ def lr_sensitivity(runs):
 def cell_text(c):
     """A cell in the map's tables: NLL mean [min-max] n, BLEU, verdicts; x d/n diverged, s k/n stopped."""
     if c.finished == 0:
-        return ", ".join(f"{mark} {k}/{c.seeds}" for mark, k in (("x", c.diverged), ("s", c.stopped)) if k)
-    text = num(c.nll)
-    if c.finished > 1 and c.nll is not None:
-        text += f" [{c.nll_min:.2f} to {c.nll_max:.2f}]"
-    text += f" n{c.seeds}" + (f" BLEU {c.bleu:.1f}" if c.bleu is not None else "")
+        return lost(c)[2:]
+    text = nll_text(c, ".3f") + f" n{c.seeds}" + (f" BLEU {c.bleu:.1f}" if c.bleu is not None else "")
     text += f" **{c.verdict}**" if c.verdict == "good" else f" {c.verdict}"
-    text += " +depth" if c.good_depth else ""
-    text += "?" if c.disagree else ""
-    return text + "".join(f", {mark} {k}/{c.seeds}" for mark, k in (("x", c.diverged), ("s", c.stopped)) if k)
+    return text + (" +depth" if c.good_depth else "") + ("?" if c.disagree else "") + lost(c)
 
 
-def _pivot_lines(values, index, columns, fmt, corner):
-    """A Markdown table of ``values`` ({(row, column): value}) with rows in first-seen order."""
-    rows_, cols = list(dict.fromkeys(index)), sorted(set(columns))
-    lines = [f"| {corner} | " + " | ".join(map(str, (c[1] for c in cols))) + " |", "|---" * (len(cols) + 1) + "|"]
-    for r in rows_:
-        lines.append(f"| {r[1]} | " + " | ".join(fmt(values[r, c]) if (r, c) in values else "" for c in cols) + " |")
-    return lines
+def _texts(cells, fmt):
+    """``cells`` with a column ``text``: ``fmt`` of each cell."""
+    return cells.assign(text=[fmt(c) for c in rows(cells)])
 
 
 def overview_table(cells):
     """One table per depth: rows architecture, columns warm-up and learning rate."""
     lines = []
-    objs = rows(cells)
-    for d in sorted({c.layers for c in objs}):
-        at = [c for c in objs if c.layers == d]
-        values = {((list(VARIANTS).index(c.variant), VARIANTS[c.variant].label),
-                   ((c.warmup, c.lr), f"wu {warmup_label(c.warmup)}, lr {c.lr:g}")): c for c in at}
+    columns = sorted(set(zip(cells["warmup"], cells["lr"])))
+    names = {i: f"wu {warmup_label(w)}, lr {lr:g}" for i, (w, lr) in enumerate(columns)}
+    for d, at in cells.groupby("layers"):
+        at = _texts(at, cell_mark).assign(architecture=at["variant"].map(lambda v: VARIANTS[v].label),
+                                          column=[columns.index(k) for k in zip(at["warmup"], at["lr"])])
+        present = {i: names[i] for i in sorted(set(at["column"]))}
         lines += [f"## Overview, {d} layers: final validation NLL (bits), mean n seeds, verdict", ""]
-        lines += _pivot_lines(values, sorted(r for r, _ in values), [c for _, c in values], cell_mark, "architecture")
-        lines.append("")
+        lines += pivot(at, "architecture", "column", "text", "architecture", col_fmt=present.get) + [""]
     return lines
 
 
@@ -209,14 +200,9 @@ def markdown(title, runs, cells, rules, code_line):
               "cells at that depth); +: also good against every cell at that depth; ?: the seeds disagree on "
               "'trains'; x diverged, s stopped early.", ""]
     for (variant, layers), g in cells.groupby(["variant", "layers"], sort=False):
-        objs = {(c.warmup, c.lr): c for c in rows(g)}
-        lrs, warmups = sorted({lr for _, lr in objs}), sorted({w for w, _ in objs})
-        lines += [f"## {VARIANTS[variant].label}, {layers} layers: final validation NLL (bits)", "",
-                  "| warm-up \\ lr | " + " | ".join(f"{lr:g}" for lr in lrs) + " |", "|---" * (len(lrs) + 1) + "|"]
-        for w in warmups:
-            lines.append(f"| {warmup_label(w)} | " + " | ".join(cell_text(objs[w, lr]) if (w, lr) in objs else ""
-                                                              for lr in lrs) + " |")
-        lines.append("")
+        g = _texts(g, cell_text).assign(wu=g["warmup"].map(warmup_label))
+        lines += [f"## {VARIANTS[variant].label}, {layers} layers: final validation NLL (bits)", ""]
+        lines += pivot(g, "wu", "lr", "text", "warm-up \\ lr", col_fmt=lambda lr: f"{lr:g}") + [""]
     lines += ["## Largest good learning rate per warm-up", "",
               "The largest learning rate whose cell is good against its own architecture's cells at that depth; "
               "'-': none; beside it the architecture's best NLL and the best of any architecture at that depth.", ""]
