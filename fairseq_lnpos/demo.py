@@ -326,7 +326,7 @@ def next_steps(out, seed, corpus="synthetic", data_dir=None):
             f"- translate test sentences (tokenized German of {TEST_TEXT[corpus]}) with the Pre-LN checkpoint:",
             f"    {translate}",
             "- read: README.md (what the demo shows, how it relates to the paper), docs/grid.md (the grid it",
-            "  ran), docs/results.md (every measurement)"]
+            "  ran), docs/results/README.md (the results pages the lab's commands wrote)"]
 
 
 def write_summary(out, summary, runs, shown_text, figures, seconds, seed, controls=CONTROLS, corpus="synthetic",

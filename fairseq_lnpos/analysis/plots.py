@@ -71,7 +71,8 @@ def fig3_figure(result, stat="mean_grad"):
             ax.set_title(f"({letters[2 + j]}) {label}: last-layer W2, {stack}", fontsize=FONT)
             if label.lower().startswith("post") and stat == "mean_grad":
                 ax.axhline(result["paper"]["post_ln_last_w2"], ls="--", lw=0.8, color="gray")
-                ax.text(0, result["paper"]["post_ln_last_w2"], " paper ~1.6", fontsize=FONT, va="bottom")
+                ax.text(0, result["paper"]["post_ln_last_w2"], " paper ~1.6", fontsize=FONT, va="top")
+                ax.set_ylim(top=max(ax.get_ylim()[1], 1.12 * result["paper"]["post_ln_last_w2"]))
     s = result["settings"]
     fig.suptitle(
         f"Gradient norm at initialization ({what}); {s['seeds']} seeds, K={s['batches']} batches of "

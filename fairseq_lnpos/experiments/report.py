@@ -20,7 +20,7 @@ from ..cli import CommandParser
 from ..common import FONT, integer_ticks, legend_right, plain_name, refuse_folder, write_figure, write_text
 from ..errors import LnposError, StateError, run_main
 from . import runs as R
-from ..variants import variant_color
+from ..variants import VARIANTS, arch_names, variant_color
 from .rundir import grid_run_dirs, run_dirs
 
 CSV_COLUMNS = ["run", "arch", "optimizer", "lr", "warmup", "schedule", "seed", "status", "paper_bleu",
@@ -71,7 +71,7 @@ def _row(rec):
            "outcome": rec.outcome.value, "paper_bleu": run.paper_bleu, "paper_valid_loss": run.paper_valid_loss,
            "paper_note": run.paper_note, "figure": run.figure,
            "ln": run.ln, "max_epoch": run.max_epoch, "curve": rec.evals, "epochs": len(rec.evals),
-           "source": run.source, "record": rec}
+           "source": run.source, "dataset": run.dataset, "record": rec}
     avg = rec.average
     if avg is not None:
         row.update(avg_bleu_tok=avg.bleu_tok, avg_sacrebleu=avg.sacrebleu,
@@ -172,23 +172,27 @@ def figures(rows, out_dir):
             marker = markers.setdefault(r["lr"], ".ov^sD"[len(markers) % 6])
             warm = R.warmup_label(r["warmup"])
             col = opts.index(r["optimizer"])
-            label = f"{r['ln']} lr {r['lr']:g} warm-up {warm}" + (
+            label = f"{VARIANTS[r['ln']].label} lr {r['lr']:g} warm-up {warm}" + (
                 f" {r['schedule']}" if r["schedule"] != "inverse_sqrt" else "") + (
                 f" seed {r['seed']}" if len({x['seed'] for x in group}) > 1 else "")
             ep = [e.epoch for e in r["curve"]]
             style = dict(color=color, linestyle=LINESTYLES.get(warm, "-."), marker=marker, label=label)
             axes[0][col].plot(ep, [e.bleu_tok for e in r["curve"]], **style)
             axes[1][col].plot(ep, [e.valid_loss for e in r["curve"]], **style)
+        names = arch_names()  # on what: the corpora, the model sizes and the seeds
+        on = (f"data {', '.join(sorted({r['dataset'] for r in group}))}; size "
+              f"{', '.join(sorted({names.get(r['arch'], (None, r['arch']))[1] for r in group}))}; "
+              f"seeds {', '.join(map(str, sorted({int(r['seed']) for r in group})))}")
         for col, opt in enumerate(opts):
-            axes[0][col].set_title(f"{fig_name}: test BLEU per LayerNorm placement, {opt}", fontsize=FONT + 1)
-            axes[1][col].set_title(f"{fig_name}: validation loss per LayerNorm placement, {opt}", fontsize=FONT + 1)
+            axes[0][col].set_title(f"{fig_name}: test BLEU per LayerNorm placement, {opt}\n{on}", fontsize=FONT + 1)
+            axes[1][col].set_title(f"{fig_name}: validation loss per LayerNorm placement, {opt}\n{on}", fontsize=FONT + 1)
             axes[0][col].set_ylabel(f"test {TOK_LABEL}", fontsize=FONT)
             axes[1][col].set_ylabel("validation loss (bits per token)", fontsize=FONT)
             for row in (0, 1):
                 axes[row][col].set_xlabel("epoch", fontsize=FONT)
                 integer_ticks(axes[row][col].xaxis)
                 axes[row][col].grid(alpha=0.3)
-        fig.subplots_adjust(left=0.08, bottom=0.08, top=0.95, hspace=0.3, wspace=0.25)
+        fig.subplots_adjust(left=0.08, bottom=0.08, top=0.93, hspace=0.4, wspace=0.25)
         legend_right(fig, axes.flat, 1 - 3.8 / fig.get_figwidth())
         path = write_figure(fig, Path(out_dir) / f"fig_{plain_name(fig_name, 'figure')}.png", dpi=100)
         plt.close(fig)
