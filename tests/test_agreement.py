@@ -66,6 +66,23 @@ def test_a_cell_that_flips_is_counted_and_listed(tmp_path, capsys):
     assert "| postln | 6 | 0 | 0.003 | 1.190 | 1.040 | poor | good |" in capsys.readouterr().out
 
 
+def test_a_map_still_running_is_compared_on_the_cells_complete_in_both(tmp_path, capsys):
+    a = write_map(tmp_path / "a")
+    b = write_map(tmp_path / "b", {k: v for k, v in CELLS.items() if k[0] == "postln"})
+    write_run(tmp_path / "b", "preln", 1e-3, 0, 1, final=0.80)  # one seed of three finished, one running
+    write_run(tmp_path / "b", "preln", 1e-3, 0, 2, final=None, done=False)
+    both = A.compare(runs_frame(a), runs_frame(b))
+    assert sorted(both["lr"]) == [1e-3, 3e-3, 1e-2] and set(both["variant"]) == {"postln"}
+    assert both.attrs["left_out"] == 2  # Pre-LN's two cells, complete in A only
+    # judged over the common cells: at its depth Post-LN's 1e-3 is now the best, in both maps alike
+    row = both.set_index("lr").loc[1e-3]
+    assert (row["rule_depth_a"], row["rule_depth_b"]) == ("good", "good")
+    assert A.main([str(a), str(b), "--out-dir", str(tmp_path / "cmp")]) == 0
+    out = capsys.readouterr().out
+    assert "3 cells complete in both" in out and "2 cells complete in one map only are left out" in out
+    assert "Seeds: A 1, 2, 3; B 1, 2, 3: the same seeds (a re-run)." in out
+
+
 def test_published_runs_csv_and_a_folder_compare_and_the_page_holds_both(tmp_path):
     a, b = write_map(tmp_path / "a"), write_map(tmp_path / "b")
     (tmp_path / "a.csv").write_text(runs_frame(a).to_csv(index=False))

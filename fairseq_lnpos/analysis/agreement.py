@@ -4,7 +4,10 @@
     python -m fairseq_lnpos.analysis.agreement A B [--allow-mixed-code] [--out-dir D] [--publish DIR]
 
 ``A`` and ``B`` are two runs of the same sweep (its folder, or the ``runs.csv`` a results page
-published): the same cells, settings and seeds, trained on another machine or another day. For each
+published): the same cells and settings, trained on another machine or another day, with the same
+seeds (a re-run) or with other seeds (a replication: ``grid.sh sweep --seeds 4,5,6``). Only the cells
+complete in both (every seed finished, diverged or stopped) are judged, over those cells, so a map
+still running can be compared on what it has. For each
 rule, a cell's verdict is one of good, poor, no-train (diverged and stopped count as no-train) or NA
 (not compared); the share of the cells judged in both (NA in neither) whose verdicts are equal is
 reported with its 95 % interval (Wilson's, treating the cells as independent, which neighbouring
@@ -80,14 +83,35 @@ def verdicts(runs):
                                "earlier": earlier_verdicts(runs)})
 
 
+def complete_cells(runs):
+    """The keys of the cells of ``runs`` whose every seed finished, diverged or was stopped (a set)."""
+    seeds = runs.groupby(KEYS)["seed"].nunique()
+    counted = runs[runs["outcome"].isin(COUNTED)].groupby(KEYS)["seed"].nunique()
+    return set(counted[counted == seeds.reindex(counted.index)].index)
+
+
 def compare(runs_a, runs_b):
-    """One row per cell of both maps: each map's means and verdicts (suffixes _a, _b)."""
+    """One row per cell complete in both maps: each map's means and verdicts (suffixes _a, _b), both
+    judged over the same cells (a map still running, or run in part, is compared on what both have);
+    ``attrs["left_out"]``: how many cells only one map has complete."""
     a, b = (set(r["settings"]) for r in (runs_a, runs_b))
     if a != b:
         raise LnposError(f"the two maps differ in a setting other than their axes ({sorted(a ^ b)[0]}): compare two "
                          f"runs of the same sweep")
-    both = verdicts(runs_a).merge(verdicts(runs_b), left_index=True, right_index=True, how="outer", suffixes=("_a", "_b"))
-    return order(both.reset_index())
+    ca, cb = complete_cells(runs_a), complete_cells(runs_b)
+    common = ca & cb
+    if not common:
+        raise LnposError("the two maps have no cell complete in both: run or resume the sweeps first")
+    keep = [r[[k in common for k in r[KEYS].itertuples(index=False, name=None)]] for r in (runs_a, runs_b)]
+    both = verdicts(keep[0]).merge(verdicts(keep[1]), left_index=True, right_index=True, suffixes=("_a", "_b"))
+    both = order(both.reset_index())
+    both.attrs["left_out"] = len(ca ^ cb)
+    return both
+
+
+def seeds_text(runs):
+    """The seeds of a map, as ``1, 2, 3``."""
+    return ", ".join(map(str, sorted(runs["seed"].astype(int).unique())))
 
 
 def shares(both):
@@ -106,8 +130,15 @@ def shares(both):
     return pandas().DataFrame(rows)
 
 
-def markdown(name_a, name_b, both, table):
-    lines = [f"# Verdicts of two runs of one map", "", f"A: `{name_a}`; B: `{name_b}`. {len(both)} cells.", "",
+def markdown(name_a, name_b, both, table, seeds=None):
+    """The page; ``seeds``: (A's, B's) as text."""
+    same = seeds is not None and seeds[0] == seeds[1]
+    kind = ("" if seeds is None else f" Seeds: A {seeds[0]}; B {seeds[1]}: " + (
+        "the same seeds (a re-run)." if same else "other seeds (a replication: the verdicts are drawn anew)."))
+    left = both.attrs.get("left_out", 0)
+    lines = [f"# Verdicts of two runs of one map", "",
+             f"A: `{name_a}`; B: `{name_b}`. {len(both)} cells complete in both, judged over those cells only"
+             + (f" ({left} cells complete in one map only are left out)" if left else "") + f".{kind}", "",
              "| rule | cells judged in both | agree | share | 95 % interval |", "|---|---:|---:|---:|---|"]
     lines += [f"| {r.rule} | {r.judged} | {r.agree} | {r.share:.0%} | {r.low:.0%} to {r.high:.0%} |"
               for r in table.itertuples()]
@@ -140,7 +171,7 @@ def _main(argv):
     args = p.parse_args(argv)
     runs_a, runs_b = (load(s, args.allow_mixed_code) for s in (args.a, args.b))
     both = compare(runs_a, runs_b)
-    md = markdown(args.a, args.b, both, shares(both))
+    md = markdown(args.a, args.b, both, shares(both), (seeds_text(runs_a), seeds_text(runs_b)))
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "agreement.csv", out / "agreement.md"]
