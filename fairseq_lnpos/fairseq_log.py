@@ -196,14 +196,3 @@ class LogTail:
         saved = [ep for ep in self.pending if ended or ep in self.state.train]
         self.pending = [ep for ep in self.pending if ep not in saved]
         return saved
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read()
-        self.offset += len(data)
-        self.buf += data
-        *lines, self.buf = self.buf.split(b"\n")
-        for raw in lines:
-            line = raw.decode("utf-8", "replace")
-            if self.state.feed(line) == "saved":
-                saved.append(int(SAVED.search(line).group(2)))
-        return saved
