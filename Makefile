@@ -37,7 +37,7 @@ test-fast: venv
 	$(PY) -m pytest tests -m "not slow" -rs $(PYTEST_ARGS)
 
 bench: venv
-	$(PY) -m fairseq_lnpos.bench
+	PYTHON=$(PY) scripts/bench.sh
 
 clean-venv:
 	rm -rf $(VENV)

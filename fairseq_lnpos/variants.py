@@ -56,7 +56,7 @@ GROUPS = {
     # the default --archs of the stability map and of the depth map (experiments/sweep.py)
     "stability_map": ("postln", "preln", "deepnorm", "keel"),
     "depth_map": ("postln", "preln", "deepnorm", "keel", "admin", "tfixup"),
-    # gpu_check.py: step 1's gradient norms under fp16 and bf16, step 5's Multi30k rows
+    # scripts/tools/gpu_check.py: step 1's gradient norms under fp16 and bf16, step 5's Multi30k rows
     "gpu_precision": ("postln", "keel"),
     "gpu_multi30k": ("postln", "preln", "deepnorm", "keel", "admin"),
 }
@@ -65,7 +65,7 @@ for _group in GROUPS.values():
     assert [v for v in VARIANTS if v in _group] == list(_group), _group  # known variants, in VARIANTS order
 del _group
 
-# bench.py: plugin throughput / fairseq throughput at least this (no target for the other variants)
+# scripts/tools/bench.py: plugin throughput / fairseq throughput at least this (no target for the other variants)
 THROUGHPUT_TARGETS = {**dict.fromkeys(GROUPS["paper"], 0.99), **dict.fromkeys(("deepnorm", "admin", "tfixup"), 0.97),
                       **dict.fromkeys(GROUPS["further"], 0.95)}
 

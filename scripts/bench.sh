@@ -3,4 +3,4 @@
 # overhead and the Fig. 3 analysis time, measured in one process; see --help.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/../scripts/_env.sh"
-exec "$PY" -m fairseq_lnpos.bench "$@"
+exec "$PY" "$ROOT/scripts/tools/bench.py" "$@"

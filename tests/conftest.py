@@ -1,5 +1,6 @@
 """Shared fixtures: a toy parallel corpus binarized by fairseq, and in-process model building
 through fairseq's own command-line parser (the path fairseq-train takes)."""
+import importlib.util
 import os
 import random
 import subprocess
@@ -10,6 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "fairseq_lnpos")
+TOOLS = REPO / "scripts" / "tools"  # the maintainers' measurement scripts: not part of the package
 # real corpora some data tests compare with (docs/data.md); those tests skip where it is absent
 REALDATA = REPO / os.environ.get("LNPOS_REALDATA", "../shared/realdata")
 BIN = Path(sys.executable).parent
@@ -18,6 +20,22 @@ BIN = Path(sys.executable).parent
 def needs_realdata(name):
     """Skip a test unless the real-data folder (LNPOS_REALDATA) holds ``name``; ``REALDATA / name`` then."""
     return pytest.mark.skipif(not (REALDATA / name).is_dir(), reason=f"{name} is absent from {REALDATA} (LNPOS_REALDATA)")
+
+
+def tool(name):
+    """The script ``scripts/tools/<name>.py`` as a module (``tool("bench").summary``), loaded from its
+    file once; it imports the package as any other code does."""
+    key = f"scripts.tools.{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, TOOLS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module  # before running it: its dataclasses look their module up
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[key]
+            raise
+    return sys.modules[key]
 
 
 def fairseq_cmd(tool, *args):

@@ -51,7 +51,7 @@ def add_variant(repo):
 def test_a_variant_added_as_the_contributing_page_says_needs_no_other_edit(tmp_path):
     repo = tmp_path / "repo"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for folder in ("fairseq_lnpos", "tests"):
+    for folder in ("fairseq_lnpos", "scripts", "tests"):
         shutil.copytree(REPO / folder, repo / folder, ignore=ignore)
     shutil.copy(REPO / "pytest.ini", repo)
     add_variant(repo)

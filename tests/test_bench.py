@@ -1,4 +1,4 @@
-"""The benchmark: its fairseq baselines match the plugin's archs, its statistics and verdicts give
+"""The benchmark (scripts/tools/bench.py): its fairseq baselines match the plugin's archs, its statistics and verdicts give
 known answers on hand-made timings, and its quick mode writes exact work counts."""
 import json
 import subprocess
@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from conftest import REPO, build_model, same_state, toy_data  # noqa: F401
-from fairseq_lnpos.bench import (AUTOCAST_TARGETS, MIN_PAIRS, autocast_results, baseline, fairseq_size,
-                                 overhead_results, paired, summary, throughput_results, verdict)
+from conftest import REPO, build_model, same_state, tool, toy_data  # noqa: F401
 from fairseq_lnpos.variants import VARIANTS, arch_name
+
+B = tool("bench")  # scripts/tools/bench.py
 
 
 def bench(*args):
@@ -64,16 +64,16 @@ def test_bad_size_is_a_one_line_error(toy_data, tmp_path):
 
 
 def test_each_variant_is_compared_with_fairseqs_model_of_its_layernorm_placement():
-    assert baseline("preln") == ("fairseq_preln", ["--encoder-normalize-before", "--decoder-normalize-before"])
+    assert B.baseline("preln") == ("fairseq_preln", ["--encoder-normalize-before", "--decoder-normalize-before"])
     for v in ("postln", "deepnorm", "keel"):
-        assert baseline(v) == ("fairseq_postln", [])
-    assert {baseline(v)[0] for v, spec in VARIANTS.items() if not spec.normalize_before} == {"fairseq_postln"}
-    assert fairseq_size("iwslt_de_en") == ("transformer_iwslt_de_en", [])
+        assert B.baseline(v) == ("fairseq_postln", [])
+    assert {B.baseline(v)[0] for v, spec in VARIANTS.items() if not spec.normalize_before} == {"fairseq_postln"}
+    assert B.fairseq_size("iwslt_de_en") == ("transformer_iwslt_de_en", [])
 
 
 @pytest.mark.parametrize("size", ["tiny", "iwslt_de_en"])
 def test_fairseq_baseline_is_the_plugins_post_ln_model_parameter_for_parameter(toy_data, size):
-    fairseq_arch, flags = fairseq_size(size)
+    fairseq_arch, flags = B.fairseq_size(size)
     theirs, _, _ = build_model(toy_data, fairseq_arch, *flags, seed=5)
     ours, _, _ = build_model(toy_data, arch_name("postln", size), seed=5)
     a, b = theirs.state_dict(), ours.state_dict()
@@ -81,19 +81,19 @@ def test_fairseq_baseline_is_the_plugins_post_ln_model_parameter_for_parameter(t
 
 
 def test_verdict_needs_the_whole_interval_on_one_side():
-    assert verdict([0.991, 1.02], 0.99, at_least=True) == "met"
-    assert verdict([0.95, 0.989], 0.99, at_least=True) == "missed"
-    assert verdict([0.98, 1.02], 0.99, at_least=True) == "unresolved"
-    assert verdict([-1.0, 0.9], 1.0, at_least=False) == "met"
-    assert verdict([1.1, 3.0], 1.0, at_least=False) == "missed"
-    assert verdict([0.5, 1.5], 1.0, at_least=False) == "unresolved"
+    assert B.verdict([0.991, 1.02], 0.99, at_least=True) == "met"
+    assert B.verdict([0.95, 0.989], 0.99, at_least=True) == "missed"
+    assert B.verdict([0.98, 1.02], 0.99, at_least=True) == "unresolved"
+    assert B.verdict([-1.0, 0.9], 1.0, at_least=False) == "met"
+    assert B.verdict([1.1, 3.0], 1.0, at_least=False) == "missed"
+    assert B.verdict([0.5, 1.5], 1.0, at_least=False) == "unresolved"
 
 
 def test_paired_ratios_pair_update_by_update():
     # a slow machine phase (x3) hits both partners of a pair alike and cancels
     base = [1.0, 3.0, 1.0, 3.0, 1.0]
     other = [0.5, 1.5, 0.5, 1.5, 0.5]
-    r = paired(base, other)
+    r = B.paired(base, other)
     assert r["median"] == 2.0 and r["ci95"] == [2.0, 2.0] and r["n"] == 5
 
 
@@ -109,7 +109,7 @@ def test_throughput_verdicts_on_hand_made_timings():
     }
     works = {name: dict(work) for name in seconds}
     works["keel"] = {"aten_calls": 110, "output_elements": 1000, "matmul_flops": 10}
-    r = throughput_results(seconds, works, ["postln", "preln", "deepnorm", "keel"], "transformer", min_pairs=4)
+    r = B.throughput_results(seconds, works, ["postln", "preln", "deepnorm", "keel"], "transformer", min_pairs=4)
     assert (r["postln"]["median"], r["postln"]["verdict"]) == (1.0, "met")
     assert r["deepnorm"]["median"] == pytest.approx(0.9) and r["deepnorm"]["verdict"] == "missed"
     assert r["preln"]["median"] == pytest.approx(1.0) and r["preln"]["ci95"] == pytest.approx([0.9, 1.1])
@@ -125,7 +125,7 @@ def test_throughput_verdicts_on_hand_made_timings():
 
 def test_grad_norm_overhead_on_hand_made_timings():
     seconds = {"off": [1.0] * 4, "interval_1": [1.02] * 4, "interval_100": [1.03] * 4}
-    r = overhead_results(seconds, {"interval_1": 0.08, "interval_100": 0.0}, min_pairs=4)
+    r = B.overhead_results(seconds, {"interval_1": 0.08, "interval_100": 0.0}, min_pairs=4)
     assert r["interval_1"]["overhead_percent"] == pytest.approx(2.0)
     assert r["interval_1"]["verdict"] == "met"        # 2 % <= 5 %
     assert r["interval_100"]["verdict"] == "missed"   # 3 % > 1 %
@@ -138,28 +138,28 @@ def test_too_few_pairs_give_no_verdict():
     update slowed by another process, spans about 0.93-11.9 and decides nothing."""
     seconds = {"fairseq_postln": [1.0, 1.0, 11.9, 1.0], "postln": [1.07, 1.0, 1.0, 1.0]}
     work = {name: {"aten_calls": 1, "output_elements": 1, "matmul_flops": 1} for name in seconds}
-    r = throughput_results(seconds, work, ["postln"], "transformer")["postln"]
-    assert r["n"] == 4 and r["verdict"] == f"not judged: 4 pairs (< {MIN_PAIRS})"
+    r = B.throughput_results(seconds, work, ["postln"], "transformer")["postln"]
+    assert r["n"] == 4 and r["verdict"] == f"not judged: 4 pairs (< {B.MIN_PAIRS})"
     assert r["ci95"][1] - r["ci95"][0] > 1  # the interval is wide indeed
-    over = overhead_results({"off": [1.0] * 4, "interval_1": [1.0] * 4, "interval_100": [1.0] * 4},
-                            {"interval_1": 0.0, "interval_100": 0.0})
+    over = B.overhead_results({"off": [1.0] * 4, "interval_1": [1.0] * 4, "interval_100": [1.0] * 4},
+                              {"interval_1": 0.0, "interval_100": 0.0})
     assert over["interval_1"]["verdict"].startswith("not judged")
-    text = summary({"throughput": {"tiny": {"postln": {**r, "work_ratio": {k: 1.0 for k in work["postln"]}}}},
-                    "grad_norm_overhead": over})
+    text = B.summary({"throughput": {"tiny": {"postln": {**r, "work_ratio": {k: 1.0 for k in work["postln"]}}}},
+                      "grad_norm_overhead": over})
     assert "4 paired updates per configuration: too few for the intervals to say anything" in text
-    seconds = {"fairseq_postln": [1.0] * MIN_PAIRS, "postln": [1.0] * MIN_PAIRS}
-    assert throughput_results(seconds, work, ["postln"], "transformer")["postln"]["verdict"] == "met"
+    seconds = {"fairseq_postln": [1.0] * B.MIN_PAIRS, "postln": [1.0] * B.MIN_PAIRS}
+    assert B.throughput_results(seconds, work, ["postln"], "transformer")["postln"]["verdict"] == "met"
 
 
 def test_autocast_speedup_on_hand_made_timings():
     seconds = {"postln_float32": [1.5] * 4, "postln_bf16": [1.0] * 4,   # 1.5x faster: met (>= 1.4)
                "preln_float32": [1.0, 2.0] * 2, "preln_bf16": [2.0, 4.0] * 2}  # twice as slow: missed
-    r = autocast_results(seconds, ["postln", "preln"], AUTOCAST_TARGETS["tiny"], min_pairs=4)
+    r = B.autocast_results(seconds, ["postln", "preln"], B.AUTOCAST_TARGETS["tiny"], min_pairs=4)
     assert (r["postln"]["median"], r["postln"]["verdict"]) == (1.5, "met")
     assert (r["preln"]["median"], r["preln"]["verdict"]) == (0.5, "missed")
     assert (r["preln"]["seconds_per_update_float32"], r["preln"]["seconds_per_update_bf16"]) == (1.5, 3.0)
-    assert "target" not in autocast_results(seconds, ["postln"])["postln"]  # a size without a target
-    text = summary({"throughput": {}, "grad_norm_overhead": {}, "autocast": {
+    assert "target" not in B.autocast_results(seconds, ["postln"])["postln"]  # a size without a target
+    text = B.summary({"throughput": {}, "grad_norm_overhead": {}, "autocast": {
         "cpu_bf16_instructions": [], "emulated": True, "max_tokens": 1024, "sizes": {"tiny": r}}})
     assert ("--cpu-autocast-bf16 tiny preln (1024 tokens, emulated: this CPU has no bfloat16 instructions): "
             "float32 / bf16 time 0.500 [0.500, 0.500] (1.500 / 3.000 s/update) (target >= 1.4: missed)") in text
@@ -168,7 +168,7 @@ def test_autocast_speedup_on_hand_made_timings():
 
 def test_fork_server_saving_in_the_summary():
     startup = {"runs": 3, "updates": 2, "server_start_seconds": 5.0, "wall_ratio": 1.8, "cpu_ratio": 1.6,
-               "per_run": paired([10.0, 10.0, 10.0], [4.0, 5.0, 5.0])}
-    text = summary({"throughput": {}, "grad_norm_overhead": {}, "startup": startup})
+               "per_run": B.paired([10.0, 10.0, 10.0], [4.0, 5.0, 5.0])}
+    text = B.summary({"throughput": {}, "grad_norm_overhead": {}, "startup": startup})
     assert ("fork server, 3 runs of 2 updates: fresh processes / forked (the server's 5.0 s start included): "
             "wall time 1.80x, CPU time 1.60x; per run 2.00x [2.00, 2.50]") in text

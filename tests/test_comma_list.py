@@ -53,8 +53,11 @@ def test_the_grid_commands_read_their_lists_with_it(argv, message, capsys, tmp_p
 
 
 def test_bench_and_the_demo_read_their_lists_with_it(capsys, tmp_path):
-    from fairseq_lnpos import bench, demo
+    from conftest import tool
+    from fairseq_lnpos import demo
     from fairseq_lnpos.errors import run_main
+
+    bench = tool("bench")
 
     assert run_main("bench.sh", bench.main, ["--sizes", "tiny, tiny", "--no-analysis"]) == 2
     assert "--sizes: 'tiny' is listed twice" in capsys.readouterr().err

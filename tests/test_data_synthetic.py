@@ -114,8 +114,10 @@ TRAIN = ('2026-11-30 22:09:03 | INFO | train | {"epoch": %d, "train_loss": "5.57
 
 
 def test_check_reports_from_fairseq_logs():
-    from fairseq_lnpos.data.synthetic_check import report
+    from conftest import tool
     from fairseq_lnpos.fairseq_log import LogState
+
+    report = tool("synthetic_check").report
 
     log = "\n".join([VALID % (1, "5.1", 100), TRAIN % (1, 100, 20), "other line", VALID % (2, "4.2", 150),
                      TRAIN % (2, 150, 10)])
@@ -128,9 +130,10 @@ def test_check_reports_from_fairseq_logs():
 
 @pytest.mark.slow
 def test_check_trains_translates_every_test_sentence_and_reports(made, tmp_path, capsys):
-    from fairseq_lnpos.data import synthetic_check
+    from conftest import tool
     from fairseq_lnpos.fairseq_log import bleu4
 
+    synthetic_check = tool("synthetic_check")
     _, bin_dir, _ = made
     work = tmp_path / "work"
     assert synthetic_check.main(["--bin", str(bin_dir), "--work", str(work), "--updates", "3", "--warmup", "1"]) == 0

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from conftest import tool
 from fairseq_lnpos.experiments import grid as G
 from fairseq_lnpos.experiments.commands import Job
 from fairseq_lnpos.experiments.early_stop import StopRule, first_stop
@@ -126,7 +127,7 @@ def _run_with_log(out, variant, lr, seed, curve, final, initial=9.0):
 
 
 def test_the_replay_reports_stops_fractions_false_stops_and_time_saved(tmp_path, capsys):
-    from fairseq_lnpos.analysis import early_stop_replay as R
+    R = tool("early_stop_replay")
 
     # final NLLs against the unigram bits 9.6 (trains up to 4.8); two seeds a cell
     for seed in (1, 2):
@@ -153,6 +154,7 @@ def test_the_replay_reports_stops_fractions_false_stops_and_time_saved(tmp_path,
     assert "stopped: 1 of 1 not trained (100%), at a median 30% of the budget" in out
     assert R.main([str(tmp_path), "--scan", "--score-on", str(tmp_path), "--publish", str(tmp_path / "page")]) == 0
     page = (tmp_path / "page" / "index.md").read_text()
+    assert f"Command: `python scripts/tools/early_stop_replay.py {tmp_path} --scan" in page
     assert "chosen on" in page and "held out" in page and (tmp_path / "page" / "runs.csv").read_text().count("\n") == 1 + 2 * 7
     capsys.readouterr()
     assert R.main([str(tmp_path), "--scan", "--score-on", str(tmp_path)]) == 0
@@ -165,7 +167,7 @@ def test_the_replay_reports_stops_fractions_false_stops_and_time_saved(tmp_path,
 
 
 def test_the_replay_refuses_a_sweep_made_with_early_stopping(tmp_path, capsys):
-    from fairseq_lnpos.analysis import early_stop_replay as R
+    R = tool("early_stop_replay")
 
     _run_with_log(tmp_path, "preln", 1e-3, 1, [(u, 9.0 - 0.035 * u) for u in range(1, 201)], final=2.0)
     _run_with_log(tmp_path, "postln", 3e-3, 1, flat()[:120], final=6.6)
@@ -181,8 +183,9 @@ def test_the_replay_refuses_a_sweep_made_with_early_stopping(tmp_path, capsys):
 
 
 def test_a_run_budgeted_in_epochs_is_replayed_over_the_updates_it_ran(tmp_path):
-    from fairseq_lnpos.analysis import early_stop_replay as R
     from test_stability import write_run
+
+    R = tool("early_stop_replay")
 
     d = write_run(tmp_path, "postln", 1e-3, 0, 1, final=5.6)  # no --max-update; DONE.json: 100 updates
     (d / "train.log").write_text("".join(T % (loss, u) + "\n" for u, loss in flat()[:100]))

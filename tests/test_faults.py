@@ -20,7 +20,7 @@ from typing import Callable, Optional, Tuple
 
 import pytest
 
-from conftest import BIN, REPO, USER_DIR, fairseq_cmd, run, toy_data  # noqa: F401
+from conftest import BIN, REPO, USER_DIR, fairseq_cmd, run, tool, toy_data  # noqa: F401
 from fixtures_data import make_iwslt_orig, make_tgz
 
 INTERRUPTED = r"interrupted; run the same command again to resume"
@@ -28,9 +28,10 @@ INTERRUPTED = r"interrupted; run the same command again to resume"
 
 @dataclass(frozen=True)
 class Case:
-    """One row: ``argv[0]`` is a module of the package (run in-process), a fairseq console script or
-    a script of the repository; ``{S}`` in an argument is the sandbox, ``{DATA}`` a copy of the toy
-    data folder, ``{CKPT}`` a checkpoint of ``transformer_postln_tiny`` trained on it."""
+    """One row: ``argv[0]`` is a module of the package or a script of ``scripts/tools/`` (either run
+    in-process), a fairseq console script or a script of the repository; ``{S}`` in an argument is
+    the sandbox, ``{DATA}`` a copy of the toy data folder, ``{CKPT}`` a checkpoint of
+    ``transformer_postln_tiny`` trained on it."""
     name: str
     argv: Tuple[str, ...]
     message: str                                 # regular expression the one error line must match
@@ -287,7 +288,7 @@ CASES = [
     Case("wmt-bpe-sample-negative", (WMT, "--orig", "{S}/orig", "--bpe-sample", "-1") + OUT,
          r"--bpe-sample must be at least 0, got -1", setup=iwslt_orig),
     Case("wmt-unknown-archive", (WMT, "--archive", "{S}/x.tgz") + OUT, r"--archive \S*x\.tgz: unknown file name"),
-    Case("check-synthetic-updates-0", ("fairseq_lnpos.data.synthetic_check", "--bin", "{S}/bin", "--work", "{S}/out",
+    Case("check-synthetic-updates-0", ("scripts/tools/synthetic_check.py", "--bin", "{S}/bin", "--work", "{S}/out",
                                        "--updates", "0"), r"--updates must be at least 1, got 0"),
     # --- the Fig. 3 analysis
     Case("fig3-seeds-0", (FIG3, "--seeds", "0", "--out", "{S}/out"), r"--seeds must be at least 1, got 0"),
@@ -317,7 +318,7 @@ CASES = [
     Case("fig3-out-is-a-file", (FIG3, "--archs", "postln", "--depths", "6", "--out", "{S}/out"),
          r"--out \S*/out is a file, not a folder", setup=write("out", "x")),
     # --- other analyses: unreadable inputs
-    Case("layer-ratio-truncated-json", ("fairseq_lnpos.analysis.layer_ratio", "{S}/fig3.json"),
+    Case("layer-ratio-truncated-json", ("scripts/tools/layer_ratio.py", "{S}/fig3.json"),
          r"\S*fig3\.json is damaged \(not JSON", setup=write("fig3.json", '{"per_layer": {"Post')),
     Case("train-curves-missing-jsonl", ("fairseq_lnpos.analysis.train_curves", "{S}/grad_norms.jsonl"),
          r"\S*grad_norms\.jsonl not found: pass <save-dir>/grad_norms\.jsonl"),
@@ -386,17 +387,28 @@ def changed_outside(before, after, writes):
     return sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p) and not allowed(p))
 
 
+def in_process(program):
+    """The module whose ``main`` runs a row in-process: a module of the package or a script of
+    ``scripts/tools/`` (None: the row runs as a process of its own)."""
+    if program.startswith("fairseq_lnpos."):
+        return importlib.import_module(program)
+    if program.startswith("scripts/tools/"):
+        return tool(Path(program).stem)
+    return None
+
+
 def run_case(case, sandbox, monkeypatch, capsys):
     """``(exit status, stderr)`` of the row's command, run in ``sandbox``."""
     argv = [a.replace("{S}", str(sandbox)).replace("{DATA}", str(sandbox / "data"))
             .replace("{CKPT}", str(TOY.get("ckpt", ""))) for a in map(str, case.argv)]
-    if argv[0].startswith("fairseq_lnpos."):
+    module = in_process(argv[0])
+    if module is not None:
         monkeypatch.chdir(sandbox)
         if case.patch:
             case.patch(monkeypatch)
         capsys.readouterr()
         try:
-            code = importlib.import_module(argv[0]).main(argv[1:])
+            code = module.main(argv[1:])
         except SystemExit as e:  # argparse
             code = e.code
         return code, capsys.readouterr().err
@@ -433,9 +445,9 @@ def check_case(case, tmp_path, monkeypatch, capsys, request):
     lines = [l for l in err.strip().splitlines() if l.strip()]
     assert code == case.code, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
-    in_process = case.argv[0].startswith("fairseq_lnpos.")
-    errors = lines if in_process else [l for l in lines if "error:" in l or "interrupted" in l]
-    assert len(errors) == 1 and (in_process or errors[0] == lines[-1]), lines[-5:]
+    own = in_process(str(case.argv[0])) is not None
+    errors = lines if own else [l for l in lines if "error:" in l or "interrupted" in l]
+    assert len(errors) == 1 and (own or errors[0] == lines[-1]), lines[-5:]
     assert re.search(case.message, errors[0]), errors[0]
     assert changed_outside(before, after, case.writes) == []
     assert not (sandbox / "checkpoints").exists()  # fairseq's crash.pt goes to ./checkpoints

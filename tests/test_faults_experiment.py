@@ -151,9 +151,11 @@ def test_a_missing_value_is_still_an_error(capsys):
 
 
 def test_bench_and_the_fig3_analysis_take_one_flag_too():
-    from fairseq_lnpos import bench
+    from conftest import tool
     from fairseq_lnpos.analysis import init_grad
     from fairseq_lnpos.cli import CommandParser
+
+    bench = tool("bench")
 
     assert bench.parse_args(["--fairseq-args", "--fp16"]).fairseq_args == "--fp16"
     parser = init_grad.Options.add_to(CommandParser())

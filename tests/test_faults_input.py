@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from conftest import REPO
-from test_faults import (GRID, INTERRUPTED, OUT, ROW, SYN, TABLE, TRAIN, Case, check_case, run_folder, snapshot,
-                         toy_copy, write)
+from test_faults import (GRID, INTERRUPTED, OUT, ROW, SYN, TABLE, TRAIN, Case, check_case, in_process, run_folder,
+                         snapshot, toy_copy, write)
 from toydata import make_toy_data
 
 from fairseq_lnpos.experiments import grid as G
@@ -258,7 +258,7 @@ def test_sigterm_ends_a_forked_worker_and_sigint_leaves_it_to_the_main_process()
     (GRID, ["sweep", "--dry-run", "--max-update", "0"], "grid.sh sweep: error: argument --max-update: 0 is too small"),
     (GRID, ["sweep", "--dry-run", "--width", "0"], "grid.sh sweep: error: argument --width: 0 is too small"),
     (GRID, ["run", "--dry-run", "--jobs", "0"], "grid.sh run: error: argument --jobs: 0 is too small: give at least 1"),
-    ("fairseq_lnpos.data.synthetic_check", ["--bin", "b", "--work", "w", "--seed", "4294967296"],
+    ("scripts/tools/synthetic_check.py", ["--bin", "b", "--work", "w", "--seed", "4294967296"],
      "check-synthetic.sh: error: --seed must be in [0, 4294967295], got 4294967296"),
     (EVALUATE, ["checkpoint", "--data", "d", "--path", "p", "--beam", "0"],
      "evaluate checkpoint: error: argument --beam: 0 is too small"),
@@ -266,11 +266,9 @@ def test_sigterm_ends_a_forked_worker_and_sigint_leaves_it_to_the_main_process()
      "init_grad_analysis: error: --first-seed must be in [0, 4294967294], got 4294967295"),
 ])
 def test_a_whole_number_out_of_range_is_one_line(module, argv, message, tmp_path, monkeypatch, capsys):
-    import importlib
-
     monkeypatch.chdir(tmp_path)
     try:
-        code = importlib.import_module(module).main([*argv, *(["--out", "out"] if module == GRID else [])])
+        code = in_process(module).main([*argv, *(["--out", "out"] if module == GRID else [])])
     except SystemExit as e:
         code = e.code
     err = capsys.readouterr().err

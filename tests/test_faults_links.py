@@ -16,7 +16,7 @@ import shlex
 import pytest
 
 from test_faults import GRID, ROW, TABLE, Case, check_case, grid_data, run_folder, snapshot  # noqa: F401
-from conftest import toy_data  # noqa: F401
+from conftest import REPO, TOOLS, tool, toy_data  # noqa: F401
 
 from fairseq_lnpos.common import open_log, write_figure, write_text
 from fairseq_lnpos.errors import LnposError
@@ -173,9 +173,7 @@ def test_open_log_appends_and_refuses_a_link(tmp_path):
 
 def test_a_log_written_afresh_empties_its_file_and_refuses_a_link(tmp_path):
     """The GPU check's and the synthetic check's logs are written afresh (truncate), through the same open."""
-    from fairseq_lnpos.data import synthetic_check
-    from fairseq_lnpos import gpu_check
-
+    synthetic_check, gpu_check = tool("synthetic_check"), tool("gpu_check")
     log = tmp_path / "step.log"
     log.write_text("an earlier run's log\n")
     with open_log(log, truncate=True) as f:
@@ -249,12 +247,13 @@ def raw_writes(tree):
 
 
 def test_every_write_of_the_package_goes_through_its_writer():
-    """Every file the package writes or appends to is opened by the writer of ``common.py``
-    (``replace_file``, ``open_log``), which never follows a link: no other module opens a file to write."""
-    from conftest import REPO
-
+    """Every file the package or a script of ``scripts/tools/`` writes or appends to is opened by the
+    writer of ``common.py`` (``replace_file``, ``open_log``), which never follows a link: no other
+    module opens a file to write."""
+    paths = sorted((REPO / "fairseq_lnpos").rglob("*.py")) + sorted(TOOLS.glob("*.py"))
+    assert {p.name for p in paths} >= {"bench.py", "gpu_check.py", "synthetic_check.py", "early_stop_replay.py"}
     found = []
-    for path in sorted((REPO / "fairseq_lnpos").rglob("*.py")):
+    for path in paths:
         rel = path.relative_to(REPO).as_posix()
         if rel == WRITER or rel in NOT_CONVERTED:
             continue

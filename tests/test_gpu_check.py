@@ -1,4 +1,4 @@
-"""The GPU check (scripts/gpu_check.sh, fairseq_lnpos/gpu_check.py) without a GPU: the commands each
+"""The GPU check (scripts/gpu_check.sh, scripts/tools/gpu_check.py) without a GPU: the commands each
 step would run, its refusal where torch sees no GPU, and the timing of a grid it runs."""
 import importlib.util
 import subprocess
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_lnpos import gpu_check as G
+from conftest import REPO, TOOLS, tool
 from fairseq_lnpos.experiments import runs as R
 from fairseq_lnpos.variants import VARIANTS
 
-REPO = Path(__file__).resolve().parents[1]
+G = tool("gpu_check")
 
 
 def steps(todo):
@@ -44,11 +44,14 @@ def test_plan_of_every_step(tmp_path):
     todo = G.plan(out, range(1, 8), m30k_orig="/orig", runs_per_gpu="3", evaluators="2")
     by_step = steps(todo)
     assert sorted(by_step) == [1, 2, 3, 4, 5, 6, 7]
-    # every command is a fairseq console script or a module of this package that exists
+    # every command is a fairseq console script, a module of this package or a script of scripts/tools/
+    # that exists
     for _, items in todo:
         for c in commands(items):
-            if c.argv[0] == sys.executable:
-                assert c.argv[1] == "-m" and importlib.util.find_spec(c.argv[2]) is not None, c.argv
+            if c.argv[0] == sys.executable and c.argv[1] == "-m":
+                assert importlib.util.find_spec(c.argv[2]) is not None, c.argv
+            elif c.argv[0] == sys.executable:
+                assert Path(c.argv[1]).parent == TOOLS and Path(c.argv[1]).is_file(), c.argv
             else:
                 assert Path(c.argv[0]).name == "fairseq-train", c.argv
     one = commands(by_step[1])
@@ -59,6 +62,9 @@ def test_plan_of_every_step(tmp_path):
     assert [flag(c.argv, "--arch") for c in two] == [f"transformer_{v}_tiny" for v in VARIANTS]
     assert all(flag(c.argv, "--optimizer") == "radam" and "--fp16" in c.argv and flag(c.argv, "--max-update") == "300"
                and flag(c.argv, "--log-format") == "json" for c in two)
+    four = commands(by_step[4])
+    assert [Path(c.argv[1]) for c in four] == [TOOLS / "bench.py"] * 2 and all(flag(c.argv, "--device") == "cuda"
+                                                                               for c in four)
     grid5 = commands(by_step[5])[0]
     assert flag(grid5.argv, "--only").split(",") == G.m30k_rows() and grid5.timed == out / "m30k-grid"
     assert (flag(grid5.argv, "--runs-per-gpu"), flag(grid5.argv, "--evaluators")) == ("3", "2")
@@ -113,6 +119,16 @@ def test_a_new_grid_is_timed_a_resumed_one_is_not(tmp_path, capsys):
     with pytest.raises(G.LnposError, match=r"failed \(exit 3\)"):
         G.execute(G.Command([sys.executable, "-c", "import sys; sys.exit(3)"]))
     G.execute(G.Command([sys.executable, "-c", "import sys; sys.exit(3)"], check=False))  # step 1's commands
+
+
+def test_step_six_counts_the_words_with_the_throughput_script(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(G, "execute", ran.append)
+    (tmp_path / "grid.seconds").write_text("300\n")
+    (tmp_path / "alone.seconds").write_text("100\n")
+    G.throughput(tmp_path / "grid", tmp_path / "alone")
+    assert [c.argv for c in ran] == [[sys.executable, str(TOOLS / "throughput.py"), str(tmp_path / "grid"), "300",
+                                      "--alone", str(tmp_path / "alone"), "100"]]
 
 
 def test_shown_lines():

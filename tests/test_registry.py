@@ -57,9 +57,12 @@ def test_every_variant_has_its_rows():
 
 
 def test_the_selections_made_from_the_registry_follow_its_groups():
-    from fairseq_lnpos import bench, demo, gpu_check
+    from conftest import tool
+    from fairseq_lnpos import demo
     from fairseq_lnpos.analysis import init_grad
     from fairseq_lnpos.experiments import sweep
+
+    bench, gpu_check = tool("bench"), tool("gpu_check")
 
     # the paper's two placements, and the demo's three: what `make demo` and `make demo-real` run
     assert V.GROUPS["paper"] == ("postln", "preln") and V.GROUPS["demo"] == ("postln", "preln", "deepnorm")

@@ -1,13 +1,15 @@
-"""Aggregate training throughput of a grid (scripts/gpu_check.sh compares K runs side by side with one
+"""Aggregate training throughput of a grid (scripts/tools/throughput.py; scripts/gpu_check.sh compares K runs side by side with one
 alone): words counted from fairseq's per-epoch train records, ratios and bad input by hand."""
 import json
 
 import pytest
 
-from fairseq_lnpos.experiments import throughput as TP
+from conftest import tool
 from fairseq_lnpos.experiments.records import EpochRecord
 from fairseq_lnpos.experiments.rundir import RunDir
 from fairseq_lnpos.experiments.runs import BY_NAME
+
+TP = tool("throughput")
 
 # fairseq-train 0.12's end-of-epoch record with --log-format json (Multi30k, paper-size model)
 EPOCH = ('2026-12-01 00:31:32 | INFO | train | {"epoch": %d, "train_loss": "6.341", "train_wps": "2553.2", '

@@ -1,37 +1,38 @@
 """Calibrating early stopping: replay the rule over sweeps made without it, and score it on another.
 
-    python -m fairseq_lnpos.analysis.early_stop_replay OUT [--after F] [--ratio R] [--progress P]
-                                                          [--window W] [--scan] [--score-on OTHER ...]
-                                                          [--publish DIR]
+    python scripts/tools/early_stop_replay.py OUT [--after F] [--ratio R] [--progress P]
+                                              [--window W] [--scan] [--score-on OTHER ...]
+                                              [--publish DIR]
 
 OUT is a sweep's folder (``grid.sh sweep --no-early-stop``): every run that finished is replayed
 update by update from its train.log (:func:`~fairseq_lnpos.experiments.early_stop.first_stop`) and
-judged by how it really ended (:mod:`.verdict`, on the table of every run, :mod:`.frame`): "good"
-(its cell is good against its architecture's cells), "trains" (its own NLL within the "trains"
-threshold of the unigram bits, its cell not good), "not trained". Printed: the share of runs that end
-"not trained" that the rule stops and at which fraction of the budget, every stop of a run that
-trains (a stop of a good run is a false stop), and the training time saved (wall seconds from
-DONE.json, pro rata of the updates not run). A folder where a live rule stopped runs is refused: their
-end is unknown, so they cannot score a rule.
+judged by how it really ended (:mod:`fairseq_lnpos.analysis.verdict`, on the table of every run,
+:mod:`fairseq_lnpos.analysis.frame`): "good" (its cell is good against its architecture's cells),
+"trains" (its own NLL within the "trains" threshold of the unigram bits, its cell not good), "not
+trained". Printed: the share of runs that end "not trained" that the rule stops and at which
+fraction of the budget, every stop of a run that trains (a stop of a good run is a false stop), and
+the training time saved (wall seconds from DONE.json, pro rata of the updates not run). A folder
+where a live rule stopped runs is refused: their end is unknown, so they cannot score a rule.
 
 ``--scan`` replays a grid of ``--after`` x ``--ratio`` values and chooses the rule that stops the most
 runs that end not trained without a false stop of a good run (then the one that saves most); with
 ``--score-on OTHER`` that chosen rule (without --scan: the given one) is then scored on OTHER, maps
 it was not chosen on: a rule is only as good as it is on runs it was not tuned on. ``--publish DIR``
-writes all of it as a results page (:mod:`.publish`) with the runs of every folder replayed.
+writes all of it as a results page (:mod:`fairseq_lnpos.analysis.publish`) with the runs of every
+folder replayed.
 """
 import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ..cli import CommandParser, fraction
-from ..errors import LnposError, run_main
-from ..experiments.early_stop import DEFAULT_RULE, StopRule, first_stop
-from ..fairseq_log import LogState
-from . import stability as S
-from .frame import runs_frame
-from .verdict import DEFAULT_TRAINS
+from fairseq_lnpos.cli import CommandParser, fraction
+from fairseq_lnpos.errors import LnposError, run_main
+from fairseq_lnpos.experiments.early_stop import DEFAULT_RULE, StopRule, first_stop
+from fairseq_lnpos.fairseq_log import LogState
+from fairseq_lnpos.analysis import stability as S
+from fairseq_lnpos.analysis.frame import runs_frame
+from fairseq_lnpos.analysis.verdict import DEFAULT_TRAINS
 
 SCAN_AFTER = (0.3, 0.4, 0.5, 0.6, 0.7)
 SCAN_RATIO = (0.6, 0.7, 0.8)
@@ -153,12 +154,13 @@ def _main(argv):
         sections += [f"held out, {other} (the rule was not chosen on it):", "", _block(report(replay(held, rule), rule))]
     md = "\n".join(sections)
     if args.publish:
-        from .frame import pandas
-        from .publish import argv_of, publish
+        from fairseq_lnpos.analysis.frame import pandas
+        from fairseq_lnpos.analysis.publish import argv_of, publish
 
         runs = pandas().concat([runs_frame(Path(o)).assign(map=str(o)) for o in [args.out] + args.score_on],
                                ignore_index=True)
-        publish(args.publish, "Early stopping replayed", md, runs, [], argv_of("early_stop_replay", argv))
+        publish(args.publish, "Early stopping replayed", md, runs, [],
+                argv_of("python scripts/tools/early_stop_replay.py", argv))
     print(md, end="")
     return 0
 

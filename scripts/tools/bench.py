@@ -37,11 +37,11 @@ import time
 from itertools import islice
 from pathlib import Path
 
-from .common import open_fd, open_log, write_json
-from .cli import CommandParser, comma_list
-from .errors import check, run_main
-from .launch import NO_WARMUP, adam, train_args
-from .variants import SIZES, THROUGHPUT_TARGETS, TINY, VARIANTS, arch_name
+from fairseq_lnpos.common import open_fd, open_log, write_json
+from fairseq_lnpos.cli import CommandParser, comma_list
+from fairseq_lnpos.errors import check, run_main
+from fairseq_lnpos.launch import NO_WARMUP, adam, train_args
+from fairseq_lnpos.variants import SIZES, THROUGHPUT_TARGETS, TINY, VARIANTS, arch_name
 
 # --log-grad-norms: time with / time without, minus 1, at most this (percent)
 OVERHEAD_TARGETS = {"interval_1": 5.0, "interval_100": 1.0}
@@ -79,7 +79,7 @@ def make_trainer(data, arch, extra=(), max_tokens=2048, device="cpu", save_dir=N
     """A fairseq Trainer built exactly as fairseq-train builds it, and a list of its batches."""
     from fairseq.trainer import Trainer
 
-    from .fairseq_build import build
+    from fairseq_lnpos.fairseq_build import build
 
     argv = train_args(data, arch, max_tokens=max_tokens, task=None if "--task" in extra else "translation",
                       optim=[*adam(5e-4), *NO_WARMUP], seed=1, save_dir=save_dir,
@@ -274,7 +274,7 @@ def measure_autocast(data, sizes, steps, reps, log, save_dir, extra=()):
     Post-LN and Pre-LN, on batches of :data:`AUTOCAST_MAX_TOKENS`; where the CPU has no bfloat16
     instructions the task's autocast is switched on directly (emulated bfloat16), at the first size
     only (emulated, an update of the IWSLT model took about 100 s on 2 shared cores; 6 s in float32)."""
-    from .precision import FLAG, cpu_bf16_instructions
+    from fairseq_lnpos.precision import FLAG, cpu_bf16_instructions
 
     found = cpu_bf16_instructions()
     sizes = sizes if found else sizes[:1]
@@ -303,9 +303,9 @@ def measure_startup(data, runs, log, updates=2, threads=1):
     """``runs`` fairseq-train runs of ``updates`` updates (the tiny Pre-LN model, one thread each) as
     fresh processes and as many forked from one fork server, taking turns: wall and CPU seconds of
     each side, the server's start counted on its side."""
-    from .experiments import reap
-    from .forkserver import ForkServer
-    from .launch import child_env, script
+    from fairseq_lnpos.experiments import reap
+    from fairseq_lnpos.forkserver import ForkServer
+    from fairseq_lnpos.launch import child_env, script
 
     env = child_env(threads)
 
@@ -353,7 +353,7 @@ def default_data(out_dir, log):
     bin_dir = Path(out_dir) / "synthetic-bin"
     if not (bin_dir / "lnpos-data.json").exists():
         log(f"generating the synthetic corpus in {bin_dir}")
-        from .data import synthetic
+        from fairseq_lnpos.data import synthetic
 
         synthetic.prepare(Path(out_dir) / "synthetic-text", bin_dir, seed=1)
     return bin_dir

@@ -1,6 +1,6 @@
 """Measure that the synthetic corpus is learnable: train a tiny Transformer on it and translate its test set.
 
-    python -m fairseq_lnpos.data.synthetic_check --bin DIR --work DIR [--arch transformer_preln_tiny]
+    data-prep/check-synthetic.sh --bin DIR --work DIR [--arch transformer_preln_tiny]
         [--updates 400] [--threads 1] [--seed 1] [--warmup 100] [--lr 1e-3]
 
 Runs fairseq-train (Adam (0.9, 0.98), lr 1e-3, inverse_sqrt warm-up, label smoothing 0.1, dropout

@@ -1,6 +1,6 @@
 """Aggregate training throughput of a grid against one run alone.
 
-    python -m fairseq_lnpos.experiments.throughput GRID_OUT SECONDS [--alone OUT SECONDS]
+    python scripts/tools/throughput.py GRID_OUT SECONDS [--alone OUT SECONDS]
 
 Counts the target words every run under ``GRID_OUT`` trained (``OUT/NAME/seedS/train.log``: per
 epoch, fairseq's words per batch times the updates of that epoch) and divides their sum by the
@@ -12,10 +12,10 @@ by side train than one after another would. Also the evaluator's time (``eval_se
 the grid waits for.
 """
 import sys
-from ..cli import CommandParser
-from ..errors import LnposError, check, run_main
-from ..fairseq_log import LogState, number
-from . import rundir
+from fairseq_lnpos.cli import CommandParser
+from fairseq_lnpos.errors import LnposError, check, run_main
+from fairseq_lnpos.fairseq_log import LogState, number
+from fairseq_lnpos.experiments import rundir
 
 
 def words_trained(log_path):

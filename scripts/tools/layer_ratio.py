@@ -1,6 +1,6 @@
 """First-layer / last-layer gradient-norm ratio at initialization, from fig3.json files.
 
-    python -m fairseq_lnpos.analysis.layer_ratio OUT6/fig3.json OUT24/fig3.json [--weight fc2]
+    python scripts/tools/layer_ratio.py OUT6/fig3.json OUT24/fig3.json [--weight fc2]
 
 The Keel paper predicts that Post-LN's ratio shrinks with depth (gradients vanish towards the
 input) and Keel's does not. Uses the paper's statistic (norm of the batch-averaged gradient) of

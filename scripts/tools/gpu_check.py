@@ -32,15 +32,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import GRAD_NORMS_JSONL, open_log, write_text
-from .cli import CommandParser
-from .errors import LnposError, check, run_main
-from .experiments import runs as R
-from .fairseq_log import LogState
-from .launch import NO_WARMUP, adam, train_cmd
-from .variants import GROUPS, VARIANTS, arch_name
+from fairseq_lnpos.common import GRAD_NORMS_JSONL, open_log, write_text
+from fairseq_lnpos.cli import CommandParser
+from fairseq_lnpos.errors import LnposError, check, run_main
+from fairseq_lnpos.experiments import runs as R
+from fairseq_lnpos.fairseq_log import LogState
+from fairseq_lnpos.launch import NO_WARMUP, adam, train_cmd
+from fairseq_lnpos.variants import GROUPS, VARIANTS, arch_name
 
 PROG = "gpu_check.sh"
+TOOLS = Path(__file__).resolve().parent  # scripts/tools: the benchmark and the throughput count
 STEPS = range(1, 8)
 DEFAULT_STEPS = range(1, 7)
 # step 3: the paper's Post-LN baseline and its Pre-LN run without warm-up (Sec. 4)
@@ -84,7 +85,13 @@ class Call:
 
 
 def module(name, *args):
+    """A module of the package, run by this interpreter."""
     return [sys.executable, "-m", name, *map(str, args)]
+
+
+def tool(name, *args):
+    """A script of ``scripts/tools/`` (beside this one), run by this interpreter."""
+    return [sys.executable, str(TOOLS / f"{name}.py"), *map(str, args)]
 
 
 def plan(out, steps, m30k_orig=None, runs_per_gpu=7, evaluators=1):
@@ -126,12 +133,12 @@ def plan(out, steps, m30k_orig=None, runs_per_gpu=7, evaluators=1):
                            "--set", "max_tokens=4096", "--set", "batch_tokens=4096"), show=("tail", 4)),
             Command(module("fairseq_lnpos.experiments.report", out / "grid"), show=("head", 12))]))
     if 4 in steps:
-        bench = ("fairseq_lnpos.bench", "--device", "cuda", "--data", syn, "--steps", 20, "--reps", 5,
+        bench = ("bench", "--device", "cuda", "--data", syn, "--steps", 20, "--reps", 5,
                  "--max-tokens", 4096, "--no-analysis")
         todo.append(("4. throughput ratios on the GPU", [
-            Command(module(*bench, "--sizes", "tiny,iwslt_de_en", "--out", out / "bench-gpu-fp32.json"),
+            Command(tool(*bench, "--sizes", "tiny,iwslt_de_en", "--out", out / "bench-gpu-fp32.json"),
                     show=("tail", 12)),
-            Command(module(*bench, "--sizes", "iwslt_de_en", "--fairseq-args=--fp16", "--out",
+            Command(tool(*bench, "--sizes", "iwslt_de_en", "--fairseq-args=--fp16", "--out",
                            out / "bench-gpu-fp16.json"), show=("tail", 8))]))
     if not set(steps) & {5, 6, 7}:
         return todo
@@ -219,8 +226,7 @@ def require_timed(folder, message):
 
 def throughput(grid, alone):
     """Step 6: the aggregate words/s of the grid against the run alone."""
-    execute(Command(module("fairseq_lnpos.experiments.throughput", grid, seconds_of(grid), "--alone", alone,
-                           seconds_of(alone))))
+    execute(Command(tool("throughput", grid, seconds_of(grid), "--alone", alone, seconds_of(alone))))
 
 
 # ---------------------------------------------------------------- running
