@@ -383,3 +383,12 @@ def test_a_page_without_runs_links_no_runs_csv(tmp_path):
     text = publish(tmp_path / "page", "A check", "# A check\n\nbody\n", None, [], "cmd").read_text()
     assert "- Data: none beside this page" in text and "runs.csv" not in text
     assert not (tmp_path / "page" / "runs.csv").exists()
+
+
+def test_a_published_runs_csv_keeps_identifiers_that_look_like_numbers(tmp_path):
+    """A commit or model-code hash such as 36640e8826 reads back as itself, not as a number (inf)."""
+    from fairseq_lnpos.analysis.frame import write_runs_csv
+
+    write_run(tmp_path / "out", "postln", 1e-3, 0, 1, final=3.0, model_code="36640e8826")
+    write_runs_csv(runs_frame(tmp_path / "out"), tmp_path / "runs.csv")
+    assert read_runs_csv(tmp_path / "runs.csv")["model_code"].tolist() == ["36640e8826"]

@@ -179,14 +179,15 @@ def write_runs_csv(runs, path):
 def read_runs_csv(path):
     """The table of :func:`write_runs_csv` (a published ``runs.csv``)."""
     pd = pandas()
-    try:
-        runs = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    text = ("code", "model_code", "python", "torch", "fairseq", "cpu", "gpu", "settings", "hash")
+    try:  # identifiers as text: a commit such as 36640e8826 would otherwise be read as a number (inf)
+        runs = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=dict.fromkeys(text, str))
     except (OSError, ValueError) as e:
         raise LnposError(f"{path}: cannot read it as a runs.csv ({e}): give a runs.csv a results page published") from None
     missing = [c for c in RUN_COLUMNS if c not in runs.columns]
     if missing:
         raise LnposError(f"{path} is not a runs.csv of this project (no column {missing[0]!r}): give one a results "
                          f"page published")
-    for c in ("code", "model_code", "python", "torch", "fairseq", "cpu", "gpu", "settings"):
+    for c in text[:-1]:
         runs[c] = runs[c].astype(object).where(runs[c].notna(), "").astype(str)
     return runs
