@@ -9,10 +9,14 @@ fairseq does not import a ``--user-dir`` package that is imported already.
 """
 import contextlib
 import logging
+import threading
 import warnings
 from collections import namedtuple
 
 Built = namedtuple("Built", "args cfg task model")
+# Hydra's compose goes through one process-wide GlobalHydra: two threads composing at once (the
+# grid's slots sizing two linear-decay runs) fail with "GlobalHydra is already initialized"
+_COMPOSE = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -34,10 +38,11 @@ def quiet():
 
 
 def to_config(args):
-    """fairseq's ``convert_namespace_to_omegaconf``, without hydra's deprecation warnings."""
+    """fairseq's ``convert_namespace_to_omegaconf``, without hydra's deprecation warnings; one
+    thread at a time (:data:`_COMPOSE`)."""
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    with quiet():
+    with _COMPOSE, quiet():
         return convert_namespace_to_omegaconf(args)
 
 

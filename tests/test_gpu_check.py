@@ -55,7 +55,7 @@ def test_plan_of_every_step(tmp_path):
             else:
                 assert Path(c.argv[0]).name == "fairseq-train", c.argv
     one = commands(by_step[1])
-    assert [c.argv.count("--fp16") + 2 * c.argv.count("--bf16") for c in one] == [0, 1, 2] * 2
+    assert [c.argv.count("--fp16") + 2 * c.argv.count("--amp") for c in one] == [0, 1, 2] * 2
     assert all(not c.check and c.log.parent == out and flag(c.argv, "--save-dir").startswith(str(out)) for c in one)
     assert [i.args[1] for i in by_step[1] if isinstance(i, G.Call)] == ["transformer_postln_tiny", "transformer_keel_tiny"]
     two = commands(by_step[2])
@@ -79,7 +79,7 @@ def test_training_commands_parse_with_fairseq(tmp_path):
     from fairseq_lnpos import fairseq_build
 
     by_step = steps(G.plan(tmp_path, [1, 2]))
-    for c in (commands(by_step[1])[2], commands(by_step[2])[0]):  # bf16 Post-LN; RAdam without warm-up
+    for c in (commands(by_step[1])[2], commands(by_step[2])[0]):  # amp Post-LN; RAdam without warm-up
         args = fairseq_build.parse(c.argv[1:])
         assert args.max_tokens == 4096 and args.user_dir is not None
     assert args.optimizer == "radam" and args.lr_scheduler == "warmup_inverse_sqrt" and args.fp16

@@ -238,6 +238,32 @@ def test_a_grid_that_reads_the_training_data_prints_nothing_of_fairseq_on_stderr
     assert res.stderr == ""
 
 
+
+def test_runs_sized_side_by_side_compose_fairseq_config_one_thread_at_a_time(data):
+    """The grid's slots size their linear-decay runs in threads of one process; fairseq's config
+    goes through Hydra's one process-wide GlobalHydra, and two composes at once failed a run with
+    "GlobalHydra is already initialized" (an H200 grid of 14 runs side by side)."""
+    import threading
+
+    from fairseq_lnpos import fairseq_build
+
+    args = fairseq_build.parse([data, "--arch", "transformer_preln_tiny", "--optimizer", "adam", "--lr", "1e-3"])
+    errors, cfgs = [], []
+
+    def compose():
+        try:
+            cfgs.append(fairseq_build.to_config(args))
+        except Exception as e:  # noqa: BLE001 - the failure this test is about
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=compose) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(cfgs) == 6
+    assert {c.optimization.lr[0] for c in cfgs} == {1e-3}
+
 def _opts(**kw):
     return options.RunOptions(**kw)
 

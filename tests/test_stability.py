@@ -1,5 +1,6 @@
 """Stability map from run folders written here: the table of every run, cells and verdicts against
 numbers worked out by hand, the LR sensitivity, the published runs.csv round trip and bad run folders."""
+import csv
 import json
 import math
 import shutil
@@ -348,6 +349,24 @@ def test_a_results_csv_of_an_earlier_version_is_replaced_a_foreign_one_is_not(tm
             report.make_table(tmp_path, with_figures=False)
         assert (tmp_path / "results.csv").read_text() == foreign
 
+
+
+def test_the_selected_epoch_is_chosen_on_validation_nll_not_on_the_test_set(tmp_path):
+    d = write_run(tmp_path, "postln", 1e-3, 0, 1, final=3.0, bleu=20.0)
+    # epoch 2: the best test BLEU; epoch 3: the lowest validation NLL (its smoothed loss is not the lowest)
+    for epoch, loss, nll, bleu in ((2, 3.5, 2.9, 24.0), (3, 3.6, 2.5, 22.0)):
+        (d / "eval" / f"epoch{epoch}.json").write_text(json.dumps({
+            "epoch": epoch, "num_updates": 100 * epoch, "valid_loss": loss, "valid_nll_loss": nll,
+            "train_loss": loss, "bleu_tok": bleu}))
+    (d / "eval" / "epoch4.json").write_text(json.dumps({  # lower NLL still, but not scored on the test set
+        "epoch": 4, "num_updates": 400, "valid_loss": 3.0, "valid_nll_loss": 2.0, "train_loss": 3.0, "bleu_tok": None}))
+    md, _, rows = report.make_table(tmp_path, with_figures=False)
+    assert (rows[0]["best_epoch"], rows[0]["best_bleu_tok"]) == (2, 24.0)
+    assert (rows[0]["sel_epoch"], rows[0]["sel_bleu_tok"], rows[0]["sel_valid_nll"]) == (3, 22.0, 2.5)
+    assert "| 24.00 (2) | 22.00 (3) |" in md
+    with open(tmp_path / "results.csv", newline="") as f:
+        row = next(csv.DictReader(f))
+    assert (row["sel_epoch"], row["sel_bleu_tok"]) == ("3", "22.0")
 
 def test_the_bleu_figure_per_architecture(tmp_path):
     for seed, (pre, post) in enumerate(((27.0, 2.0), (28.0, 0.0)), 1):

@@ -7,7 +7,8 @@ and seed with every setting, outcome, number and provenance), OUT_DIR/results.md
 min-max and 95 % CI, :mod:`~fairseq_lnpos.analysis.seeds`), OUT_DIR/results.csv (per seed),
 OUT_DIR/results_by_run.csv (over seeds: a row per run and metric) and OUT_DIR/fig_<figure>.png (one per `figure`
 group of runs.py, and fig_all.png with every run when there are several groups: BLEU and
-validation loss per epoch, one column per optimizer, warm-up as line styles). "best" is the best epoch on the test set, as the paper's per-epoch curves show it.
+validation loss per epoch, one column per optimizer, warm-up as line styles). "best" is the best epoch on the test set, as the paper's per-epoch curves show it;
+"selected" is the scored epoch of lowest validation NLL, chosen without the test set.
 A results.md or results.csv this command did not write (results.md without its first line
 :data:`MD_MARKER`, results.csv without its header) is never overwritten: it is an error.
 """
@@ -26,19 +27,24 @@ from .rundir import grid_run_dirs, run_dirs
 CSV_COLUMNS = ["run", "arch", "optimizer", "lr", "warmup", "schedule", "seed", "status", "paper_bleu",
                "paper_valid_loss", "paper_note", "best_bleu_tok", "best_epoch", "last_bleu_tok", "last_epoch",
                "sacrebleu", "last_sacrebleu", "best_valid_loss", "epochs", "avg_bleu_tok", "avg_sacrebleu",
-               "avg_epochs", "source", "best_bleu_tok_cs", "avg_bleu_tok_cs"]
+               "avg_epochs", "source", "best_bleu_tok_cs", "avg_bleu_tok_cs", "sel_bleu_tok", "sel_epoch",
+               "sel_sacrebleu", "sel_valid_nll"]
 MD_MARKER = "<!-- written by scripts/make_table.sh, which rewrites this file -->"
-# the header of results.csv before the compound-split columns (a file with it is replaced)
-CSV_EARLIER = ",".join(c for c in CSV_COLUMNS if c not in ("best_bleu_tok_cs", "avg_bleu_tok_cs"))
+# the headers of results.csv's earlier versions: before the validation-selected columns, and before the
+# compound-split columns too (a file with one of them is replaced)
+_SEL = ("sel_bleu_tok", "sel_epoch", "sel_sacrebleu", "sel_valid_nll")
+CSV_EARLIER = {",".join(c for c in CSV_COLUMNS if c not in _SEL),
+               ",".join(c for c in CSV_COLUMNS if c not in (*_SEL, "best_bleu_tok_cs", "avg_bleu_tok_cs"))}
 # the seeds of a run: (row key, label) of each metric aggregated
-SEED_METRICS = {"best_bleu_tok": "tok BLEU best", "avg_bleu_tok": "tok BLEU avg", "sacrebleu": "sacreBLEU",
-                "best_valid_loss": "best valid loss"}
+SEED_METRICS = {"best_bleu_tok": "tok BLEU best", "sel_bleu_tok": "tok BLEU selected", "avg_bleu_tok": "tok BLEU avg",
+                "sacrebleu": "sacreBLEU", "best_valid_loss": "best valid loss"}
 SEED_COLUMNS = ["run", "arch", "seeds", "status", "metric", "n", "mean", "min", "max", "sd", "ci95_low", "ci95_high"]
 TOK_LABEL = "tok BLEU"
 CS_LABEL = "tok BLEU compound-split"  # rows with compound_split_bleu (runs.py)
 NOTE = ("tok BLEU: fairseq's BLEU scorer on the data's Moses tokens (lowercased for IWSLT, compound-split "
         "for WMT), the paper's metric; sacreBLEU: detokenized output against the raw references, at the "
-        "epoch of best tok BLEU. Best = best epoch on the test set (the paper's per-epoch curves). Avg = the "
+        "epoch of best tok BLEU. Best = best epoch on the test set (the paper's per-epoch curves); selected = the "
+        "scored epoch of lowest validation NLL, chosen without the test set (its tok BLEU is the unbiased one). Avg = the "
         "parameter average of the run's last epoch checkpoints (--average-last; the epochs averaged in brackets), "
         "as published numbers of IWSLT14/WMT14 are computed. " + CS_LABEL + ": tok BLEU with hyphenated "
         "compounds split on both sides (fairseq's compound_split_bleu.sh), for the rows that ask for it; the "
@@ -82,6 +88,10 @@ def _row(rec):
                    last_bleu_tok=scored[-1].bleu_tok, last_epoch=scored[-1].epoch,
                    sacrebleu=best.sacrebleu, last_sacrebleu=scored[-1].sacrebleu,
                    signature=best.sacrebleu_signature, best_bleu_tok_cs=best.bleu_tok_cs)
+    sel = rec.selected
+    if sel is not None:
+        row.update(sel_bleu_tok=sel.bleu_tok, sel_epoch=sel.epoch, sel_sacrebleu=sel.sacrebleu,
+                   sel_valid_nll=sel.valid_nll_loss)
     row["best_valid_loss"] = rec.best_valid_loss
     return row
 
@@ -130,13 +140,15 @@ def seeds_markdown(agg):
 
 def markdown(rows):
     t = table(rows, ["run", "arch", "optimizer", "lr", "warmup", "seed", "status", "paper_bleu", "paper_note",
-                     "best_bleu_tok", "best_epoch", "avg_bleu_tok", "avg_epochs", "last_bleu_tok", "sacrebleu",
-                     "best_valid_loss", "best_bleu_tok_cs", "avg_bleu_tok_cs", "signature", "source"])
+                     "best_bleu_tok", "best_epoch", "sel_bleu_tok", "sel_epoch", "avg_bleu_tok", "avg_epochs",
+                     "last_bleu_tok", "sacrebleu", "best_valid_loss", "best_bleu_tok_cs", "avg_bleu_tok_cs", "signature",
+                     "source"])
     at = lambda col, where: (_text(t[col]) + " (" + t[where].astype(str) + ")").where(t[col].notna(), "")  # noqa: E731
     show = {"run": t["run"], "arch": t["arch"], "opt": t["optimizer"], "lr": _text(t["lr"], lambda v: f"{v:g}"),
             "warm-up": _text(t["warmup"], R.warmup_label), "seed": t["seed"].astype(str), "status": t["status"],
             "paper": _text(t["paper_bleu"]).where(t["paper_bleu"].notna(), t["paper_note"]),
             f"{TOK_LABEL} best (epoch)": at("best_bleu_tok", "best_epoch"),
+            f"{TOK_LABEL} selected (epoch)": at("sel_bleu_tok", "sel_epoch"),
             f"{TOK_LABEL} avg (epochs)": at("avg_bleu_tok", "avg_epochs")}
     if t[["best_bleu_tok_cs", "avg_bleu_tok_cs"]].notna().any(axis=None):  # the compound-split scores beside
         cs = _text(t["best_bleu_tok_cs"]) + " / " + _text(t["avg_bleu_tok_cs"])
@@ -202,7 +214,7 @@ def figures(rows, out_dir):
 
 def _check_ours(path, first_line):
     """Refuse to replace ``path`` unless this command wrote it: its first line is ``first_line``, or, for
-    results.csv, the header of the earlier version (:data:`CSV_EARLIER`); a header with a column of the
+    results.csv, the header of an earlier version (:data:`CSV_EARLIER`); a header with a column of the
     user's (an extra one) is not ours."""
     if not path.exists() and not path.is_symlink():
         return
@@ -210,7 +222,7 @@ def _check_ours(path, first_line):
     try:
         with open(path, encoding="utf-8") as f:
             line = f.readline().rstrip("\n")
-        ours = line == first_line or (line == CSV_EARLIER and first_line == ",".join(CSV_COLUMNS))
+        ours = line == first_line or (line in CSV_EARLIER and first_line == ",".join(CSV_COLUMNS))
     except (OSError, UnicodeDecodeError):
         ours = False
     if not ours:

@@ -184,6 +184,15 @@ class RunRecord:
         return max(self.scored, key=lambda e: (e.bleu_tok, -e.epoch), default=None)
 
     @property
+    def selected(self):
+        """The scored epoch record chosen on validation: the lowest validation NLL (the label-smoothed
+        validation loss where no NLL was logged), the earliest of equals; None when none was scored."""
+        def valid(e):
+            return e.valid_nll_loss if e.valid_nll_loss is not None else e.valid_loss
+
+        return min((e for e in self.scored if valid(e) is not None), key=lambda e: (valid(e), e.epoch), default=None)
+
+    @property
     def best_valid_loss(self):
         losses = [e.valid_loss for e in self.evals if e.valid_loss is not None]
         return min(losses) if losses else None
