@@ -35,7 +35,7 @@ def test_every_rows_training_command_parses_with_fairseqs_parser():
         assert run.ln in V.VARIANTS and run.dataset in R.DATASETS, run.name
         ds = R.DATASETS[run.dataset]
         for size in ("paper", "tiny"):
-            job = C.Job(run, 3, Path("/data"), Path("/out") / run.name / "seed3", C.arch_name(run, size),
+            job = C.Job(run, 3, Path("/data"), Path("/out") / run.name / "seed3", C.run_arch(run, size),
                         (ds["source_lang"], ds["target_lang"]), RunOptions())
             args = parse(job.train_cmd(1234, display=True)[1:])
             assert (args.arch, args.optimizer, args.lr[0], args.max_epoch, args.seed) == (

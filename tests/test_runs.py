@@ -19,7 +19,7 @@ def opts(world=1):
 def command(run, size="paper", world=1, total=1234):
     run = run.with_defaults()
     ds = R.DATASETS[run.dataset]
-    job = C.Job(run, 1, "/data", Path("/out") / run.name / "seed1", C.arch_name(run, size),
+    job = C.Job(run, 1, "/data", Path("/out") / run.name / "seed1", C.run_arch(run, size),
                 (ds["source_lang"], ds["target_lang"]), opts(world=world))
     return job.train_cmd(total, display=True)
 
@@ -368,6 +368,6 @@ def test_config_hashes_stay_what_existing_run_folders_hold(name, seed, arch, opt
 
     run = (sweep.expand(["postln"], [1e-3], [1], [6], 200)[0] if name == "sweep" else R.BY_NAME[name]).with_defaults()
     ds = R.DATASETS[run.dataset]
-    job = C.Job(run, seed, Path("/data"), Path("/out") / run.name / f"seed{seed}", arch or C.arch_name(run, "paper"),
+    job = C.Job(run, seed, Path("/data"), Path("/out") / run.name / f"seed{seed}", arch or C.run_arch(run, "paper"),
                 (ds["source_lang"], ds["target_lang"]), RunOptions(**options))
     assert job.config_hash() == pinned

@@ -9,7 +9,7 @@ from fairseq_lnpos import fairseq_build
 from fairseq_lnpos.errors import run_main
 from fairseq_lnpos.experiments import grid as G
 from fairseq_lnpos.experiments import runs as R
-from fairseq_lnpos.experiments.commands import Job, arch_name
+from fairseq_lnpos.experiments.commands import Job, run_arch
 from fairseq_lnpos.experiments.options import RunOptions
 
 CORPORA = {"synthetic": "synthetic", "multi30k": "multi30k_cpu"}  # row name -> dataset of the run table
@@ -51,7 +51,7 @@ def test_the_study_is_the_failing_setting_and_one_intervention_per_row():
 def _jobs(tmp_path, seeds=(1, 2, 3)):
     opts = RunOptions(out=str(tmp_path))
     return [Job(r.with_defaults(), seed, Path("/data") / r.dataset, tmp_path / r.name / f"seed{seed}",
-                arch_name(r, "paper"), ("de", "en"), opts) for r in R.WHY for seed in seeds]
+                run_arch(r, "paper"), ("de", "en"), opts) for r in R.WHY for seed in seeds]
 
 
 def flags(cmd):

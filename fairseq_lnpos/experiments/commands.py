@@ -10,8 +10,7 @@ from pathlib import Path
 
 from ..errors import LnposError
 from ..launch import config_hash, generate_cmd, script, train_args
-from ..variants import arch_name as variant_arch
-from ..variants import DEFAULT_INIT, arch_names
+from ..variants import DEFAULT_INIT, arch_name, arch_names
 from . import runs as R
 from .rundir import RunDir
 from .options import RunOptions
@@ -55,9 +54,9 @@ def check_train_flags(flags, option):
                                  f"--keep-checkpoints keeps them)")
 
 
-def arch_name(run, size):
+def run_arch(run, size):
     """The fairseq arch of ``run`` at ``size`` ("paper": the dataset's own size, or "tiny")."""
-    return variant_arch(run.ln, "tiny" if size == "tiny" else R.DATASETS[run.dataset]["arch_size"])
+    return arch_name(run.ln, "tiny" if size == "tiny" else R.DATASETS[run.dataset]["arch_size"])
 
 
 def batch_plan(run, world):

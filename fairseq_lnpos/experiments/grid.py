@@ -24,7 +24,7 @@ from ..cli import CommandParser
 from ..errors import INTERRUPT_EXIT, LnposError, StateError, run_main
 from . import runs as R
 from . import status, sweep
-from .commands import arch_name, batch_plan, total_updates
+from .commands import batch_plan, run_arch, total_updates
 from .options import ListOptions, RunOptions, SlurmOptions, StatusOptions, SweepOptions
 from .plan import keep_axes, make_jobs, need_cuda, override, parse_sets, plan_slots, select_runs
 from .rundir import make_out_dir
@@ -47,7 +47,7 @@ def cmd_list(opts):
         paper = (f"{r.paper_bleu:g} BLEU" if r.paper_bleu is not None else "") or r.paper_note
         length = " / ".join(([f"{r.max_epoch} ep"] if r.max_epoch < 10 ** 6 else [])
                             + ([f"{r.max_update} upd"] if r.max_update else []))
-        rows.append(dict(zip(wide, (r.name, arch_name(r, opts.arch_size), r.init, r.optimizer, f"{r.lr:g}",
+        rows.append(dict(zip(wide, (r.name, run_arch(r, opts.arch_size), r.init, r.optimizer, f"{r.lr:g}",
                                     r.warmup_label, sched, length, str(r.average_last or ""), paper,
                                     r.source or "-"))))
     if opts.wide:

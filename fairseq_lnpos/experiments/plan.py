@@ -8,7 +8,7 @@ from ..data.manifest import read_manifest
 from ..cli import comma_list
 from ..errors import MAX_SEED, LnposError
 from . import runs as R
-from .commands import Job, arch_name, check_joined_dictionary, check_train_flags, split_flags
+from .commands import Job, check_joined_dictionary, check_train_flags, run_arch, split_flags
 from .rundir import check_out_dir
 from .sweep import AXES
 
@@ -130,7 +130,7 @@ def make_jobs(opts, runs, dry_run):
         if m and not dry_run:
             check_joined_dictionary(r, d, langs)
         check_train_flags(r.extra, f"{r.name}: extra")
-        arch = opts.arch or arch_name(r, opts.arch_size)
+        arch = opts.arch or run_arch(r, opts.arch_size)
         for s in seeds:
             jobs.append(Job(r, s, d, out.resolve() / r.name / f"seed{s}", arch, langs, opts, index=len(jobs) + 1))
     return jobs, manifests
