@@ -163,3 +163,39 @@ def test_the_table_labels_the_compound_split_column():
     assert any(ln.startswith("tok BLEU:") and "the paper column is always compared with the plain tok BLEU" in ln for ln in lines)
     # a table without compound-split scores has no such column
     assert "compound-split best" not in report.markdown(rows[1:]).splitlines()[2]
+
+
+def test_the_evaluator_logs_each_scoring_and_its_phases(monkeypatch, caplog, tmp_path):
+    """Each request gets a line when it starts and one when it ends, with the seconds of fairseq-generate
+    and of the scoring (or the failure), so a slow evaluator can be told from a slow generation."""
+    import io
+    import json
+    import logging
+    import re
+
+    from fairseq_lnpos.data import manifest as M
+    from fairseq_lnpos.experiments import evaluator
+    from fairseq_lnpos.experiments.records import ScoreRequest, Scores
+
+    def generate(argv):
+        if "bad" in argv:
+            raise OSError("Model file not found: /c/bad.pt")
+        return "S-0\tein haus\nD-0\t-0.1\ta house\n"
+
+    monkeypatch.setattr(E, "run_generate", generate)
+    monkeypatch.setattr(E, "score_hyps", lambda hyps, manifest, **kw: Scores(bleu_tok=50.0, n_sentences=len(hyps)))
+    monkeypatch.setattr(M, "read_manifest", lambda data: {})
+    good = ScoreRequest(argv=("--path", "/c/checkpoint3.pt"), data=str(tmp_path), hyp_out=str(tmp_path / "h.txt"),
+                        checkpoint="/c/checkpoint3.pt")
+    bad = ScoreRequest(argv=("bad",), data=str(tmp_path), hyp_out=str(tmp_path / "b.txt"), checkpoint="/c/bad.pt")
+    answers = io.StringIO()
+    with caplog.at_level(logging.INFO, logger="fairseq_lnpos.evaluator"):
+        evaluator.serve([json.dumps(r.to_json()) + "\n" for r in (good, bad)], answers)
+    first, second = map(json.loads, answers.getvalue().splitlines())
+    assert first["result"]["bleu_tok"] == 50.0 and first["result"]["eval_seconds"] >= 0
+    assert second == {"error": "scoring /c/bad.pt failed: Model file not found: /c/bad.pt"}
+    assert (tmp_path / "h.txt").read_text() == "a house\n"
+    lines = [r.getMessage() for r in caplog.records if r.name == "fairseq_lnpos.evaluator"]
+    assert lines[0] == "scoring /c/checkpoint3.pt" and lines[2] == "scoring /c/bad.pt"
+    assert re.fullmatch(r"scored /c/checkpoint3\.pt in \d+\.\d s \(generate \d+\.\d s, score \d+\.\d s\)", lines[1])
+    assert re.fullmatch(r"scoring /c/bad\.pt failed: Model file not found: /c/bad\.pt, after \d+\.\d s", lines[3])

@@ -22,6 +22,7 @@ import json
 import re
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from ..common import read_lines, write_text
@@ -29,6 +30,8 @@ from ..cli import CommandParser, finite_float, whole_number
 from ..errors import LnposError, run_main
 from ..launch import generate_cmd
 from .records import Scores
+
+LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"  # fairseq's own
 
 COMPOUND = re.compile(r"(\S)-(\S)")  # fairseq examples/translation/compound_split_bleu.sh
 
@@ -140,7 +143,7 @@ def run_generate(argv):
 
     if not logging.getLogger().handlers:
         # generate's logging.basicConfig would otherwise log into its results file
-        logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        logging.basicConfig(format=LOG_FORMAT,
                             level=logging.INFO, stream=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="lnpos-generate-") as tmp:
         cfg = _generation_config(list(argv), options)
@@ -182,13 +185,19 @@ def evaluate_checkpoint(data_dir, checkpoint, manifest, beam=5, lenpen=1.2, extr
     return generate_and_score(cmd[1:], manifest, hyp_out)
 
 
-def generate_and_score(argv, manifest, hyp_out=None, compound_split=False):
+def generate_and_score(argv, manifest, hyp_out=None, compound_split=False, phases=None):
     """fairseq-generate ``argv`` in this process, its hypotheses written to ``hyp_out`` (one a
-    line, in sentence order), scored with the manifest's settings (see score_hyps)."""
+    line, in sentence order), scored with the manifest's settings (see score_hyps). ``phases``: a
+    dict that receives the seconds of fairseq-generate (loading included) and of the scoring."""
+    t0 = time.time()
     seen, hyps = parse_generate(run_generate(argv))
+    t1 = time.time()
     if hyp_out is not None:
         write_text(hyp_out, "".join(hyps.get(i, "") + "\n" for i in range(len(seen))))
-    return score_hyps(hyps, manifest, seen=seen, compound_split=compound_split)
+    scores = score_hyps(hyps, manifest, seen=seen, compound_split=compound_split)
+    if phases is not None:
+        phases.update(generate=t1 - t0, score=time.time() - t1)
+    return scores
 
 
 def command(argv=None):

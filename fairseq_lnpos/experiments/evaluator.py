@@ -13,6 +13,7 @@ result. A process that dies while scoring (killed, e.g. by the out-of-memory kil
 stopping: a new process scores that checkpoint again, and a second death is that request's failure.
 """
 import json
+import logging
 import os
 import queue
 import subprocess
@@ -23,7 +24,11 @@ from dataclasses import replace
 
 from ..common import open_log
 from ..errors import LnposError
+from .evaluate import LOG_FORMAT
 from .records import ScoreRequest
+
+
+LOG = logging.getLogger("fairseq_lnpos.evaluator")
 
 
 class Stopped(Exception):
@@ -123,27 +128,36 @@ class Evaluator:
 
 
 def serve(requests, answers):
-    """The evaluator process: answer each JSON request line with one JSON line."""
+    """The evaluator process: answer each JSON request line with one JSON line; the log (stderr) has
+    a line at the start and at the end of each scoring, with its phases' seconds."""
     from ..data.manifest import read_manifest
     from .evaluate import generate_and_score
 
     for line in requests:
         req = ScoreRequest.from_json(json.loads(line), "the grid's request", "a request", "see the grid's log")
-        t0 = time.time()
+        t0, phases = time.time(), {}
+        LOG.info("scoring %s", req.checkpoint)
         try:
             if req.average:  # score the parameter average of these checkpoints, written first
                 from ..checkpoint import write_average
 
                 write_average(list(req.average), req.checkpoint)
-            scores = generate_and_score(list(req.argv), read_manifest(req.data), req.hyp_out, req.compound_split)
+                phases["average"] = time.time() - t0
+            scores = generate_and_score(list(req.argv), read_manifest(req.data), req.hyp_out, req.compound_split,
+                                        phases)
             answer = {"result": replace(scores, eval_seconds=round(time.time() - t0, 2)).to_json()}
+            LOG.info("scored %s in %.1f s (%s)", req.checkpoint, time.time() - t0,
+                     ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()))
         except (LnposError, OSError, RuntimeError, SystemExit) as e:
             answer = {"error": f"scoring {req.checkpoint} failed: {str(e).strip() or type(e).__name__}"}
+            LOG.info("%s, after %.1f s", answer["error"], time.time() - t0)
         answers.write(json.dumps(answer) + "\n")
         answers.flush()
 
 
 def main():
+    # timestamped log lines, configured before fairseq's import (whose basicConfig then does nothing)
+    logging.basicConfig(format=LOG_FORMAT, level=logging.INFO, stream=sys.stderr)
     # the protocol owns the real stdout; anything else printed goes to stderr (the log)
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
