@@ -8,11 +8,13 @@
  4. throughput ratios against fairseq's transformer on the GPU (fp32 and fp16);
  5. with MULTI30K_ORIG=DIR (the six .gz files of Multi30k task 1): the multi30k-* rows the paper
     compares (:func:`m30k_rows`: Post-LN without warm-up and with 500 updates at 5e-4, Pre-LN, RAdam,
-    DeepNorm, Keel, Admin; 12 epochs, every epoch scored, --fp16), seeds $SEEDS (default 1,2), side by
-    side on GPU 0 (--runs-per-gpu $RUNS_PER_GPU, default 7; --evaluators $EVALUATORS, default 1): wall
-    time and the table, whose "tok BLEU selected" is the epoch chosen on validation NLL. An epoch
-    checkpoint stays until it is scored: 14 runs side by side with 4 evaluators outran their scoring
-    on an H200 machine, and the unscored checkpoints filled its 64 GiB disk by epoch 9;
+    DeepNorm, Keel, Admin; 12 epochs, --fp16), seeds $SEEDS (default 1,2), side by side on GPU 0
+    (--runs-per-gpu $RUNS_PER_GPU, default 7; --evaluators $EVALUATORS, default 1), the test set
+    scored every $EVAL_EVERY epochs (default 1) and at the last (evaluator.log times each scoring's
+    phases): wall time and the table, whose "tok BLEU selected" is the scored epoch of lowest
+    validation NLL. An epoch checkpoint stays until it is scored: 14 runs side by side with 4
+    evaluators outran their scoring on an H200 machine, and the unscored checkpoints filled its
+    64 GiB disk by epoch 9;
  6. with MULTI30K_ORIG=DIR, after step 5 in the same OUT_DIR: the Pre-LN row of step 5 alone on
     GPU 0 (12 epochs), and the aggregate words/s of step 5 against it (target >= 2.5);
  7. with MULTI30K_ORIG=DIR: the depth map's GPU preset (``grid.sh sweep --depth-map --real``: six
@@ -20,7 +22,7 @@
     side by side) and its map: wall time, largest good depth, gradient ratios, CUDA peaks.
     Estimated 1.5-3.5 hours on an H200 (docs/grid.md), not measured: run it alone, resumable.
 
-    [MULTI30K_ORIG=DIR] [SEEDS=S,S] [RUNS_PER_GPU=K] [EVALUATORS=N] scripts/gpu_check.sh OUT_DIR [STEP ...]
+    [MULTI30K_ORIG=DIR] [SEEDS=S,S] [RUNS_PER_GPU=K] [EVALUATORS=N] [EVAL_EVERY=E] scripts/gpu_check.sh OUT [STEP ...]
 
 Default: steps 1 to 6 (needs torch with CUDA and fairseq installed). Steps 5 and 6 are not timed
 yet; run them as ``gpu_check.sh OUT 5`` then ``gpu_check.sh OUT 6``, and step 7 (hours) as
@@ -96,7 +98,7 @@ def tool(name, *args):
     return [sys.executable, str(TOOLS / f"{name}.py"), *map(str, args)]
 
 
-def plan(out, steps, m30k_orig=None, runs_per_gpu=7, evaluators=1, seeds="1,2"):
+def plan(out, steps, m30k_orig=None, runs_per_gpu=7, evaluators=1, seeds="1,2", eval_every=1):
     """``[(title, [Command or Call, ...]), ...]``: what ``gpu_check.sh OUT STEP...`` runs, in order
     (a title of None: no heading)."""
     out, syn = Path(out), Path(out) / "syn"
@@ -158,7 +160,7 @@ def plan(out, steps, m30k_orig=None, runs_per_gpu=7, evaluators=1, seeds="1,2"):
         todo.append((f"5. Multi30k grid on one GPU: {n} runs (seeds {seeds}), {k} side by side", [
             Command(module("fairseq_lnpos.experiments.grid", "run", "--only", ",".join(rows), "--data", m30k,
                            "--out", grid, "--gpus", 0, "--runs-per-gpu", k, "--evaluators", evaluators, "--fp16",
-                           "--seeds", seeds),
+                           "--seeds", seeds, "--eval-every", eval_every),
                     show=("tail", 3), timed=grid),
             Call(wall_time, (grid, f"for {n} runs with --runs-per-gpu {k}, --evaluators {evaluators}")),
             Command(module("fairseq_lnpos.experiments.report", grid, "--no-figures"), show=("head", 12))]))
@@ -293,7 +295,7 @@ def command(argv):
     steps = parse_steps(a.steps)
     env = os.environ
     todo = plan(a.out, steps, env.get("MULTI30K_ORIG"), env.get("RUNS_PER_GPU", "7"), env.get("EVALUATORS", "1"),
-                env.get("SEEDS", "1,2"))
+                env.get("SEEDS", "1,2"), env.get("EVAL_EVERY", "1"))
     import torch
 
     check(torch.cuda.is_available(), f"torch {torch.__version__} sees no GPU here: run it on a machine with CUDA")
