@@ -41,7 +41,7 @@ def test_step_five_runs_the_table_rows_the_paper_compares():
 
 def test_plan_of_every_step(tmp_path):
     out = tmp_path / "out"
-    todo = G.plan(out, range(1, 8), m30k_orig="/orig", runs_per_gpu="3", evaluators="2")
+    todo = G.plan(out, range(1, 8), m30k_orig="/orig", runs_per_gpu="3", evaluators="2", eval_every="3")
     by_step = steps(todo)
     assert sorted(by_step) == [1, 2, 3, 4, 5, 6, 7]
     # every command is a fairseq console script, a module of this package or a script of scripts/tools/
@@ -68,6 +68,7 @@ def test_plan_of_every_step(tmp_path):
     grid5 = commands(by_step[5])[0]
     assert flag(grid5.argv, "--only").split(",") == G.m30k_rows() and grid5.timed == out / "m30k-grid"
     assert (flag(grid5.argv, "--runs-per-gpu"), flag(grid5.argv, "--evaluators")) == ("3", "2")
+    assert (flag(grid5.argv, "--seeds"), flag(grid5.argv, "--eval-every")) == ("1,2", "3")
     assert flag(commands(by_step[6])[0].argv, "--only") == G.alone_row()
     assert commands(by_step[7])[0].argv[3:6] == ["sweep", "--depth-map", "--real"]
     # the Multi30k data is prepared once, from MULTI30K_ORIG, before steps 5 to 7
