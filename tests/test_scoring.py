@@ -199,3 +199,15 @@ def test_the_evaluator_logs_each_scoring_and_its_phases(monkeypatch, caplog, tmp
     assert lines[0] == "scoring /c/checkpoint3.pt" and lines[2] == "scoring /c/bad.pt"
     assert re.fullmatch(r"scored /c/checkpoint3\.pt in \d+\.\d s \(generate \d+\.\d s, score \d+\.\d s\)", lines[1])
     assert re.fullmatch(r"scoring /c/bad\.pt failed: Model file not found: /c/bad\.pt, after \d+\.\d s", lines[3])
+
+
+def test_output_shape_tells_a_loop_and_a_short_output_from_a_translation(tmp_path):
+    refs = ["a b c d e f", "the cat sat on the mat ."]
+    assert E.output_shape(refs, refs) == {"length_ratio": 1.0, "repeat_4gram": 0.0}
+    loop = ["a a a a a a", "the cat"]  # 3 four-grams, 1 distinct; the second is too short to count
+    assert E.output_shape(loop, refs) == {"length_ratio": round(8 / 13, 4), "repeat_4gram": round(1 - 1 / 3, 4)}
+    assert E.output_shape(["", "x"], refs) == {"length_ratio": round(1 / 13, 4), "repeat_4gram": None}
+    ref = tmp_path / "ref.txt"
+    ref.write_text("\n".join(refs) + "\n", encoding="utf-8")
+    res = E.score_hyps(loop, {"refs": {"tok": {"test": str(ref)}}, "target_lang": "en"})
+    assert (res.length_ratio, res.repeat_4gram) == (round(8 / 13, 4), round(2 / 3, 4))

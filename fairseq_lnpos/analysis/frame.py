@@ -48,7 +48,7 @@ RUN_COLUMNS = ["run", "variant", "arch", "layers", "warmup", "lr", "seed", "opti
                "train_cpu_seconds", "peak_rss_mb", "cuda_peak_mb", "grad_ratio_encoder", "grad_ratio_decoder", "code", "model_code", "python", "torch", "fairseq",
                "cpu", "cores", "gpu", "load", "hash", "settings", "path"]
 EPOCH_COLUMNS = ["run", "variant", "layers", "warmup", "lr", "seed", "epoch", "num_updates", "train_loss",
-                 "valid_loss", "valid_nll_loss", "bleu_tok", "sacrebleu", "path"]
+                 "valid_loss", "valid_nll_loss", "bleu_tok", "sacrebleu", "length_ratio", "repeat_4gram", "path"]
 
 
 def pandas():
@@ -128,7 +128,8 @@ def epochs_frame(out, what="the output folder of a sweep or grid (OUT/NAME/seedS
         for e in rec.evals:
             rows.append({**key, "epoch": e.epoch, "num_updates": _num(e.num_updates), "train_loss": _num(e.train_loss),
                          "valid_loss": _num(e.valid_loss), "valid_nll_loss": _num(e.valid_nll_loss),
-                         "bleu_tok": _num(e.bleu_tok), "sacrebleu": _num(e.sacrebleu), "path": str(rd.path)})
+                         "bleu_tok": _num(e.bleu_tok), "sacrebleu": _num(e.sacrebleu),
+                         "length_ratio": _num(e.length_ratio), "repeat_4gram": _num(e.repeat_4gram), "path": str(rd.path)})
     return pandas().DataFrame(rows, columns=EPOCH_COLUMNS)
 
 

@@ -120,8 +120,25 @@ def score_hyps(hyps, manifest, subset="test", seen=None, compound_split=False):
         split = bleu if cs else round(tok_bleu(hyps, refs_tok, lc, True), 2)
     raw = manifest["refs"].get("raw", {}).get(subset)
     return Scores(bleu_tok=bleu, n_sentences=len(hyps), bleu_tok_settings=f"fairseq bleu, lowercase={lc}, "
-                  f"compound_split={cs}", no_hypothesis=missing, bleu_tok_cs=split,
+                  f"compound_split={cs}", no_hypothesis=missing, bleu_tok_cs=split, **output_shape(hyps, refs_tok),
                   **(_sacre(hyps, read_lines(raw), manifest["target_lang"], lc) if raw else {}))
+
+
+def output_shape(tok_hyps, tok_refs, n=4):
+    """Whether outputs are degenerate, in two numbers (of :class:`~.records.Scores`): ``length_ratio``,
+    the hypotheses' tokens over the references' (BLEU's brevity penalty reads the same ratio), and
+    ``repeat_4gram``, the mean over hypotheses of at least ``n`` tokens of 1 - distinct n-grams / n-grams
+    (seq-rep-n of Welleck et al. 2019, "Neural text generation with unlikelihood training"): 0 when no
+    4-gram repeats within a sentence, near 1 for a loop; None when no hypothesis is that long."""
+    hyp_tokens = [h.split() for h in tok_hyps]
+    ref_len = sum(len(r.split()) for r in tok_refs)
+    reps = []
+    for toks in hyp_tokens:
+        grams = [tuple(toks[i:i + n]) for i in range(len(toks) - n + 1)]
+        if grams:
+            reps.append(1 - len(set(grams)) / len(grams))
+    return {"length_ratio": round(sum(map(len, hyp_tokens)) / ref_len, 4) if ref_len else None,
+            "repeat_4gram": round(sum(reps) / len(reps), 4) if reps else None}
 
 
 def _sacre(tok_hyps, raw_refs, lang, lowercase):

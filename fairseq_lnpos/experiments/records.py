@@ -136,6 +136,8 @@ class Scores(Record):
     bleu_tok_cs: float = spec(NUMBER)              # with the compounds split (a row's compound_split_bleu)
     sacrebleu: float = spec(NUMBER)
     sacrebleu_signature: str = spec(STRING)
+    length_ratio: float = spec(NUMBER)             # hypothesis tokens / reference tokens (evaluate.output_shape)
+    repeat_4gram: float = spec(NUMBER)             # mean share of repeated 4-grams within a hypothesis
     eval_seconds: float = spec(NUMBER)
 
     def scores(self):
