@@ -404,6 +404,30 @@ def test_a_page_without_runs_links_no_runs_csv(tmp_path):
     assert not (tmp_path / "page" / "runs.csv").exists()
 
 
+
+def test_a_page_names_the_code_as_it_was_before_its_own_files_were_written(tmp_path, monkeypatch):
+    """Republishing a committed page rewrites its tracked files: the checkout is then "dirty" by the
+    page alone, which must not be reported as uncommitted changes of the code that wrote it."""
+    from fairseq_lnpos import provenance as P
+    from fairseq_lnpos.analysis.publish import publish
+
+    page = tmp_path / "page"
+    figure = tmp_path / "fig.png"
+    figure.write_bytes(b"png")
+
+    def git(*args):  # the checkout changes once the page's first file is written
+        if args[0] == "rev-parse":
+            return "a" * 40
+        return " M docs/results/page/fig.png" if (page / "fig.png").exists() else ""
+
+    monkeypatch.setattr(P, "_git", git)
+    P.code_version.cache_clear()
+    try:
+        text = publish(page, "A check", "body\n", None, [figure], "cmd").read_text()
+    finally:
+        P.code_version.cache_clear()
+    assert "page written by code aaaaaaaaaa\n" in text and "uncommitted" not in text
+
 def test_a_published_runs_csv_keeps_identifiers_that_look_like_numbers(tmp_path):
     """A commit or model-code hash such as 36640e8826 reads back as itself, not as a number (inf)."""
     from fairseq_lnpos.analysis.frame import write_runs_csv

@@ -63,6 +63,7 @@ def page_text(title, body_md, runs, command, files, when=None):
 
 def publish(dest, title, body_md, runs, files, command, when=None):
     """Write the results page folder ``dest``; returns the path of its ``index.md``."""
+    code_version()  # read (and kept) before this page's own files change the checkout
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     files = [Path(f) for f in files if f and Path(f).name != "runs.csv"]
