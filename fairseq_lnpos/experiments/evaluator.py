@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from ..common import open_log
 from ..errors import LnposError
-from .evaluate import LOG_FORMAT
+from .evaluate import LOG_FORMAT, generate_and_score
 from .records import ScoreRequest
 
 
@@ -131,7 +131,6 @@ def serve(requests, answers):
     """The evaluator process: answer each JSON request line with one JSON line; the log (stderr) has
     a line at the start and at the end of each scoring, with its phases' seconds."""
     from ..data.manifest import read_manifest
-    from .evaluate import generate_and_score
 
     for line in requests:
         req = ScoreRequest.from_json(json.loads(line), "the grid's request", "a request", "see the grid's log")
@@ -145,8 +144,9 @@ def serve(requests, answers):
                 phases["average"] = time.time() - t0
             scores = generate_and_score(list(req.argv), read_manifest(req.data), req.hyp_out, req.compound_split,
                                         phases)
-            answer = {"result": replace(scores, eval_seconds=round(time.time() - t0, 2)).to_json()}
-            LOG.info("scored %s in %.1f s (%s)", req.checkpoint, time.time() - t0,
+            seconds = time.time() - t0
+            answer = {"result": replace(scores, eval_seconds=round(seconds, 2)).to_json()}
+            LOG.info("scored %s in %.1f s (%s)", req.checkpoint, seconds,
                      ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()))
         except (LnposError, OSError, RuntimeError, SystemExit) as e:
             answer = {"error": f"scoring {req.checkpoint} failed: {str(e).strip() or type(e).__name__}"}
