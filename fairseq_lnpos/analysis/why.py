@@ -1,0 +1,487 @@
+"""Why does Post-LN need warm-up? The warm-up study's runs (``runs.WHY``, docs/warmup_study.md) judged:
+which interventions make Post-LN train, and which early diagnostic tells the runs that will train from
+those that will not.
+
+    python -m fairseq_lnpos.analysis.why OUT [OUT ...] [--out-dir D] [--allow-mixed-code] [--publish DIR]
+
+``OUT``: the grid's folders holding the ``why-*`` runs (``scripts/grid.sh run --only 'why-*'``); other
+runs in them are left out. Per corpus (the generated one, Multi30k):
+
+- **the rows** (:func:`row_table`): each intervention's seeds, how many trained (a run trains when it
+  finished and its final validation NLL is at most :data:`~.verdict.DEFAULT_TRAINS` x the corpus's
+  unigram bits, the maps' rule), the final NLL (bits, no label smoothing) over the seeds, test BLEU of
+  the last epoch, the difference from the Pre-LN control with Welch's 95 % interval, and the maps'
+  verdict (:mod:`.verdict`) with the corpus's rows as one family: *good* = every seed trained and
+  no other row is better by more than the margin (Welch, Holm-corrected over every ordered pair);
+- **the early diagnostics** (:func:`early_values`, :data:`FEATURES`): the value of each diagnostic at
+  updates :data:`UPDATES` of every run (``diagnostics.jsonl``, ``grad_norms.jsonl``, and the training
+  loss from ``train.log`` as the plain baseline), and how well one threshold on it separates the runs
+  that train from those that do not (:func:`separation`): the AUC (Mann-Whitney), the error of the best
+  threshold chosen on all runs (optimistic), and the leave-one-out error (the threshold and its
+  direction chosen on the other runs, the held-out run classified; Clopper-Pearson 95 % interval),
+  beside the error of always answering the more common class. Runs of one row share their setting,
+  so the runs are not independent draws: read the rates as descriptions of this study;
+- **one paragraph per explanation** (:data:`EXPLANATIONS`): what it predicts, for which rows and
+  diagnostics, and what the runs show, in words derived from the tables.
+
+Writes into ``--out-dir`` (default ``why-report``): runs.csv, why_rows.csv, why_early.csv (every run's
+diagnostic values: the per-seed data of the separation), why_separation.csv, why.md (printed too),
+why_nll.png and why_diagnostics_<corpus>.png; ``--publish DIR`` the same as a results page.
+"""
+import math
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..cli import CommandParser
+from ..common import GRAD_NORMS_JSONL, write_text
+from ..diagnostics import DIAGNOSTICS_JSONL
+from ..errors import LnposError, run_main
+from ..experiments.runs import WHY_BASELINES, WHY_INTERVENTIONS
+from ..fairseq_log import LogState
+from . import verdict as V
+from .frame import COUNTED, check_model_code, pandas, runs_frame, write_runs_csv
+from .map_common import markdown_table, num, panels, save
+from .publish import argv_of
+from .seeds import spread
+from .train_curves import read_jsonl
+
+PROG = "python -m fairseq_lnpos.analysis.why"
+CORPORA = {"synthetic": "the generated corpus", "multi30k": "Multi30k"}
+ROWS = {suffix: note for suffix, _, note in WHY_INTERVENTIONS}
+FAILING, PRELN = "postln-nowu", "preln-nowu"
+UPDATES = (10, 50, 100)
+LOSS_WINDOW = 10  # the training loss "at update u": the mean of the logged losses of updates u-9 .. u
+LAYER = re.compile(r"^(encoder|decoder)/\d+$")
+
+
+def _max(d, keep=lambda g: True):
+    vals = [v for g, v in (d or {}).items() if keep(g) and v is not None and math.isfinite(v)]
+    return max(vals) if vals else math.nan
+
+
+def _min(d):
+    vals = [v for v in (d or {}).values() if v is not None and math.isfinite(v)]
+    return min(vals) if vals else math.nan
+
+
+def _layer_ratio(norms, stack):
+    """The first over the last layer's gradient norm of ``stack`` (whole layers)."""
+    layers = sorted(int(g.split("/")[1]) for g in norms or {} if LAYER.match(g) and g.startswith(stack))
+    if not layers or not norms.get(f"{stack}/{layers[-1]}"):
+        return math.nan
+    return norms[f"{stack}/{layers[0]}"] / norms[f"{stack}/{layers[-1]}"]
+
+
+# feature -> (the record's key, how one number is taken from it, what it is); "train_loss" reads train.log
+FEATURES = {
+    "train_loss": (None, None, "training loss (label-smoothed, bits), mean of the 10 logged updates up to u"),
+    "update_ratio_max": ("update_ratio", lambda d: _max(d, LAYER.match), "largest ||dW||/||W|| of a whole layer"),
+    "adaptive_lr_max": ("adaptive_lr_max", _max, "Adam's largest per-weight step lr/(sqrt(v_hat)+eps)"),
+    "adaptive_lr_p99": ("adaptive_lr_p99", _max, "largest 99th percentile of Adam's per-weight step over sub-layers"),
+    "attn_max_logit": ("attn_max_logit", _max, "largest attention logit over attention modules"),
+    "attn_entropy_min": ("attn_entropy_min_head", _min, "smallest per-head attention entropy (nats)"),
+    "output_logit_norm": ("output_logits", lambda d: (d or {}).get("l2_mean", math.nan), "mean L2 norm of the output logits"),
+    "hessian_top": ("hessian_top", lambda d: _max(d), "top Hessian eigenvalue (updates 1 and 50 only)"),
+    "grad_norm_total": ("norms", lambda d: (d or {}).get("total", math.nan), "total gradient norm"),
+    "grad_ratio_decoder": ("norms", lambda d: _layer_ratio(d, "decoder"), "decoder's first/last-layer gradient norm"),
+    "grad_ratio_encoder": ("norms", lambda d: _layer_ratio(d, "encoder"), "encoder's first/last-layer gradient norm"),
+}
+HESSIAN_UPDATES = (1, 50)
+
+# explanation -> (its claim, rows it predicts to train, the diagnostics it predicts to separate)
+EXPLANATIONS = [
+    ("Adam's early second moment (Liu et al. 2020, RAdam; Ma & Yarats 2021)",
+     "the first updates' second-moment estimate is poor, so Adam's early steps are too large",
+     ("postln-radam", "postln-giadam", "postln-wu100", "postln-beta2-0.95"), ("adaptive_lr_max", "adaptive_lr_p99")),
+    ("Amplified output change (Liu et al. 2020, Admin)",
+     "the residual branches amplify each update's change of the output",
+     ("admin-nowu", "postln-L3"), ("output_logit_norm",)),
+    ("Large early angular updates (Kosson et al. 2024)",
+     "the first updates are large against the weights", ("postln-wu100", "postln-lr5e-4", "postln-lr3e-4"),
+     ("update_ratio_max",)),
+    ("Sharpness and the catapult (Kalra & Barkeshli 2024)",
+     "training starts in a sharp region; GI-Adam replaces warm-up", ("postln-giadam", "postln-wu100"),
+     ("hessian_top",)),
+    ("Attention-logit growth (Wortsman et al. 2023)",
+     "the largest attention logits grow in runs that fail", (), ("attn_max_logit", "attn_entropy_min")),
+    ("Gradient clipping and the learning rate (a common Multi30k recipe: 3 layers, lr 5e-4, clip 1.0)",
+     "clipping, a smaller learning rate or fewer layers is what matters", ("postln-clip1", "postln-lr5e-4", "postln-L3"),
+     ("grad_norm_total",)),
+    ("Large gradients near the output (Xiong et al. 2020)",
+     "Post-LN's last layers' gradients are large at the start; Pre-LN's are not", ("preln-nowu",),
+     ("grad_ratio_decoder", "grad_ratio_encoder")),
+    ("Noise of small batches", "the batch size at equal tokens matters", ("postln-batch-x4",), ()),
+]
+
+
+# ---------------------------------------------------------------- the runs
+
+def load(sources, allow_mixed=False):
+    """The table of every ``why-*`` run in the folders ``sources``, with ``corpus``, ``row`` and ``trains``."""
+    pd = pandas()
+    frames = []
+    for s in sources:
+        if not Path(s).is_dir():
+            raise LnposError(f"{s}: no such folder: give the grid's --out folder of the why-* runs")
+        frames.append(runs_frame(s, "the output folder of the grid (OUT/NAME/seedS/)"))
+    runs = pd.concat(frames, ignore_index=True)
+    runs = runs[runs["run"].str.match(r"^why-(%s)-" % "|".join(CORPORA))].copy()
+    if runs.empty:
+        raise LnposError(f"{', '.join(map(str, sources))}: no why-* run: run `scripts/grid.sh run --only 'why-*'` first")
+    runs[["corpus", "row"]] = runs["run"].str.extract(r"^why-([^-]+)-(.+)$")
+    runs = runs[runs["outcome"].isin(COUNTED)].reset_index(drop=True)
+    if runs.empty:
+        raise LnposError(f"{', '.join(map(str, sources))}: no why-* run finished, diverged or stopped: let them run")
+    check_model_code(runs, allow_mixed)
+    runs["trains"] = (runs["outcome"] == "finished") & (runs["nll_ratio"] <= V.DEFAULT_TRAINS)
+    order = {r: i for i, r in enumerate(ROWS)}
+    return runs.sort_values(["corpus", "row", "seed"], key=lambda s: s.map(order) if s.name == "row" else s,
+                            kind="stable").reset_index(drop=True)
+
+
+def row_table(runs, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
+    """One row per corpus and row of the study: seeds, trained, NLL and BLEU over seeds, the difference
+    from Pre-LN (Welch's 95 % interval) and the maps' verdict among the corpus's rows."""
+    from scipy.stats import ttest_ind
+
+    out = []
+    for corpus, part in runs.groupby("corpus", sort=False):
+        fin = part[part["outcome"] == "finished"]
+        pre = fin.loc[fin["row"] == PRELN, "final_valid_nll"].to_numpy()
+        for row, r in part.groupby("row", sort=False):
+            nll = r.loc[r["outcome"] == "finished", "final_valid_nll"].to_numpy()
+            rec = {"corpus": corpus, "row": row, "seeds": len(r), "seeds_train": int(r["trains"].sum()),
+                   "nll": nll.mean() if len(nll) else math.nan, "nll_var": nll.var(ddof=1) if len(nll) > 1 else math.nan,
+                   "nll_min": nll.min() if len(nll) else math.nan, "nll_max": nll.max() if len(nll) else math.nan,
+                   "finished": len(nll), "bleu": r["bleu_tok"].mean(), "unigram_bits": r["unigram_bits"].mean(),
+                   "cpu_seconds": r["train_cpu_seconds"].sum(), "diff_preln": math.nan, "diff_low": math.nan,
+                   "diff_high": math.nan}
+            if len(nll) > 1 and len(pre) > 1 and row != PRELN:
+                ci = ttest_ind(nll, pre, equal_var=False).confidence_interval(0.95)
+                rec.update(diff_preln=nll.mean() - pre.mean(), diff_low=ci.low, diff_high=ci.high)
+            elif len(nll) and len(pre) and row != PRELN:
+                rec["diff_preln"] = nll.mean() - pre.mean()
+            rec["trains"] = rec["seeds_train"] == rec["seeds"] and rec["finished"] == rec["seeds"]
+            out.append(rec)
+    table = pandas().DataFrame(out)
+    table["good"] = None
+    for _, idx in table[table["trains"]].groupby("corpus").groups.items():
+        fam = table.loc[idx]
+        prior = V.variance_prior(fam["nll_var"].fillna(0), fam["finished"] - 1)
+        bad, tested = V.poor(fam["nll"].to_numpy(), fam["nll_var"].to_numpy(), fam["finished"].to_numpy(),
+                             prior, margin, alpha)
+        for i, is_poor, has in zip(idx, bad, tested):
+            table.at[i, "good"] = False if is_poor else (True if has else None)
+    table.loc[~table["trains"], "good"] = False
+    return table
+
+
+# ---------------------------------------------------------------- the early diagnostics
+
+def _train_losses(path):
+    log = Path(path) / "train.log"
+    return LogState.of(log.read_text(encoding="utf-8", errors="replace")).losses if log.is_file() else []
+
+
+def run_values(path):
+    """{(feature, update): value} of one run folder at :data:`UPDATES` (and the Hessian's updates)."""
+    save_dir = Path(path) / "checkpoints"
+    values = {}
+    losses = _train_losses(path)
+    for u in UPDATES:
+        window = [loss for upd, loss in losses if u - LOSS_WINDOW < upd <= u]
+        values[("train_loss", u)] = float(np.mean(window)) if window else math.nan
+    records = {}
+    for name, metrics in ((DIAGNOSTICS_JSONL, {k for k, *_ in FEATURES.values() if k and k != "norms"}),
+                          (GRAD_NORMS_JSONL, {"norms"})):
+        if not (save_dir / name).is_file():
+            continue
+        for metric in metrics:
+            updates, series = read_jsonl(save_dir / name, max(UPDATES), metric)
+            records[metric] = {u: {g: series[g][i] for g in series} for i, u in enumerate(updates)}
+    for feature, (key, take, _) in FEATURES.items():
+        if key is None:
+            continue
+        by_update = records.get(key, {})
+        for u in (HESSIAN_UPDATES if feature == "hessian_top" else UPDATES):
+            values[(feature, u)] = float(take(by_update[u])) if u in by_update else math.nan
+    return values
+
+
+def early_values(runs):
+    """The long table of every run's diagnostic values: corpus, row, seed, trains, feature, update, value."""
+    rows = []
+    for r in runs.itertuples():
+        for (feature, u), v in run_values(r.path).items():
+            rows.append({"corpus": r.corpus, "row": r.row, "seed": r.seed, "trains": bool(r.trains),
+                         "feature": feature, "update": u, "value": v})
+    return pandas().DataFrame(rows, columns=["corpus", "row", "seed", "trains", "feature", "update", "value"])
+
+
+def best_threshold(x, fails):
+    """(errors, threshold, direction) of the one-threshold rule on ``x`` that misclassifies fewest of
+    ``fails`` (booleans): direction +1 calls a run failing when x > threshold, -1 when x < threshold;
+    the threshold halfway between neighbouring values, the first of equal rules."""
+    order = np.argsort(x, kind="stable")
+    xs, ys = x[order], fails[order].astype(int)
+    cuts = np.concatenate([[xs[0] - 1], (xs[:-1] + xs[1:]) / 2, [xs[-1] + 1]])
+    # runs at or below each cut: fails below (missed by +1), trains above (false alarms of +1)
+    below_fail = np.concatenate([[0], np.cumsum(ys)])
+    below_train = np.concatenate([[0], np.cumsum(1 - ys)])
+    err_up = below_fail + (below_train[-1] - below_train)
+    err_down = below_train + (below_fail[-1] - below_fail)
+    distinct = np.concatenate([[True], xs[1:] != xs[:-1], [True]])  # a cut between equal values is no rule
+    err_up, err_down = np.where(distinct, err_up, len(x) + 1), np.where(distinct, err_down, len(x) + 1)
+    i, j = int(np.argmin(err_up)), int(np.argmin(err_down))
+    return (int(err_up[i]), float(cuts[i]), 1) if err_up[i] <= err_down[j] else (int(err_down[j]), float(cuts[j]), -1)
+
+
+def loo_errors(x, fails):
+    """Leave-one-out: for each run, the rule of :func:`best_threshold` chosen on the others; the number of
+    held-out runs it misclassifies."""
+    wrong = 0
+    for i in range(len(x)):
+        keep = np.arange(len(x)) != i
+        _, t, d = best_threshold(x[keep], fails[keep])
+        wrong += bool((d * (x[i] - t) > 0) != fails[i])
+    return wrong
+
+
+def separation(values):
+    """Per scope (each corpus, and both), feature and update: runs, failing runs, AUC, in-sample and
+    leave-one-out errors (with its interval) and the error of always answering the more common class."""
+    from scipy.stats import binomtest, mannwhitneyu
+
+    out = []
+    scopes = [(c, values[values["corpus"] == c]) for c in values["corpus"].unique()]
+    if values["corpus"].nunique() > 1:
+        scopes.append(("both", values))
+    for scope, part in scopes:
+        for (feature, u), g in part.groupby(["feature", "update"], sort=False):
+            g = g[np.isfinite(g["value"])]
+            x, fails = g["value"].to_numpy(float), ~g["trains"].to_numpy(bool)
+            n, k = len(x), int(fails.sum())
+            rec = {"scope": scope, "feature": feature, "update": u, "runs": n, "failing": k,
+                   "base_error": min(k, n - k) / n if n else math.nan}
+            if n >= 3 and 0 < k < n:
+                auc = mannwhitneyu(x[fails], x[~fails]).statistic / (k * (n - k))
+                wrong = loo_errors(x, fails)
+                ci = binomtest(wrong, n).proportion_ci(0.95)
+                rec.update(auc=auc, insample_error=best_threshold(x, fails)[0] / n, loo_error=wrong / n,
+                           loo_low=ci.low, loo_high=ci.high)
+            out.append(rec)
+    return pandas().DataFrame(out, columns=["scope", "feature", "update", "runs", "failing", "base_error", "auc",
+                                            "insample_error", "loo_error", "loo_low", "loo_high"])
+
+
+# ---------------------------------------------------------------- Markdown
+
+def _seeds_of(runs):
+    return ", ".join(f"{CORPORA.get(c, c)}: seeds {', '.join(map(str, sorted(g['seed'].unique())))} "
+                     f"({len(g)} runs)" for c, g in runs.groupby("corpus", sort=False))
+
+
+def rows_markdown(table):
+    lines = []
+    for corpus, part in table.groupby("corpus", sort=False):
+        lines += [f"### {CORPORA.get(corpus, corpus)}", "",
+                  f"Unigram bits of the corpus: {part['unigram_bits'].iloc[0]:.3f} (trains: final NLL at most "
+                  f"{V.DEFAULT_TRAINS:g} x of it, {V.DEFAULT_TRAINS * part['unigram_bits'].iloc[0]:.2f} bits).", ""]
+        df = pandas().DataFrame({
+            "row `why-%s-...`" % corpus: [f"`{r}`" for r in part["row"]],
+            "what it tests": [ROWS.get(r, "") for r in part["row"]],
+            "trained (seeds)": [f"{a}/{b}" for a, b in zip(part["seeds_train"], part["seeds"])],
+            "final valid NLL, bits: mean [min to max]": [
+                num(m, ".3f") + (f" [{lo:.3f} to {hi:.3f}]" if f > 1 else "")
+                for m, lo, hi, f in zip(part["nll"], part["nll_min"], part["nll_max"], part["finished"])],
+            "minus Pre-LN (Welch 95 % CI)": [
+                "" if math.isnan(d) else f"{d:+.3f}" + ("" if math.isnan(lo) else f" ({lo:+.3f} to {hi:+.3f})")
+                for d, lo, hi in zip(part["diff_preln"], part["diff_low"], part["diff_high"])],
+            "tok BLEU (last epoch)": [num(b, ".1f") for b in part["bleu"]],
+            "verdict": [("good" if g else "poor" if t else "no-train") if g is not None else "NA"
+                        for g, t in zip(part["good"], part["trains"])],
+        })
+        lines += markdown_table(df) + [""]
+    return lines
+
+
+def _best(sep, scope, features=None):
+    s = sep[(sep["scope"] == scope) & sep["loo_error"].notna()]
+    if features is not None:
+        s = s[s["feature"].isin(features)]
+    return s.sort_values(["loo_error", "insample_error", "update"], kind="stable")
+
+
+def separation_markdown(sep):
+    lines = []
+    for scope in sep["scope"].unique():
+        s = sep[sep["scope"] == scope]
+        title = "both corpora" if scope == "both" else CORPORA.get(scope, scope)
+        first = s.iloc[0]
+        lines += [f"### {title}: {first['runs']} runs, {first['failing']} do not train", ""]
+        if s["loo_error"].isna().all():
+            lines += ["Every run trains, or none does: nothing to separate.", ""]
+            continue
+        df = s.assign(
+            diagnostic=[f"`{f}`" for f in s["feature"]],
+            AUC=[num(a, ".2f") for a in s["auc"]],
+            **{"error, threshold on all runs": [num(e, ".2f") for e in s["insample_error"]],
+               "error, leave-one-out (95 % CI)": [
+                   "" if math.isnan(e) else f"{e:.2f} ({lo:.2f} to {hi:.2f})"
+                   for e, lo, hi in zip(s["loo_error"], s["loo_low"], s["loo_high"])],
+               "error, always the common class": [num(b, ".2f") for b in s["base_error"]]})
+        df = df[df["loo_error"].notna()]
+        lines += markdown_table(df[["diagnostic", "update", "AUC", "error, threshold on all runs",
+                                    "error, leave-one-out (95 % CI)", "error, always the common class"]]) + [""]
+    return lines
+
+
+def _row_words(table, corpus, row):
+    r = table[(table["corpus"] == corpus) & (table["row"] == row)]
+    if r.empty:
+        return None
+    r = r.iloc[0]
+    words = f"`{row}` {r['seeds_train']}/{r['seeds']} seeds trained"
+    if not math.isnan(r["diff_preln"]):
+        words += f", {r['diff_preln']:+.2f} bit from Pre-LN"
+    return words
+
+
+def explanation_paragraphs(table, sep):
+    lines = []
+    for name, claim, rows, features in EXPLANATIONS:
+        text = [f"**{name}**: {claim}."]
+        for corpus in table["corpus"].unique():
+            said = [w for w in (_row_words(table, corpus, row) for row in rows) if w]
+            part = table[table["corpus"] == corpus].set_index("row")
+            held = [row for row in rows if row in part.index and part.at[row, "trains"]]
+            if said:
+                text.append(f"On {CORPORA.get(corpus, corpus)} it predicts that {', '.join(f'`{r}`' for r in rows)} "
+                            f"train{'s' if len(rows) == 1 else ''}: {'; '.join(said)} "
+                            f"({len(held)} of {len(said)} rows trained in every seed).")
+            best = _best(sep, corpus, features)
+            if len(best):
+                b = best.iloc[0]
+                text.append(f"Its best diagnostic there, `{b['feature']}` at update {b['update']}, separates the "
+                            f"{b['runs']} runs with leave-one-out error {b['loo_error']:.2f} "
+                            f"(always the common class: {b['base_error']:.2f}; AUC {b['auc']:.2f}).")
+        lines += [" ".join(text), ""]
+    return lines
+
+
+def markdown(runs, table, sep, code_line):
+    lines = ["# Why does Post-LN need warm-up? The explanations side by side", "",
+             "The study's rows (`fairseq_lnpos/experiments/runs.py`, `WHY_INTERVENTIONS`; docs/warmup_study.md): "
+             "the failing setting of each CPU corpus (`transformer_postln_tiny`, Adam (0.9, 0.98), lr 1e-3, no warm-up; "
+             f"{WHY_BASELINES['synthetic'].with_defaults().max_epoch} epochs on the generated corpus, "
+             f"{WHY_BASELINES['multi30k'].with_defaults().max_epoch} on Multi30k) and one intervention per row.", "",
+             f"Runs: {_seeds_of(runs)}; {code_line}. Training CPU time: {runs['train_cpu_seconds'].sum():.0f} CPU-s.", "",
+             "## Which interventions make Post-LN train", "",
+             f"A run trains when it finished and its final validation NLL is at most {V.DEFAULT_TRAINS:g} x the "
+             "corpus's unigram bits. Verdict: the maps' rule (docs/results/verdict-check) with the corpus's rows as "
+             "one family: " + V.describe().split("Good:")[0].split("Poor:")[1].strip() + " Good: every seed trained "
+             "and not poor; no-train: some seed did not train; NA: one seed, not compared.", ""]
+    lines += rows_markdown(table)
+    lines += ["## Which early diagnostic tells who will train", "",
+              "One threshold on a diagnostic's value at update u calls a run failing above it (or below it); "
+              "its error is the share of runs misclassified. 'Threshold on all runs' chooses the threshold on the "
+              "runs it is scored on (optimistic); 'leave-one-out' chooses it on the other runs for each run "
+              "(Clopper-Pearson interval); compare both with always answering the more common class. AUC: the chance "
+              "that a failing run has the larger value (Mann-Whitney). The runs of one row share their setting, so "
+              "they are not independent draws.", "",
+              "| diagnostic | what |", "|---|---|"]
+    lines += [f"| `{f}` | {d} |" for f, (_, _, d) in FEATURES.items()] + [""]
+    lines += separation_markdown(sep)
+    lines += ["## The explanations", ""] + explanation_paragraphs(table, sep)
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- figures
+
+def plot_nll(runs, table, path):
+    corpora = list(table["corpus"].unique())
+    fig, axes = panels(len(corpora), 5.5, 0.32 * max(len(ROWS), 8) + 1.2)
+    for ax, corpus in zip(axes[0], corpora):
+        part = runs[runs["corpus"] == corpus]
+        rows = [r for r in ROWS if r in set(part["row"])]
+        pos = {r: i for i, r in enumerate(reversed(rows))}
+        for trains, color, lab in ((True, "tab:blue", "trains"), (False, "tab:red", "does not train")):
+            sel = part[part["trains"] == trains]
+            ax.scatter(sel["final_valid_nll"], sel["row"].map(pos), color=color, s=18, label=lab, zorder=3)
+        uni = part["unigram_bits"].mean()
+        ax.axvline(V.DEFAULT_TRAINS * uni, color="grey", ls="--", lw=1, label=f"{V.DEFAULT_TRAINS:g} x unigram bits")
+        ax.set_yticks(list(pos.values()), list(pos.keys()))
+        ax.set_xlabel("final validation NLL (bits)")
+        ax.set_title(CORPORA.get(corpus, corpus))
+    save(fig, path, "The warm-up study: final validation NLL per seed", legend_from=axes[0][0])
+
+
+def plot_diagnostics(values, corpus, path, features=("train_loss", "update_ratio_max", "adaptive_lr_max",
+                                                      "attn_max_logit", "output_logit_norm", "grad_norm_total")):
+    part = values[(values["corpus"] == corpus) & values["feature"].isin(features)]
+    fig, axes = panels(len(features), 3.2, 3.0)
+    for ax, f in zip(axes[0], features):
+        g = part[(part["feature"] == f) & np.isfinite(part["value"])]
+        ax.set_title(f, fontsize=9)
+        if g.empty:
+            ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
+            continue
+        for trains, color, lab in ((True, "tab:blue", "trains"), (False, "tab:red", "does not train")):
+            sel = g[g["trains"] == trains]
+            jitter = {u: u * (1.06 if not trains else 0.94) for u in UPDATES}
+            ax.scatter(sel["update"].map(jitter), sel["value"], color=color, s=10, alpha=0.7, label=lab)
+        ax.set_xscale("log")
+        ax.set_xticks(list(UPDATES), [str(u) for u in UPDATES])
+        if (g["value"] > 0).all() and g["value"].max() > 20 * max(g["value"].min(), 1e-12):
+            ax.set_yscale("log")
+        ax.set_xlabel("update")
+    save(fig, path, f"Early diagnostics, {CORPORA.get(corpus, corpus)}: each run at updates "
+                    f"{', '.join(map(str, UPDATES))}", legend_from=axes[0][0])
+
+
+# ---------------------------------------------------------------- the command
+
+def _main(argv):
+    p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("out", nargs="+", help="the grid's --out folders holding the why-* runs")
+    p.add_argument("--out-dir", default="why-report", help="where to write the tables and figures (default: %(default)s)")
+    p.add_argument("--allow-mixed-code", action="store_true",
+                   help="judge runs trained by different versions of the model code")
+    p.add_argument("--publish", metavar="DIR", help="also write a results page into DIR")
+    args = p.parse_args(argv)
+    runs = load(args.out, args.allow_mixed_code)
+    code_line = check_model_code(runs, True)
+    table = row_table(runs)
+    values = early_values(runs)
+    sep = separation(values)
+    md = markdown(runs, table, sep, code_line)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "why_rows.csv", out / "why_early.csv", out / "why_separation.csv", out / "why.md",
+               out / "why_nll.png"]
+    for df, f in ((table, written[0]), (values, written[1]), (sep, written[2])):
+        write_text(f, df.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
+    write_text(written[3], md)
+    write_runs_csv(runs, out / "runs.csv")
+    plot_nll(runs, table, written[4])
+    for corpus in table["corpus"].unique():
+        written.append(out / f"why_diagnostics_{corpus}.png")
+        plot_diagnostics(values, corpus, written[-1])
+    if args.publish:
+        from .publish import publish
+
+        publish(args.publish, "Why does Post-LN need warm-up? The explanations side by side", md, runs, written,
+                argv_of(PROG, argv))
+    print(md, end="")
+    return 0
+
+
+def main(argv=None):
+    return run_main("why", _main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
