@@ -45,7 +45,6 @@ from . import verdict as V
 from .frame import COUNTED, check_model_code, pandas, runs_frame, write_runs_csv
 from .map_common import markdown_table, num, panels, save
 from .publish import argv_of
-from .seeds import spread
 from .train_curves import read_jsonl
 
 PROG = "python -m fairseq_lnpos.analysis.why"
@@ -301,8 +300,7 @@ def rows_markdown(table):
                 "" if math.isnan(d) else f"{d:+.3f}" + ("" if math.isnan(lo) else f" ({lo:+.3f} to {hi:+.3f})")
                 for d, lo, hi in zip(part["diff_preln"], part["diff_low"], part["diff_high"])],
             "tok BLEU (last epoch)": [num(b, ".1f") for b in part["bleu"]],
-            "verdict": [("good" if g else "poor" if t else "no-train") if g is not None else "NA"
-                        for g, t in zip(part["good"], part["trains"])],
+            "verdict": [_verdict(g, t) for g, t in zip(part["good"], part["trains"])],
         })
         lines += markdown_table(df) + [""]
     return lines
@@ -347,11 +345,22 @@ def _row_words(table, corpus, row):
     words = f"`{row}` {r['seeds_train']}/{r['seeds']} seeds trained"
     if not math.isnan(r["diff_preln"]):
         words += f", {r['diff_preln']:+.2f} bit from Pre-LN"
-    return words
+    return words + f" ({_verdict(r['good'], r['trains'])})"
+
+
+def _verdict(good, trains):
+    return ("good" if good else "poor" if trains else "no-train") if good is not None else "NA"
 
 
 def explanation_paragraphs(table, sep):
     lines = []
+    for scope in sep["scope"].unique():
+        loss = sep[(sep["scope"] == scope) & (sep["feature"] == "train_loss") & sep["loo_error"].notna()]
+        if len(loss):
+            where = "both corpora" if scope == "both" else CORPORA.get(scope, scope)
+            lines += [f"The plain baseline on {where}: the training loss itself separates the runs with leave-one-out "
+                      "error " + ", ".join(f"{e:.2f} at update {u}" for u, e in zip(loss["update"], loss["loo_error"]))
+                      + "; a diagnostic tells more than the loss only where it does better.", ""]
     for name, claim, rows, features in EXPLANATIONS:
         text = [f"**{name}**: {claim}."]
         for corpus in table["corpus"].unique():
@@ -381,9 +390,11 @@ def markdown(runs, table, sep, code_line):
              f"Runs: {_seeds_of(runs)}; {code_line}. Training CPU time: {runs['train_cpu_seconds'].sum():.0f} CPU-s.", "",
              "## Which interventions make Post-LN train", "",
              f"A run trains when it finished and its final validation NLL is at most {V.DEFAULT_TRAINS:g} x the "
-             "corpus's unigram bits. Verdict: the maps' rule (docs/results/verdict-check) with the corpus's rows as "
-             "one family: " + V.describe().split("Good:")[0].split("Poor:")[1].strip() + " Good: every seed trained "
-             "and not poor; no-train: some seed did not train; NA: one seed, not compared.", ""]
+             "corpus's unigram bits. Verdict: the maps' rule (fairseq_lnpos/analysis/verdict.py) with the corpus's "
+             f"rows as one family: poor = worse than another row by more than {V.DEFAULT_MARGIN:g} bit, Welch's t "
+             f"over every ordered pair, Holm-corrected at {V.DEFAULT_ALPHA:g}; good = every seed trained and not "
+             "poor; no-train: some seed did not train; NA: one seed, not compared. 'Minus Pre-LN': the row's mean "
+             "NLL minus the Pre-LN control's, Welch's 95 % interval (from two seeds in each).", ""]
     lines += rows_markdown(table)
     lines += ["## Which early diagnostic tells who will train", "",
               "One threshold on a diagnostic's value at update u calls a run failing above it (or below it); "
