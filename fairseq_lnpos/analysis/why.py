@@ -77,7 +77,7 @@ def _layer_ratio(norms, stack):
 # feature -> (the record's key, how one number is taken from it, what it is); "train_loss" reads train.log
 FEATURES = {
     "train_loss": (None, None, "training loss (label-smoothed, bits), mean of the 10 logged updates up to u"),
-    "update_ratio_max": ("update_ratio", lambda d: _max(d, LAYER.match), "largest ||dW||/||W|| of a whole layer"),
+    "update_ratio_max": ("update_ratio", lambda d: _max(d, LAYER.match), "largest ‖dW‖/‖W‖ of a whole layer (the update over the weights)"),
     "adaptive_lr_max": ("adaptive_lr_max", _max, "Adam's largest per-weight step lr/(sqrt(v_hat)+eps)"),
     "adaptive_lr_p99": ("adaptive_lr_p99", _max, "largest 99th percentile of Adam's per-weight step over sub-layers"),
     "attn_max_logit": ("attn_max_logit", _max, "largest attention logit over attention modules"),
@@ -288,7 +288,7 @@ def rows_markdown(table):
     for corpus, part in table.groupby("corpus", sort=False):
         lines += [f"### {CORPORA.get(corpus, corpus)}", "",
                   f"Unigram bits of the corpus: {part['unigram_bits'].iloc[0]:.3f} (trains: final NLL at most "
-                  f"{V.DEFAULT_TRAINS:g} x of it, {V.DEFAULT_TRAINS * part['unigram_bits'].iloc[0]:.2f} bits).", ""]
+                  f"{V.DEFAULT_TRAINS:g} x it, {V.DEFAULT_TRAINS * part['unigram_bits'].iloc[0]:.2f} bits).", ""]
         df = pandas().DataFrame({
             "row `why-%s-...`" % corpus: [f"`{r}`" for r in part["row"]],
             "what it tests": [ROWS.get(r, "") for r in part["row"]],
