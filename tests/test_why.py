@@ -132,6 +132,14 @@ def test_the_report_separates_by_the_diagnostic_that_carries_the_outcome(study, 
     assert "| `postln-clip1` | gradient clipping at norm 1.0 | 2/3 |" in md
     assert "`postln-radam` 3/3 seeds trained" in md
     assert (tmp_path / "r" / "why_diagnostics_synthetic.png").stat().st_size > 0
+    # every line of a Markdown table has its header's number of columns
+    table = []
+    for line in md.splitlines() + [""]:
+        if line.startswith("|"):
+            table.append(line.count("|"))
+        elif table:
+            assert set(table) == {table[0]}, table
+            table = []
 
 
 def test_a_folder_without_the_study_is_refused_in_one_line(tmp_path, capsys):
