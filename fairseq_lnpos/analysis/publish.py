@@ -38,24 +38,26 @@ def _machine_line(runs):
     return f"{m['cpu']}, {m['cores']} cores" + (f", {', '.join(m['gpu'])}" if m["gpu"] else "") + " (this page's)"
 
 
-def _code_line(runs):
+def _code_line(runs, page_code):
     if runs is None or not len(runs):
-        return f"page written by code {describe_code(code_version())}"
+        return f"page written by code {describe_code(page_code)}"
     codes = runs["code"].replace("", "not recorded").value_counts()
     return ("runs trained by code " + ", ".join(f"{c} ({n} runs)" for c, n in codes.items())
-            + f"; page written by code {describe_code(code_version())}")
+            + f"; page written by code {describe_code(page_code)}")
 
 
-def page_text(title, body_md, runs, command, files, when=None):
+def page_text(title, body_md, runs, command, files, when=None, page_code=None):
     """The text of ``index.md``; its machine and code lines describe the runs the study counts
-    (finished, diverged or stopped early)."""
+    (finished, diverged or stopped early); ``page_code`` is the code version of the command that
+    writes it (:func:`~fairseq_lnpos.provenance.code_version`, read now when not given)."""
+    page_code = code_version() if page_code is None else page_code
     counted = None if runs is None else runs[runs["outcome"].isin(COUNTED)]
     when = when or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = body_md.split("\n", 1)[1].lstrip("\n") if body_md.startswith("# ") else body_md
     figures = [Path(f).name for f in files if str(f).endswith(".png")]
     data = [Path(f).name for f in files if not str(f).endswith(".png")]
     head = [MARKER, f"# {title}", "", f"- Command: `{command}`", f"- Written: {when}",
-            f"- Machine: {_machine_line(counted)}", f"- Code: {_code_line(counted)}",
+            f"- Machine: {_machine_line(counted)}", f"- Code: {_code_line(counted, page_code)}",
             "- Data: " + ", ".join((["[runs.csv](runs.csv) (one row per run and seed)"] if runs is not None else [])
                                    + [f"[{d}]({d})" for d in data] or ["none beside this page"]), ""]
     return "\n".join(head + [body.rstrip(), ""] + [f"![{f}]({f})" for f in figures]) + "\n"
@@ -63,7 +65,7 @@ def page_text(title, body_md, runs, command, files, when=None):
 
 def publish(dest, title, body_md, runs, files, command, when=None):
     """Write the results page folder ``dest``; returns the path of its ``index.md``."""
-    code_version()  # read (and kept) before this page's own files change the checkout
+    page_code = code_version()  # read before this page's own files change the checkout
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     files = [Path(f) for f in files if f and Path(f).name != "runs.csv"]
@@ -72,7 +74,7 @@ def publish(dest, title, body_md, runs, files, command, when=None):
             replace_file(dest / f.name, lambda out, f=f: out.write(f.read_bytes()))
     if runs is not None:
         write_runs_csv(runs, dest / "runs.csv")
-    return write_text(dest / PAGE, page_text(title, body_md, runs, command, files, when))
+    return write_text(dest / PAGE, page_text(title, body_md, runs, command, files, when, page_code))
 
 
 def argv_of(prog, argv):
