@@ -368,6 +368,20 @@ def test_the_selected_epoch_is_chosen_on_validation_nll_not_on_the_test_set(tmp_
         row = next(csv.DictReader(f))
     assert (row["sel_epoch"], row["sel_bleu_tok"]) == ("3", "22.0")
 
+def test_the_selected_epoch_compares_one_quantity_across_the_epochs(tmp_path):
+    """An epoch that logged no NLL makes the whole run select on the smoothed loss: an NLL is about
+    1.3 bits below its smoothed loss, so mixing them would pick the epoch that has the NLL."""
+    d = write_run(tmp_path, "postln", 1e-3, 0, 1, final=3.0, bleu=20.0)  # epoch 1: NLL 3.0, loss 3.0 + SMOOTHING
+    (d / "eval" / "epoch2.json").write_text(json.dumps({
+        "epoch": 2, "num_updates": 200, "valid_loss": 2.9 + SMOOTHING, "valid_nll_loss": None, "train_loss": 4.0,
+        "bleu_tok": 21.0}))
+    assert RunDir(d).record().selected.epoch == 2
+    (d / "eval" / "epoch2.json").write_text(json.dumps({
+        "epoch": 2, "num_updates": 200, "valid_loss": 2.9 + SMOOTHING, "valid_nll_loss": 3.1, "train_loss": 4.0,
+        "bleu_tok": 21.0}))
+    assert RunDir(d).record().selected.epoch == 1
+
+
 def test_the_bleu_figure_per_architecture(tmp_path):
     for seed, (pre, post) in enumerate(((27.0, 2.0), (28.0, 0.0)), 1):
         write_run(tmp_path, "preln", 1e-3, 0, seed, final=2.0, bleu=pre)

@@ -185,12 +185,13 @@ class RunRecord:
 
     @property
     def selected(self):
-        """The scored epoch record chosen on validation: the lowest validation NLL (the label-smoothed
-        validation loss where no NLL was logged), the earliest of equals; None when none was scored."""
-        def valid(e):
-            return e.valid_nll_loss if e.valid_nll_loss is not None else e.valid_loss
-
-        return min((e for e in self.scored if valid(e) is not None), key=lambda e: (valid(e), e.epoch), default=None)
+        """The scored epoch record chosen on validation: the lowest validation NLL, the earliest of
+        equals; the label-smoothed validation loss instead, for every epoch, when some scored epoch
+        logged no NLL (one quantity is compared across a run's epochs); None when none was scored."""
+        scored = self.scored
+        key = "valid_nll_loss" if all(e.valid_nll_loss is not None for e in scored) else "valid_loss"
+        return min((e for e in scored if getattr(e, key) is not None), key=lambda e: (getattr(e, key), e.epoch),
+                   default=None)
 
     @property
     def best_valid_loss(self):
