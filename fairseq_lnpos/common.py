@@ -27,6 +27,7 @@ from .errors import LnposError, StateError
 
 USER_DIR = Path(__file__).resolve().parent
 GRAD_NORMS_JSONL = "grad_norms.jsonl"  # --task translation_lnpos --log-grad-norms writes it into --save-dir
+DIAGNOSTICS_JSONL = "diagnostics.jsonl"  # --task translation_lnpos --log-diagnostics writes it into --save-dir
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 

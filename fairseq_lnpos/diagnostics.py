@@ -55,7 +55,6 @@ from .common import open_log
 from .errors import check
 from .gradnorm import LAYER_GROUP, GradNormPlan, finite_or_none, groups_of
 
-DIAGNOSTICS_JSONL = "diagnostics.jsonl"
 TAG_PREFIX = "diag/"
 PERCENTILES = (("median", 0.5), ("p99", 0.99))
 QUANTILE_SAMPLE = 1024  # weights per tensor the percentiles are taken from (the maximum uses all)

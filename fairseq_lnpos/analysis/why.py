@@ -36,8 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cli import CommandParser
-from ..common import GRAD_NORMS_JSONL, write_text
-from ..diagnostics import DIAGNOSTICS_JSONL
+from ..common import DIAGNOSTICS_JSONL, GRAD_NORMS_JSONL, write_text
 from ..errors import LnposError, run_main
 from ..experiments.runs import WHY_BASELINES, WHY_INTERVENTIONS
 from ..fairseq_log import LogState

@@ -47,10 +47,10 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
 from fairseq_lnpos.checkpoint import guard_checkpoint_loading, guard_state_loading
-from fairseq_lnpos.common import GRAD_NORMS_JSONL, open_log
+from fairseq_lnpos.common import DIAGNOSTICS_JSONL, GRAD_NORMS_JSONL, open_log
 from fairseq_lnpos.data.bindir import check_data_dir
 from fairseq_lnpos.data.download import DataError
-from fairseq_lnpos.diagnostics import DIAGNOSTICS_JSONL, Diagnostics, parse_updates
+from fairseq_lnpos.diagnostics import Diagnostics, parse_updates
 from fairseq_lnpos.errors import LnposError, check
 from fairseq_lnpos.gradnorm import LAYER_GROUP, GradNormPlan, finite_or_none
 from fairseq_lnpos.models.variant import without_fused_inference
