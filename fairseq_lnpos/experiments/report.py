@@ -15,6 +15,7 @@ A results.md or results.csv this command did not write (results.md without its f
 import sys
 from pathlib import Path
 
+from ..analysis.frame import pandas, runs_frame, scores, write_runs_csv
 from ..analysis.map_common import markdown_table, missing, pyplot
 from ..analysis.seeds import ESTIMATOR, Spread, over_seeds as seeds_over_seeds
 from ..cli import CommandParser
@@ -51,8 +52,14 @@ NOTE = ("tok BLEU: fairseq's BLEU scorer on the data's Moses tokens (lowercased 
         "paper column is always compared with the plain tok BLEU.")
 
 
+RUN_FIELDS = ("optimizer", "lr", "warmup", "schedule", "paper_bleu", "paper_valid_loss", "paper_note", "figure", "ln",
+              "max_epoch", "source", "dataset")  # the fields of its run (runs.Run) a row carries
+
+
 def collect(run_dirs):
-    """One dict per run folder of ``run_dirs`` (from :class:`~.rundir.RunRecord`), in the order of the run table.
+    """One dict per run folder of ``run_dirs`` (from :class:`~.rundir.RunRecord`), in the order of the run table:
+    the run's fields (:data:`RUN_FIELDS`), its scored epochs (:func:`~fairseq_lnpos.analysis.frame.scores`),
+    ``curve`` (its epoch records) and ``record``.
 
     A row's ``status`` is its outcome in words (the column users see), ``outcome`` the
     :class:`~.records.Outcome`'s value. A run folder with a file that cannot be read gives a row with
@@ -61,7 +68,10 @@ def collect(run_dirs):
     rows = []
     for rd in run_dirs:
         try:
-            row = _row(rd.record())
+            rec = rd.record()
+            row = {"run": rec.run.name, "arch": rec.config["arch"], "seed": rec.seed, "status": rec.outcome_text,
+                   "outcome": rec.outcome.value, "curve": rec.evals, "epochs": len(rec.evals), "record": rec,
+                   **{k: getattr(rec.run, k) for k in RUN_FIELDS}, **scores(rec)}
         except StateError as e:
             row = {"run": rd.path.parent.name, "seed": rd.path.name[4:], "status": f"unreadable: {e}",
                    "outcome": "unreadable", "unreadable": str(e), "curve": [], "epochs": 0, "figure": "misc"}
@@ -70,37 +80,9 @@ def collect(run_dirs):
     return rows
 
 
-def _row(rec):
-    run = rec.run
-    row = {"run": run.name, "arch": rec.config["arch"], "optimizer": run.optimizer, "lr": run.lr,
-           "warmup": run.warmup, "schedule": run.schedule, "seed": rec.seed, "status": rec.outcome_text,
-           "outcome": rec.outcome.value, "paper_bleu": run.paper_bleu, "paper_valid_loss": run.paper_valid_loss,
-           "paper_note": run.paper_note, "figure": run.figure,
-           "ln": run.ln, "max_epoch": run.max_epoch, "curve": rec.evals, "epochs": len(rec.evals),
-           "source": run.source, "dataset": run.dataset, "record": rec}
-    avg = rec.average
-    if avg is not None:
-        row.update(avg_bleu_tok=avg.bleu_tok, avg_sacrebleu=avg.sacrebleu,
-                   avg_epochs=f"{avg.epochs[0]}-{avg.epochs[-1]}", avg_bleu_tok_cs=avg.bleu_tok_cs)
-    best, scored = rec.best, rec.scored
-    if best is not None:
-        row.update(best_bleu_tok=best.bleu_tok, best_epoch=best.epoch,
-                   last_bleu_tok=scored[-1].bleu_tok, last_epoch=scored[-1].epoch,
-                   sacrebleu=best.sacrebleu, last_sacrebleu=scored[-1].sacrebleu,
-                   signature=best.sacrebleu_signature, best_bleu_tok_cs=best.bleu_tok_cs)
-    sel = rec.selected
-    if sel is not None:
-        row.update(sel_bleu_tok=sel.bleu_tok, sel_epoch=sel.epoch, sel_sacrebleu=sel.sacrebleu,
-                   sel_valid_nll=sel.valid_nll_loss)
-    row["best_valid_loss"] = rec.best_valid_loss
-    return row
-
-
 def table(rows, columns):
     """``rows`` (dicts, a key missing: empty) as a DataFrame of ``columns`` holding the values themselves."""
-    import pandas as pd
-
-    return pd.DataFrame([[r.get(k) for k in columns] for r in rows], columns=columns, dtype=object)
+    return pandas().DataFrame(rows, columns=columns, dtype=object)
 
 
 def _text(col, f=lambda v: f"{v:.2f}" if isinstance(v, float) else str(v)):
@@ -246,8 +228,6 @@ def make_table(out_dir, with_figures=True, skip_unreadable=False):
     write_text(out / "results_by_run.csv", over_seeds(rows).to_csv(index=False, lineterminator="\n"))
     bad = [r for r in rows if r.get("unreadable")]
     if not bad:  # the per-seed table of every run (analysis/frame.py), as a results page publishes it
-        from ..analysis.frame import runs_frame, write_runs_csv
-
         written.append(write_runs_csv(runs_frame(out), out / "runs.csv"))
     if with_figures:
         written += figures([r for r in rows if not r.get("unreadable")], out)
