@@ -151,6 +151,8 @@ LINESTYLES = {"none": "-", "500": "--", "4000": ":"}
 
 
 def figures(rows, out_dir):
+    """fig_<figure>.png per figure group of the rows with a curve (and fig_all.png for several): test BLEU
+    and validation loss per epoch, a column per optimizer; returns the paths written."""
     plt = pyplot()
     written = []
     groups = sorted({r["figure"] for r in rows})
@@ -160,37 +162,34 @@ def figures(rows, out_dir):
             continue
         opts = sorted({r["optimizer"] for r in group})
         fig, axes = plt.subplots(2, len(opts), figsize=(5 * len(opts) + 4, 7.5), squeeze=False)
-        markers = {}
+        markers, seeds = {}, sorted({int(r["seed"]) for r in group})
         for r in group:  # colour: the variant; line style: the warm-up; marker: the learning rate
-            color = variant_color(r["ln"])
-            marker = markers.setdefault(r["lr"], ".ov^sD"[len(markers) % 6])
             warm = R.warmup_label(r["warmup"])
-            col = opts.index(r["optimizer"])
-            label = f"{VARIANTS[r['ln']].label} lr {r['lr']:g} warm-up {warm}" + (
-                f" {r['schedule']}" if r["schedule"] != "inverse_sqrt" else "") + (
-                f" seed {r['seed']}" if len({x['seed'] for x in group}) > 1 else "")
-            ep = [e.epoch for e in r["curve"]]
-            style = dict(color=color, linestyle=LINESTYLES.get(warm, "-."), marker=marker, label=label)
-            axes[0][col].plot(ep, [e.bleu_tok for e in r["curve"]], **style)
-            axes[1][col].plot(ep, [e.valid_loss for e in r["curve"]], **style)
+            label = (f"{VARIANTS[r['ln']].label} lr {r['lr']:g} warm-up {warm}"
+                     + (f" {r['schedule']}" if r["schedule"] != "inverse_sqrt" else "")
+                     + (f" seed {r['seed']}" if len(seeds) > 1 else ""))
+            style = dict(color=variant_color(r["ln"]), linestyle=LINESTYLES.get(warm, "-."), label=label,
+                         marker=markers.setdefault(r["lr"], ".ov^sD"[len(markers) % 6]))
+            for row, key in enumerate(("bleu_tok", "valid_loss")):
+                axes[row][opts.index(r["optimizer"])].plot([e.epoch for e in r["curve"]],
+                                                           [getattr(e, key) for e in r["curve"]], **style)
         names = arch_names()  # on what: the corpora, the model sizes and the seeds
         on = (f"data {', '.join(sorted({r['dataset'] for r in group}))}; size "
               f"{', '.join(sorted({names.get(r['arch'], (None, r['arch']))[1] for r in group}))}; "
-              f"seeds {', '.join(map(str, sorted({int(r['seed']) for r in group})))}")
+              f"seeds {', '.join(map(str, seeds))}")
         for col, opt in enumerate(opts):
-            axes[0][col].set_title(f"{fig_name}: test BLEU per LayerNorm placement, {opt}\n{on}", fontsize=FONT + 1)
-            axes[1][col].set_title(f"{fig_name}: validation loss per LayerNorm placement, {opt}\n{on}", fontsize=FONT + 1)
-            axes[0][col].set_ylabel(f"test {TOK_LABEL}", fontsize=FONT)
-            axes[1][col].set_ylabel("validation loss (bits per token)", fontsize=FONT)
-            for row in (0, 1):
-                axes[row][col].set_xlabel("epoch", fontsize=FONT)
-                integer_ticks(axes[row][col].xaxis)
-                axes[row][col].grid(alpha=0.3)
+            for row, (what, ylabel) in enumerate((("test BLEU", f"test {TOK_LABEL}"),
+                                                  ("validation loss", "validation loss (bits per token)"))):
+                ax = axes[row][col]
+                ax.set_title(f"{fig_name}: {what} per LayerNorm placement, {opt}\n{on}", fontsize=FONT + 1)
+                ax.set_ylabel(ylabel, fontsize=FONT)
+                ax.set_xlabel("epoch", fontsize=FONT)
+                integer_ticks(ax.xaxis)
+                ax.grid(alpha=0.3)
         fig.subplots_adjust(left=0.08, bottom=0.08, top=0.93, hspace=0.4, wspace=0.25)
         legend_right(fig, axes.flat, 1 - 3.8 / fig.get_figwidth())
-        path = write_figure(fig, Path(out_dir) / f"fig_{plain_name(fig_name, 'figure')}.png", dpi=100)
+        written.append(write_figure(fig, Path(out_dir) / f"fig_{plain_name(fig_name, 'figure')}.png", dpi=100))
         plt.close(fig)
-        written.append(path)
     return written
 
 
