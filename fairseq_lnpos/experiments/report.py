@@ -90,12 +90,6 @@ def _text(col, f=lambda v: f"{v:.2f}" if isinstance(v, float) else str(v)):
     return col.map(lambda v: "" if missing(v) else f(v))
 
 
-def write_csv(rows, path):
-    t = table(rows, CSV_COLUMNS)
-    t["lr"] = _text(t["lr"], lambda v: f"{v:g}")
-    write_text(path, t.to_csv(index=False, lineterminator="\n"))
-
-
 def over_seeds(rows):
     """The readable rows over seeds: a DataFrame with a row per run and metric (:data:`SEED_COLUMNS`,
     :func:`~fairseq_lnpos.analysis.seeds.over_seeds`)."""
@@ -221,10 +215,11 @@ def make_table(out_dir, with_figures=True, skip_unreadable=False):
     for path, first in ((out / "results.md", MD_MARKER), (out / "results.csv", ",".join(CSV_COLUMNS)),
                         (out / "results_by_run.csv", ",".join(SEED_COLUMNS))):
         _check_ours(path, first)
-    md = markdown(rows)
-    written = [write_text(out / "results.md", md), out / "results.csv", out / "results_by_run.csv"]
-    write_csv(rows, out / "results.csv")
-    write_text(out / "results_by_run.csv", over_seeds(rows).to_csv(index=False, lineterminator="\n"))
+    md, t = markdown(rows), table(rows, CSV_COLUMNS)
+    written = [write_text(out / "results.md", md),
+               write_text(out / "results.csv", t.assign(lr=_text(t["lr"], lambda v: f"{v:g}")).to_csv(
+                   index=False, lineterminator="\n")),
+               write_text(out / "results_by_run.csv", over_seeds(rows).to_csv(index=False, lineterminator="\n"))]
     bad = [r for r in rows if r.get("unreadable")]
     if not bad:  # the per-seed table of every run (analysis/frame.py), as a results page publishes it
         written.append(write_runs_csv(runs_frame(out), out / "runs.csv"))
