@@ -24,7 +24,7 @@ from ..common import FONT, GRAD_NORMS_JSONL, write_text
 from ..errors import StateError
 from ..experiments.runs import warmup_label
 from ..variants import variant_color
-from .map_common import frame_of, label, lost, missing, nll_text, panels, pivot, save
+from .map_common import axis, frame_of, label, lost, missing, nll_text, panels, pivot, save
 from .train_curves import read_jsonl
 
 GRAD_UPDATES = 10  # "the first updates": the ratio is summed over updates 1 .. GRAD_UPDATES
@@ -179,13 +179,7 @@ def plot(cells, path):
             bars = ok[ok["finished"] > 1]
             ax.errorbar(bars["layers"], bars["nll"], yerr=[bars["nll"] - bars["nll_min"], bars["nll_max"] - bars["nll"]],
                         fmt="none", color=color, capsize=2, lw=1)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(depths)
-        ax.set_xticklabels([str(d) for d in depths], fontsize=FONT)
-        ax.minorticks_off()
-        ax.set_xlabel("layers (encoder = decoder)", fontsize=FONT)
-        ax.set_title(f"warm-up {warmup_label(w)}, lr {lr:g}", fontsize=FONT)
-        ax.grid(alpha=0.3)
+        axis(ax, f"warm-up {warmup_label(w)}, lr {lr:g}", "layers (encoder = decoder)", depths, base=2)
     axes[0][0].set_ylabel("final validation NLL (bits per token)", fontsize=FONT)
     save(fig, path, "Final validation NLL against depth, per architecture: filled = good at its depth, hollow = not "
                     "good,\nx = diverged or stopped (at the unigram bits); bars = the seeds' min-max",

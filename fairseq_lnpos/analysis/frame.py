@@ -72,6 +72,26 @@ def _num(v):
     return math.nan if v is None else float(v)
 
 
+def scores(rec):
+    """The scored epochs of a run (a :class:`~fairseq_lnpos.experiments.rundir.RunRecord`) by the names of
+    results.csv: the best on the test set (``sacrebleu`` its sacreBLEU), the last, the one selected on
+    validation (``sel_``) and the average of the last checkpoints (``avg_``); a key is absent where the run
+    has no such epoch."""
+    best, scored, sel, avg = rec.best, rec.scored, rec.selected, rec.average
+    out = {"best_valid_loss": rec.best_valid_loss}
+    if best is not None:
+        out.update(best_bleu_tok=best.bleu_tok, best_epoch=best.epoch, sacrebleu=best.sacrebleu,
+                   signature=best.sacrebleu_signature, best_bleu_tok_cs=best.bleu_tok_cs,
+                   last_bleu_tok=scored[-1].bleu_tok, last_epoch=scored[-1].epoch, last_sacrebleu=scored[-1].sacrebleu)
+    if sel is not None:
+        out.update(sel_bleu_tok=sel.bleu_tok, sel_epoch=sel.epoch, sel_sacrebleu=sel.sacrebleu,
+                   sel_valid_nll=sel.valid_nll_loss)
+    if avg is not None:
+        out.update(avg_bleu_tok=avg.bleu_tok, avg_sacrebleu=avg.sacrebleu, avg_epochs=f"{avg.epochs[0]}-{avg.epochs[-1]}",
+                   avg_bleu_tok_cs=avg.bleu_tok_cs)
+    return out
+
+
 def run_row(rec):
     """The row of one run (a :class:`~fairseq_lnpos.experiments.rundir.RunRecord`)."""
     run, done, cfg = rec.run, rec.done, rec.config
@@ -83,7 +103,7 @@ def run_row(rec):
     prov = (done.provenance if done is not None else None) or {}
     uni = done.unigram_bits if done is not None and done.unigram_bits is not None else (
         unigram_bits(str(Path(cfg["data"]).resolve())) if cfg.get("data") else None)
-    scored = rec.scored
+    got = scores(rec)
     row = {
         "run": run.name, "variant": run.ln, "arch": cfg["arch"], "layers": run.layers or DEFAULT_LAYERS,
         "warmup": warmup_updates(run.warmup or 0), "lr": float(run.lr), "seed": rec.seed,
@@ -94,9 +114,8 @@ def run_row(rec):
         "final_valid_loss": _num(rec.final_valid_loss if done is not None and done.outcome is not Outcome.FAILED
                                  else None),
         "final_valid_nll": _num(nll), "unigram_bits": _num(uni),
-        "bleu_tok": _num(scored[-1].bleu_tok if scored else None),
-        "sacrebleu": _num(scored[-1].sacrebleu if scored else None),
-        "best_bleu_tok": _num(rec.best.bleu_tok if rec.best else None),
+        "bleu_tok": _num(got.get("last_bleu_tok")), "sacrebleu": _num(got.get("last_sacrebleu")),
+        "best_bleu_tok": _num(got.get("best_bleu_tok")),
         "train_seconds": _num(done and done.train_seconds), "train_cpu_seconds": _num(done and done.train_cpu_seconds),
         "peak_rss_mb": _num(done and done.peak_rss_mb), "cuda_peak_mb": _num(done and done.cuda_peak_mb),
         "code": describe_code(prov.get("code")) if prov else "", "model_code": prov.get("model_code", ""),

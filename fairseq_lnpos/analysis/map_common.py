@@ -83,6 +83,18 @@ def panels(n, width, height, **kw):
     return pyplot().subplots(1, n, squeeze=False, figsize=(width * n + 2, height), **kw)
 
 
+def axis(ax, title, xlabel, log_ticks=None, base=10):
+    """A panel's title, x label and grid; with ``log_ticks`` a log x axis (``base``) marked at those values."""
+    if log_ticks is not None:
+        ax.set_xscale("log", base=base)
+        ax.set_xticks(log_ticks)
+        ax.set_xticklabels([f"{t:g}" for t in log_ticks], fontsize=FONT)
+        ax.minorticks_off()
+    ax.set_xlabel(xlabel, fontsize=FONT)
+    ax.set_title(title, fontsize=FONT)
+    ax.grid(alpha=0.3)
+
+
 LEGEND_INCHES = 2.0  # the width a legend right of the axes takes
 
 

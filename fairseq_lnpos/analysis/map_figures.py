@@ -9,7 +9,7 @@ import numpy as np
 from ..common import FONT
 from ..experiments.runs import warmup_label
 from ..variants import variant_color
-from .map_common import RANK, frame_of, label, missing, num, ordered, panels, pyplot, save
+from .map_common import RANK, axis, frame_of, label, missing, num, ordered, panels, pyplot, save
 
 VERDICT_MARK = {"good": "G", "poor": "p", "no-train": "-", "NA": "·"}
 KEY = ("The mark: G good against its architecture's cells (white frame), + also against every cell at that "
@@ -164,14 +164,8 @@ def plot_loss_vs_lr(cells, path):
             ax.errorbar(line["lr"], line["nll"], yerr=[line["nll"] - line["nll_min"].fillna(line["nll"]),
                                                        line["nll_max"].fillna(line["nll"]) - line["nll"]],
                         marker="o", ms=3, capsize=2, lw=1, color=variant_color(v), label=label(v))
-        ax.set_xscale("log")
-        lrs = sorted(panel["lr"].unique())
-        ax.set_xticks(lrs)
-        ax.set_xticklabels([f"{lr:g}" for lr in lrs], fontsize=FONT)
-        ax.minorticks_off()
-        ax.set_xlabel("learning rate (peak, log scale)", fontsize=FONT)
-        ax.set_title(f"{layers} layers, warm-up {warmup_label(warmup)}", fontsize=FONT)
-        ax.grid(alpha=0.3)
+        axis(ax, f"{layers} layers, warm-up {warmup_label(warmup)}", "learning rate (peak, log scale)",
+             sorted(panel["lr"].unique()))
     axes[0][0].set_ylabel("final validation NLL (bits per token)", fontsize=FONT)
     save(fig, path, "Final validation NLL against the learning rate, per architecture: mean over the seeds that "
                     "finished, bars = min-max over the seeds", legend_from=axes.flat)
@@ -189,11 +183,9 @@ def plot_sensitivity(sens, path):
     for ax, (w, panel) in zip(axes[0], by_panel):
         for v, line in panel.groupby("variant", sort=False):
             ax.plot(line["layers"], line["bits"], marker="o", color=variant_color(v), label=label(v))
-        ax.set_title(f"warm-up {warmup_label(w)}", fontsize=FONT)
+        axis(ax, f"warm-up {warmup_label(w)}", "layers (encoder = decoder)")
         ax.set_xticks(sorted(panel["layers"].unique()))
         ax.set_ylim(bottom=0)
-        ax.set_xlabel("layers (encoder = decoder)", fontsize=FONT)
         ax.set_ylabel("LR sensitivity (bits per token)", fontsize=FONT)
-        ax.grid(alpha=0.3)
     save(fig, path, "Learning-rate sensitivity against depth, per architecture", legend_from=axes.flat)
     return path

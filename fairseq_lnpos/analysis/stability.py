@@ -30,7 +30,7 @@ from ..experiments.runs import warmup_label
 from ..variants import VARIANTS
 from . import depth, verdict as V
 from .frame import COUNTED, check_model_code, check_one_experiment, read_runs_csv, runs_frame, write_runs_csv
-from .map_common import lost, nll_text, num, pivot
+from .map_common import lost, nll_text, num, ordered, pivot
 from .map_figures import cell_mark
 from .publish import argv_of
 
@@ -42,32 +42,29 @@ SENSITIVITY = ("LR sensitivity (after Wortsman et al. 2023, \"Small-scale proxie
                "of the grid reached the best.")
 
 
+# how a cell sums up its seeds' runs, in the order of cells.csv (after ``seeds``, before the finished seeds' NLL)
+OVER_SEEDS = {"diverged": "sum", "stopped": "sum", "finished": "sum", "seeds_train": "sum", "unigram_bits": "mean",
+              "initial_loss": "mean", "grad_ratio_encoder": "mean", "grad_ratio_decoder": "mean", "peak_rss_mb": "max",
+              "cuda_peak_mb": "max", "train_seconds": "mean", "train_cpu_seconds": "sum"}
+
+
 def order(frame):
     """``frame`` sorted: architectures in the registry's order, then depth, warm-up, learning rate."""
-    rank = {v: i for i, v in enumerate(VARIANTS)}
-    return frame.assign(_r=frame["variant"].map(rank)).sort_values(["_r", "layers", "warmup", "lr"]).drop(
-        columns="_r").reset_index(drop=True)
+    return ordered(frame, *KEYS).reset_index(drop=True)
 
 
 def make_cells(runs, trains=V.DEFAULT_TRAINS, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
     """The cells of the runs that finished, diverged or were stopped early (a DataFrame, one row per
     cell) with their seeds' statistics and verdicts (:mod:`.verdict`)."""
-    counted = runs[runs["outcome"].isin(COUNTED)].copy()
-    counted["finished"] = counted["outcome"] == "finished"
-    counted["seed_trains"] = counted["finished"] & (counted["nll_ratio"] <= trains)
-    fin = counted[counted["finished"]]
-    g = counted.groupby(KEYS)
-    cells = g.agg(seeds=("seed", "size"), diverged=("outcome", lambda s: int((s == "diverged").sum())),
-                  stopped=("outcome", lambda s: int((s == "stopped early").sum())),
-                  finished=("finished", "sum"), seeds_train=("seed_trains", "sum"),
-                  unigram_bits=("unigram_bits", "mean"), initial_loss=("initial_loss", "mean"),
-                  grad_ratio_encoder=("grad_ratio_encoder", "mean"), grad_ratio_decoder=("grad_ratio_decoder", "mean"),
-                  peak_rss_mb=("peak_rss_mb", "max"), cuda_peak_mb=("cuda_peak_mb", "max"),
-                  train_seconds=("train_seconds", "mean"), train_cpu_seconds=("train_cpu_seconds", "sum"))
-    stats = fin.groupby(KEYS).agg(nll=("final_valid_nll", "mean"), nll_var=("final_valid_nll", "var"),
-                                  nll_min=("final_valid_nll", "min"), nll_max=("final_valid_nll", "max"),
-                                  loss=("final_valid_loss", "mean"), bleu=("bleu_tok", "mean"),
-                                  bleu_min=("bleu_tok", "min"), bleu_max=("bleu_tok", "max"))
+    counted = runs[runs["outcome"].isin(COUNTED)]
+    counted = counted.assign(diverged=counted["outcome"] == "diverged", stopped=counted["outcome"] == "stopped early",
+                             finished=counted["outcome"] == "finished")
+    counted = counted.assign(seeds_train=counted["finished"] & (counted["nll_ratio"] <= trains))
+    cells = counted.groupby(KEYS).agg(seeds=("seed", "size"), **{c: (c, f) for c, f in OVER_SEEDS.items()})
+    stats = counted[counted["finished"]].groupby(KEYS).agg(
+        nll=("final_valid_nll", "mean"), nll_var=("final_valid_nll", "var"), nll_min=("final_valid_nll", "min"),
+        nll_max=("final_valid_nll", "max"), loss=("final_valid_loss", "mean"), bleu=("bleu_tok", "mean"),
+        bleu_min=("bleu_tok", "min"), bleu_max=("bleu_tok", "max"))
     cells = cells.join(stats).reset_index()
     cells["nll_sd"] = cells["nll_var"] ** 0.5
     cells["trains"] = (cells["finished"] == cells["seeds"]) & (cells["nll"] <= trains * cells["unigram_bits"])
@@ -149,11 +146,9 @@ def overview_table(cells):
 
 def largest_lr(cells, column):
     """{(variant, layers, warmup): the largest learning rate whose cell has ``column`` true, or None}."""
-    out = {}
-    for key, g in cells.groupby(["variant", "layers", "warmup"], sort=False):
-        ok = g[g[column] == True]  # noqa: E712  (None: unknown, not true)
-        out[key] = float(ok["lr"].max()) if len(ok) else None
-    return out
+    ok = cells["lr"].where(cells[column] == True)  # noqa: E712  (None: unknown, not true)
+    best = ok.groupby([cells[k] for k in KEYS[:3]], sort=False).max()
+    return {k: None if math.isnan(v) else float(v) for k, v in best.items()}
 
 
 def _arch_table(values, fmt, cells):
@@ -206,12 +201,13 @@ def markdown(title, runs, cells, rules, code_line):
     lines += ["## Largest good learning rate per warm-up", "",
               "The largest learning rate whose cell is good against its own architecture's cells at that depth; "
               "'-': none; beside it the architecture's best NLL and the best of any architecture at that depth.", ""]
-    lines += _arch_table(largest_lr(cells, "good_own"), lambda lr: "-" if lr is None else f"{lr:g}", cells)
+    lr_text = lambda lr: "-" if lr is None else f"{lr:g}"  # noqa: E731
+    lines += _arch_table(largest_lr(cells, "good_own"), lr_text, cells)
     lines += ["", "## Largest learning rate that trains, per warm-up", ""]
-    lines += _arch_table(largest_lr(cells, "trains"), lambda lr: "-" if lr is None else f"{lr:g}", cells)
+    lines += _arch_table(largest_lr(cells, "trains"), lr_text, cells)
     lines += ["", "## LR sensitivity (bits)", "", SENSITIVITY, ""]
     lines += _arch_table(lr_sensitivity(runs), lambda s: f"{s:.3f}", cells)
-    lines += depth.markdown(rows(cells))
+    lines += depth.markdown(cells)
     left = runs[~runs["outcome"].isin(COUNTED)]
     if len(left):
         lines += ["", "## Not counted", ""] + [f"- {r.outcome}: {r.path}" for r in left.itertuples()]
@@ -228,18 +224,14 @@ def write_map(out, runs, cells, md, figures=True):
     written = [write_runs_csv(runs, out / "runs.csv"),
                write_text(out / "cells.csv", cells.to_csv(index=False, float_format="%.6g", lineterminator="\n")),
                write_text(out / "stability.md", md)]
-    objs = rows(cells)
-    if len(cells) and depth.along_depth(objs):
-        written.append(depth.write_csv(objs, out / "largest_depth.csv"))
+    deep, sens = depth.along_depth(cells), lr_sensitivity(runs)
+    if deep:
+        written.append(depth.write_csv(cells, out / "largest_depth.csv"))
     if len(cells) and figures:
-        written += [plot_overview(objs, out / "stability_overview.png"), plot_heatmaps(objs, out / "stability_heatmaps.png"),
-                    plot_loss_vs_lr(objs, out / "loss_vs_lr.png")]
-        written.append(plot_bleu(objs, out / "bleu.png"))
-        sens = lr_sensitivity(runs)
-        if sens:
-            written.append(plot_sensitivity(sens, out / "sensitivity_vs_depth.png"))
-        if depth.along_depth(objs):
-            written.append(depth.plot(objs, out / "depth_loss.png"))
+        written += [plot_overview(cells, out / "stability_overview.png"),
+                    plot_heatmaps(cells, out / "stability_heatmaps.png"), plot_loss_vs_lr(cells, out / "loss_vs_lr.png"),
+                    plot_bleu(cells, out / "bleu.png"), sens and plot_sensitivity(sens, out / "sensitivity_vs_depth.png"),
+                    deep and depth.plot(cells, out / "depth_loss.png")]
     return [p for p in written if p]
 
 

@@ -33,8 +33,12 @@ which would add a constant of about 1.3 bits to every cell). A cell is one confi
 - **seeds disagree**: some seeds of a cell train on their own and some do not.
 """
 import math
+import sys
 
 import numpy as np
+
+from ..cli import CommandParser
+from ..errors import LnposError, run_main
 
 # "trains": the final NLL at most this fraction of the unigram bits. On the demo's per-seed data
 # (docs/results/demo/runs.csv: unigram bits 6.26) the runs that learn end at 0.02-0.14 of it and
@@ -197,18 +201,12 @@ def check_table(sims=4000, spreads=(0.0, 0.5, 1.0)):
 
 
 def _main(argv):
-    import sys
-
-    from ..cli import CommandParser
-
     p = CommandParser(prog="python -m fairseq_lnpos.analysis.verdict",
                       description="The verdict's false 'poor' rate, simulated on identical cells.")
     p.add_argument("--sims", type=int, default=4000, help="maps simulated per shape (default: %(default)s)")
     p.add_argument("--publish", metavar="DIR", help="also write the table as a results page into DIR")
     args = p.parse_args(argv)
     if args.sims < 100:
-        from ..errors import LnposError
-
         raise LnposError(f"--sims {args.sims}: give at least 100")
     md = "\n".join(["# The verdict's error rate, simulated", "",
                      f"Identical cells (the same mean), each cell's standard deviation 0.1 bit times exp(spread x N(0, 1)); "
@@ -216,8 +214,7 @@ def _main(argv):
                      "some cell is called poor (at most alpha is the claim).", ""] + check_table(args.sims)) + "\n"
     print(md, end="")
     if args.publish:
-        from .publish import publish
-        from .publish import argv_of
+        from .publish import argv_of, publish
 
         publish(args.publish, "The verdict's error rate, simulated", md, None, [],
                 argv_of("python -m fairseq_lnpos.analysis.verdict", argv))
@@ -225,12 +222,8 @@ def _main(argv):
 
 
 def main(argv=None):
-    from ..errors import run_main
-
     return run_main("verdict", _main, argv)
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main())

@@ -15,6 +15,7 @@ A results.md or results.csv this command did not write (results.md without its f
 import sys
 from pathlib import Path
 
+from ..analysis.frame import pandas, runs_frame, scores, write_runs_csv
 from ..analysis.map_common import markdown_table, missing, pyplot
 from ..analysis.seeds import ESTIMATOR, Spread, over_seeds as seeds_over_seeds
 from ..cli import CommandParser
@@ -51,8 +52,14 @@ NOTE = ("tok BLEU: fairseq's BLEU scorer on the data's Moses tokens (lowercased 
         "paper column is always compared with the plain tok BLEU.")
 
 
+RUN_FIELDS = ("optimizer", "lr", "warmup", "schedule", "paper_bleu", "paper_valid_loss", "paper_note", "figure", "ln",
+              "max_epoch", "source", "dataset")  # the fields of its run (runs.Run) a row carries
+
+
 def collect(run_dirs):
-    """One dict per run folder of ``run_dirs`` (from :class:`~.rundir.RunRecord`), in the order of the run table.
+    """One dict per run folder of ``run_dirs`` (from :class:`~.rundir.RunRecord`), in the order of the run table:
+    the run's fields (:data:`RUN_FIELDS`), its scored epochs (:func:`~fairseq_lnpos.analysis.frame.scores`),
+    ``curve`` (its epoch records) and ``record``.
 
     A row's ``status`` is its outcome in words (the column users see), ``outcome`` the
     :class:`~.records.Outcome`'s value. A run folder with a file that cannot be read gives a row with
@@ -61,7 +68,10 @@ def collect(run_dirs):
     rows = []
     for rd in run_dirs:
         try:
-            row = _row(rd.record())
+            rec = rd.record()
+            row = {"run": rec.run.name, "arch": rec.config["arch"], "seed": rec.seed, "status": rec.outcome_text,
+                   "outcome": rec.outcome.value, "curve": rec.evals, "epochs": len(rec.evals), "record": rec,
+                   **{k: getattr(rec.run, k) for k in RUN_FIELDS}, **scores(rec)}
         except StateError as e:
             row = {"run": rd.path.parent.name, "seed": rd.path.name[4:], "status": f"unreadable: {e}",
                    "outcome": "unreadable", "unreadable": str(e), "curve": [], "epochs": 0, "figure": "misc"}
@@ -70,48 +80,14 @@ def collect(run_dirs):
     return rows
 
 
-def _row(rec):
-    run = rec.run
-    row = {"run": run.name, "arch": rec.config["arch"], "optimizer": run.optimizer, "lr": run.lr,
-           "warmup": run.warmup, "schedule": run.schedule, "seed": rec.seed, "status": rec.outcome_text,
-           "outcome": rec.outcome.value, "paper_bleu": run.paper_bleu, "paper_valid_loss": run.paper_valid_loss,
-           "paper_note": run.paper_note, "figure": run.figure,
-           "ln": run.ln, "max_epoch": run.max_epoch, "curve": rec.evals, "epochs": len(rec.evals),
-           "source": run.source, "dataset": run.dataset, "record": rec}
-    avg = rec.average
-    if avg is not None:
-        row.update(avg_bleu_tok=avg.bleu_tok, avg_sacrebleu=avg.sacrebleu,
-                   avg_epochs=f"{avg.epochs[0]}-{avg.epochs[-1]}", avg_bleu_tok_cs=avg.bleu_tok_cs)
-    best, scored = rec.best, rec.scored
-    if best is not None:
-        row.update(best_bleu_tok=best.bleu_tok, best_epoch=best.epoch,
-                   last_bleu_tok=scored[-1].bleu_tok, last_epoch=scored[-1].epoch,
-                   sacrebleu=best.sacrebleu, last_sacrebleu=scored[-1].sacrebleu,
-                   signature=best.sacrebleu_signature, best_bleu_tok_cs=best.bleu_tok_cs)
-    sel = rec.selected
-    if sel is not None:
-        row.update(sel_bleu_tok=sel.bleu_tok, sel_epoch=sel.epoch, sel_sacrebleu=sel.sacrebleu,
-                   sel_valid_nll=sel.valid_nll_loss)
-    row["best_valid_loss"] = rec.best_valid_loss
-    return row
-
-
 def table(rows, columns):
     """``rows`` (dicts, a key missing: empty) as a DataFrame of ``columns`` holding the values themselves."""
-    import pandas as pd
-
-    return pd.DataFrame([[r.get(k) for k in columns] for r in rows], columns=columns, dtype=object)
+    return pandas().DataFrame(rows, columns=columns, dtype=object)
 
 
 def _text(col, f=lambda v: f"{v:.2f}" if isinstance(v, float) else str(v)):
     """A column as text: ``f`` of each value, '' where there is none."""
     return col.map(lambda v: "" if missing(v) else f(v))
-
-
-def write_csv(rows, path):
-    t = table(rows, CSV_COLUMNS)
-    t["lr"] = _text(t["lr"], lambda v: f"{v:g}")
-    write_text(path, t.to_csv(index=False, lineterminator="\n"))
 
 
 def over_seeds(rows):
@@ -169,6 +145,8 @@ LINESTYLES = {"none": "-", "500": "--", "4000": ":"}
 
 
 def figures(rows, out_dir):
+    """fig_<figure>.png per figure group of the rows with a curve (and fig_all.png for several): test BLEU
+    and validation loss per epoch, a column per optimizer; returns the paths written."""
     plt = pyplot()
     written = []
     groups = sorted({r["figure"] for r in rows})
@@ -178,37 +156,34 @@ def figures(rows, out_dir):
             continue
         opts = sorted({r["optimizer"] for r in group})
         fig, axes = plt.subplots(2, len(opts), figsize=(5 * len(opts) + 4, 7.5), squeeze=False)
-        markers = {}
+        markers, seeds = {}, sorted({int(r["seed"]) for r in group})
         for r in group:  # colour: the variant; line style: the warm-up; marker: the learning rate
-            color = variant_color(r["ln"])
-            marker = markers.setdefault(r["lr"], ".ov^sD"[len(markers) % 6])
             warm = R.warmup_label(r["warmup"])
-            col = opts.index(r["optimizer"])
-            label = f"{VARIANTS[r['ln']].label} lr {r['lr']:g} warm-up {warm}" + (
-                f" {r['schedule']}" if r["schedule"] != "inverse_sqrt" else "") + (
-                f" seed {r['seed']}" if len({x['seed'] for x in group}) > 1 else "")
-            ep = [e.epoch for e in r["curve"]]
-            style = dict(color=color, linestyle=LINESTYLES.get(warm, "-."), marker=marker, label=label)
-            axes[0][col].plot(ep, [e.bleu_tok for e in r["curve"]], **style)
-            axes[1][col].plot(ep, [e.valid_loss for e in r["curve"]], **style)
+            label = (f"{VARIANTS[r['ln']].label} lr {r['lr']:g} warm-up {warm}"
+                     + (f" {r['schedule']}" if r["schedule"] != "inverse_sqrt" else "")
+                     + (f" seed {r['seed']}" if len(seeds) > 1 else ""))
+            style = dict(color=variant_color(r["ln"]), linestyle=LINESTYLES.get(warm, "-."), label=label,
+                         marker=markers.setdefault(r["lr"], ".ov^sD"[len(markers) % 6]))
+            for row, key in enumerate(("bleu_tok", "valid_loss")):
+                axes[row][opts.index(r["optimizer"])].plot([e.epoch for e in r["curve"]],
+                                                           [getattr(e, key) for e in r["curve"]], **style)
         names = arch_names()  # on what: the corpora, the model sizes and the seeds
         on = (f"data {', '.join(sorted({r['dataset'] for r in group}))}; size "
               f"{', '.join(sorted({names.get(r['arch'], (None, r['arch']))[1] for r in group}))}; "
-              f"seeds {', '.join(map(str, sorted({int(r['seed']) for r in group})))}")
+              f"seeds {', '.join(map(str, seeds))}")
         for col, opt in enumerate(opts):
-            axes[0][col].set_title(f"{fig_name}: test BLEU per LayerNorm placement, {opt}\n{on}", fontsize=FONT + 1)
-            axes[1][col].set_title(f"{fig_name}: validation loss per LayerNorm placement, {opt}\n{on}", fontsize=FONT + 1)
-            axes[0][col].set_ylabel(f"test {TOK_LABEL}", fontsize=FONT)
-            axes[1][col].set_ylabel("validation loss (bits per token)", fontsize=FONT)
-            for row in (0, 1):
-                axes[row][col].set_xlabel("epoch", fontsize=FONT)
-                integer_ticks(axes[row][col].xaxis)
-                axes[row][col].grid(alpha=0.3)
+            for row, (what, ylabel) in enumerate((("test BLEU", f"test {TOK_LABEL}"),
+                                                  ("validation loss", "validation loss (bits per token)"))):
+                ax = axes[row][col]
+                ax.set_title(f"{fig_name}: {what} per LayerNorm placement, {opt}\n{on}", fontsize=FONT + 1)
+                ax.set_ylabel(ylabel, fontsize=FONT)
+                ax.set_xlabel("epoch", fontsize=FONT)
+                integer_ticks(ax.xaxis)
+                ax.grid(alpha=0.3)
         fig.subplots_adjust(left=0.08, bottom=0.08, top=0.93, hspace=0.4, wspace=0.25)
         legend_right(fig, axes.flat, 1 - 3.8 / fig.get_figwidth())
-        path = write_figure(fig, Path(out_dir) / f"fig_{plain_name(fig_name, 'figure')}.png", dpi=100)
+        written.append(write_figure(fig, Path(out_dir) / f"fig_{plain_name(fig_name, 'figure')}.png", dpi=100))
         plt.close(fig)
-        written.append(path)
     return written
 
 
@@ -240,14 +215,13 @@ def make_table(out_dir, with_figures=True, skip_unreadable=False):
     for path, first in ((out / "results.md", MD_MARKER), (out / "results.csv", ",".join(CSV_COLUMNS)),
                         (out / "results_by_run.csv", ",".join(SEED_COLUMNS))):
         _check_ours(path, first)
-    md = markdown(rows)
-    written = [write_text(out / "results.md", md), out / "results.csv", out / "results_by_run.csv"]
-    write_csv(rows, out / "results.csv")
-    write_text(out / "results_by_run.csv", over_seeds(rows).to_csv(index=False, lineterminator="\n"))
+    md, t = markdown(rows), table(rows, CSV_COLUMNS)
+    written = [write_text(out / "results.md", md),
+               write_text(out / "results.csv", t.assign(lr=_text(t["lr"], lambda v: f"{v:g}")).to_csv(
+                   index=False, lineterminator="\n")),
+               write_text(out / "results_by_run.csv", over_seeds(rows).to_csv(index=False, lineterminator="\n"))]
     bad = [r for r in rows if r.get("unreadable")]
     if not bad:  # the per-seed table of every run (analysis/frame.py), as a results page publishes it
-        from ..analysis.frame import runs_frame, write_runs_csv
-
         written.append(write_runs_csv(runs_frame(out), out / "runs.csv"))
     if with_figures:
         written += figures([r for r in rows if not r.get("unreadable")], out)
