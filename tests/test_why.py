@@ -142,6 +142,22 @@ def test_the_report_separates_by_the_diagnostic_that_carries_the_outcome(study, 
             table = []
 
 
+def test_a_corpus_can_be_given_its_own_threshold_of_trains(study, tmp_path, capsys):
+    """``--trains CORPUS=F`` moves that corpus's line only; a bad one is refused in one line."""
+    runs = W.load([study], trains={"synthetic": 0.75})  # 0.75 x 6.0 = 4.5 bits: the 4.4 and 4.5 seeds train
+    table = W.row_table(runs).set_index("row")
+    assert table.at["postln-nowu", "seeds_train"] == 2 and table.at["postln-clip1", "seeds_train"] == 3
+    assert W.load([study], trains={"multi30k": 0.8})["trains"].equals(W.load([study])["trains"])
+    assert W.main([str(study), "--trains", "synthetic=0.75", "--out-dir", str(tmp_path / "r")]) == 0
+    assert "at most 0.75 x it, 4.50 bits; the maps' 0.5 replaced by --trains" in capsys.readouterr().out
+    for bad in ("synthetic=1.5", "wmt=0.5", "synthetic"):
+        with pytest.raises(SystemExit) as e:
+            W.main([str(study), "--trains", bad])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "give CORPUS=F" in err[0]
+
+
 def test_a_folder_without_the_study_is_refused_in_one_line(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert W.main([str(tmp_path / "empty"), "--out-dir", str(tmp_path / "r")]) != 0

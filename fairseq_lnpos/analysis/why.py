@@ -5,11 +5,13 @@ those that will not.
     python -m fairseq_lnpos.analysis.why OUT [OUT ...] [--out-dir D] [--allow-mixed-code] [--publish DIR]
 
 ``OUT``: the grid's folders holding the ``why-*`` runs (``scripts/grid.sh run --only 'why-*'``); other
-runs in them are left out. Per corpus (the generated one, Multi30k):
+runs in them are left out. The runs of one corpus, compared with each other, must share their model
+code (unless ``--allow-mixed-code``); the page lists the versions. Per corpus (the generated one, Multi30k):
 
 - **the rows** (:func:`row_table`): each intervention's seeds, how many trained (a run trains when it
   finished and its final validation NLL is at most :data:`~.verdict.DEFAULT_TRAINS` x the corpus's
-  unigram bits, the maps' rule), the final NLL (bits, no label smoothing) over the seeds, test BLEU of
+  unigram bits, the maps' rule, or the fraction ``--trains CORPUS=F`` gives a corpus whose budget is
+  too short for it), the final NLL (bits, no label smoothing) over the seeds, test BLEU of
   the last epoch, the difference from the Pre-LN control with Welch's 95 % interval, and the maps'
   verdict (:mod:`.verdict`) with the corpus's rows as one family: *good* = every seed trained and
   no other row is better by more than the margin (Welch, Holm-corrected over every ordered pair);
@@ -117,8 +119,10 @@ EXPLANATIONS = [
 
 # ---------------------------------------------------------------- the runs
 
-def load(sources, allow_mixed=False):
-    """The table of every ``why-*`` run in the folders ``sources``, with ``corpus``, ``row`` and ``trains``."""
+def load(sources, allow_mixed=False, trains=None):
+    """The table of every ``why-*`` run in the folders ``sources``, with ``corpus``, ``row``, ``trains_at``
+    (the fraction of the unigram bits below which a run trains: ``trains[corpus]``, else the maps')
+    and ``trains``."""
     pd = pandas()
     frames = []
     for s in sources:
@@ -133,8 +137,10 @@ def load(sources, allow_mixed=False):
     runs = runs[runs["outcome"].isin(COUNTED)].reset_index(drop=True)
     if runs.empty:
         raise LnposError(f"{', '.join(map(str, sources))}: no why-* run finished, diverged or stopped: let them run")
-    check_model_code(runs, allow_mixed)
-    runs["trains"] = (runs["outcome"] == "finished") & (runs["nll_ratio"] <= V.DEFAULT_TRAINS)
+    for _, part in runs.groupby("corpus"):  # the rows compared with each other, those of one corpus, share it
+        check_model_code(part, allow_mixed)
+    runs["trains_at"] = runs["corpus"].map(lambda c: (trains or {}).get(c, V.DEFAULT_TRAINS))
+    runs["trains"] = (runs["outcome"] == "finished") & (runs["nll_ratio"] <= runs["trains_at"])
     order = {r: i for i, r in enumerate(ROWS)}
     return runs.sort_values(["corpus", "row", "seed"], key=lambda s: s.map(order) if s.name == "row" else s,
                             kind="stable").reset_index(drop=True)
@@ -155,6 +161,7 @@ def row_table(runs, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
                    "nll": nll.mean() if len(nll) else math.nan, "nll_var": nll.var(ddof=1) if len(nll) > 1 else math.nan,
                    "nll_min": nll.min() if len(nll) else math.nan, "nll_max": nll.max() if len(nll) else math.nan,
                    "finished": len(nll), "bleu": r["bleu_tok"].mean(), "unigram_bits": r["unigram_bits"].mean(),
+                   "trains_at": r["trains_at"].iloc[0],
                    "cpu_seconds": r["train_cpu_seconds"].sum(), "diff_preln": math.nan, "diff_low": math.nan,
                    "diff_high": math.nan}
             if len(nll) > 1 and len(pre) > 1 and row != PRELN:
@@ -285,13 +292,18 @@ def _seeds_of(runs):
 def rows_markdown(table):
     lines = []
     for corpus, part in table.groupby("corpus", sort=False):
+        at, uni = part["trains_at"].iloc[0], part["unigram_bits"].iloc[0]
+        ends = {r: part.loc[part["row"] == r, "nll"] / uni for r in (PRELN, FAILING)}
+        ends = " and ".join(f"`{r}` at {v.iloc[0]:.2f}" for r, v in ends.items() if len(v) and not math.isnan(v.iloc[0]))
         lines += [f"### {CORPORA.get(corpus, corpus)}", "",
-                  f"Unigram bits of the corpus: {part['unigram_bits'].iloc[0]:.3f} (trains: final NLL at most "
-                  f"{V.DEFAULT_TRAINS:g} x it, {V.DEFAULT_TRAINS * part['unigram_bits'].iloc[0]:.2f} bits).", ""]
+                  f"Unigram bits of the corpus: {uni:.3f} (trains: final NLL at most {at:g} x it, {at * uni:.2f} bits"
+                  + ("" if at == V.DEFAULT_TRAINS else f"; the maps' {V.DEFAULT_TRAINS:g} replaced by --trains") + ")."
+                  + (f" The controls end (mean NLL over unigram bits): {ends}." if ends else ""), ""]
         df = pandas().DataFrame({
             "row `why-%s-...`" % corpus: [f"`{r}`" for r in part["row"]],
             "what it tests": [ROWS.get(r, "") for r in part["row"]],
             "trained (seeds)": [f"{a}/{b}" for a, b in zip(part["seeds_train"], part["seeds"])],
+            "NLL / unigram bits": [num(m / u, ".2f") for m, u in zip(part["nll"], part["unigram_bits"])],
             "final valid NLL, bits: mean [min to max]": [
                 num(m, ".3f") + (f" [{lo:.3f} to {hi:.3f}]" if f > 1 else "")
                 for m, lo, hi, f in zip(part["nll"], part["nll_min"], part["nll_max"], part["finished"])],
@@ -389,7 +401,7 @@ def markdown(runs, table, sep, code_line):
              f"Runs: {_seeds_of(runs)}; {code_line}. Training CPU time: {runs['train_cpu_seconds'].sum():.0f} CPU-s.", "",
              "## Which interventions make Post-LN train", "",
              f"A run trains when it finished and its final validation NLL is at most {V.DEFAULT_TRAINS:g} x the "
-             "corpus's unigram bits. Verdict: the maps' rule (fairseq_lnpos/analysis/verdict.py) with the corpus's "
+             "corpus's unigram bits (the maps' rule) or the fraction given below for a corpus. Verdict: the maps' rule (fairseq_lnpos/analysis/verdict.py) with the corpus's "
              f"rows as one family: poor = worse than another row by more than {V.DEFAULT_MARGIN:g} bit, Welch's t "
              f"over every ordered pair, Holm-corrected at {V.DEFAULT_ALPHA:g}; good = every seed trained and not "
              "poor; no-train: some seed did not train; NA: one seed, not compared. 'Minus Pre-LN': the row's mean "
@@ -421,8 +433,8 @@ def plot_nll(runs, table, path):
         for trains, color, lab in ((True, "tab:blue", "trains"), (False, "tab:red", "does not train")):
             sel = part[part["trains"] == trains]
             ax.scatter(sel["final_valid_nll"], sel["row"].map(pos), color=color, s=18, label=lab, zorder=3)
-        uni = part["unigram_bits"].mean()
-        ax.axvline(V.DEFAULT_TRAINS * uni, color="grey", ls="--", lw=1, label=f"{V.DEFAULT_TRAINS:g} x unigram bits")
+        uni, at = part["unigram_bits"].mean(), part["trains_at"].iloc[0]
+        ax.axvline(at * uni, color="grey", ls="--", lw=1, label="trains below this")
         ax.set_yticks(list(pos.values()), list(pos.keys()))
         ax.set_xlabel("final validation NLL (bits)")
         ax.set_title(CORPORA.get(corpus, corpus))
@@ -454,15 +466,33 @@ def plot_diagnostics(values, corpus, path, features=("train_loss", "update_ratio
 
 # ---------------------------------------------------------------- the command
 
+def trains_spec(text):
+    """``CORPUS=F`` of --trains, as (corpus, F)."""
+    import argparse
+
+    corpus, _, value = text.partition("=")
+    try:
+        f = float(value)
+    except ValueError:
+        f = math.nan
+    if corpus not in CORPORA or not 0 < f <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give CORPUS=F with CORPUS one of {', '.join(CORPORA)} and "
+                                         f"0 < F <= 1, e.g. multi30k=0.8")
+    return corpus, f
+
+
 def _main(argv):
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("out", nargs="+", help="the grid's --out folders holding the why-* runs")
     p.add_argument("--out-dir", default="why-report", help="where to write the tables and figures (default: %(default)s)")
     p.add_argument("--allow-mixed-code", action="store_true",
                    help="judge runs trained by different versions of the model code")
+    p.add_argument("--trains", metavar="CORPUS=F", action="append", default=[], type=trains_spec,
+                   help=f"a run of CORPUS ({', '.join(CORPORA)}) trains below F x its unigram bits, 0 < F <= 1 "
+                        f"(default: the maps' {V.DEFAULT_TRAINS:g}); repeat for each corpus")
     p.add_argument("--publish", metavar="DIR", help="also write a results page into DIR")
     args = p.parse_args(argv)
-    runs = load(args.out, args.allow_mixed_code)
+    runs = load(args.out, args.allow_mixed_code, dict(args.trains))
     code_line = check_model_code(runs, True)
     table = row_table(runs)
     values = early_values(runs)
