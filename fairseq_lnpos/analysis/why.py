@@ -382,12 +382,17 @@ def explanation_paragraphs(table, sep):
                 text.append(f"On {CORPORA.get(corpus, corpus)} it predicts that {', '.join(f'`{r}`' for r in rows)} "
                             f"train{'s' if len(rows) == 1 else ''}: {'; '.join(said)}. "
                             f"{len(held)} of these {len(said)} rows trained in every seed.")
-            best = _best(sep, corpus, features)
+            best, loss = _best(sep, corpus, features), _best(sep, corpus, ("train_loss",))
             if len(best):
                 b = best.iloc[0]
+                than = ""
+                if len(loss):
+                    lo = loss.iloc[0]
+                    than = (f"; {'better than' if b['loo_error'] < lo['loo_error'] else 'no better than'} the "
+                            f"training loss's best, {lo['loo_error']:.2f} at update {lo['update']}")
                 text.append(f"Its best diagnostic there, `{b['feature']}` at update {b['update']}, separates the "
                             f"{b['runs']} runs with leave-one-out error {b['loo_error']:.2f} "
-                            f"(always the common class: {b['base_error']:.2f}; AUC {b['auc']:.2f}).")
+                            f"(always the common class: {b['base_error']:.2f}; AUC {b['auc']:.2f}{than}).")
         lines += [" ".join(text), ""]
     return lines
 
