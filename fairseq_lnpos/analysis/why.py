@@ -80,7 +80,7 @@ FEATURES = {
     "train_loss": (None, None, "training loss (label-smoothed, bits), mean of the 10 logged updates up to u"),
     "update_ratio_max": ("update_ratio", lambda d: _max(d, LAYER.match), "largest ‖dW‖/‖W‖ of a whole layer (the update over the weights)"),
     "adaptive_lr_max": ("adaptive_lr_max", _max, "Adam's largest per-weight step lr/(sqrt(v_hat)+eps); at most lr/eps, reached where some weight's v is still about 0"),
-    "adaptive_lr_p99": ("adaptive_lr_p99", _max, "largest 99th percentile of Adam's per-weight step over sub-layers"),
+    "adaptive_lr_p99": ("adaptive_lr_p99", _max, "largest 99th percentile of Adam's per-weight step over sub-layers (also at most lr/eps)"),
     "attn_max_logit": ("attn_max_logit", _max, "largest attention logit over attention modules"),
     "attn_entropy_min": ("attn_entropy_min_head", _min, "smallest per-head attention entropy (nats)"),
     "output_logit_norm": ("output_logits", lambda d: (d or {}).get("l2_mean", math.nan), "mean L2 norm of the output logits"),
