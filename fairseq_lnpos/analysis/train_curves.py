@@ -26,23 +26,27 @@ from fairseq_lnpos.errors import LnposError, run_main
 UPDATE = re.compile(r'^\{"update": (\d+)')  # how the task starts a record
 
 
-def read_jsonl(path, max_update=None, metric="norms"):
-    """``(updates, {group: [value or None per update]})`` of the records' ``metric`` (a dict of groups,
-    or one number, named by the metric), sorted by update, last record per update, updates without
-    it left out; with ``max_update``, only the updates up to it (later records are not parsed)."""
-    by_update = {}
+def read_records(path, max_update=None):
+    """The records of a JSONL file of the task, in file order (a resumed run appends, so an update can
+    come twice); with ``max_update``, only the updates up to it (later records are not parsed); a line
+    cut by an interruption is left out."""
     with open(path, encoding="utf-8") as f:
         for line in f:
             m = UPDATE.match(line)
             if max_update is not None and m and int(m.group(1)) > max_update:
                 continue
             try:
-                rec = json.loads(line)
+                yield json.loads(line)
             except json.JSONDecodeError:
-                continue  # a line cut by an interruption
-            if metric in rec:
-                value = rec[metric]
-                by_update[rec["update"]] = value if isinstance(value, dict) else {metric: value}
+                continue
+
+
+def read_jsonl(path, max_update=None, metric="norms"):
+    """``(updates, {group: [value or None per update]})`` of the records' ``metric`` (a dict of groups,
+    or one number, named by the metric), sorted by update, last record per update, updates without
+    it left out; with ``max_update``, only the updates up to it (later records are not parsed)."""
+    by_update = {rec["update"]: rec[metric] if isinstance(rec[metric], dict) else {metric: rec[metric]}
+                 for rec in read_records(path, max_update) if metric in rec}
     updates = sorted(by_update)
     groups = []
     for u in updates:

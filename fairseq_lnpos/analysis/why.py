@@ -46,7 +46,7 @@ from . import verdict as V
 from .frame import COUNTED, check_model_code, pandas, runs_frame, write_runs_csv
 from .map_common import markdown_table, num, panels, save
 from .publish import argv_of
-from .train_curves import read_jsonl
+from .train_curves import read_records
 
 PROG = "python -m fairseq_lnpos.analysis.why"
 CORPORA = {"synthetic": "the generated corpus", "multi30k": "Multi30k"}
@@ -55,6 +55,11 @@ FAILING, PRELN = "postln-nowu", "preln-nowu"
 UPDATES = (10, 50, 100)
 LOSS_WINDOW = 10  # the training loss "at update u": the mean of the logged losses of updates u-9 .. u
 LAYER = re.compile(r"^(encoder|decoder)/\d+$")
+
+
+def _as_groups(value, key):
+    """A record's value as {group: number}: a number is its own group (the Hessian's top eigenvalue)."""
+    return value if isinstance(value, dict) else {key: value}
 
 
 def _max(d, keep=lambda g: True):
@@ -84,7 +89,7 @@ FEATURES = {
     "attn_max_logit": ("attn_max_logit", _max, "largest attention logit over attention modules"),
     "attn_entropy_min": ("attn_entropy_min_head", _min, "smallest per-head attention entropy (nats)"),
     "output_logit_norm": ("output_logits", lambda d: (d or {}).get("l2_mean", math.nan), "mean L2 norm of the output logits"),
-    "hessian_top": ("hessian_top", lambda d: _max(d), "top Hessian eigenvalue (updates 1 and 50 only)"),
+    "hessian_top": ("hessian_top", _max, "top Hessian eigenvalue (updates 1 and 50 only)"),
     "grad_norm_total": ("norms", lambda d: (d or {}).get("total", math.nan), "total gradient norm"),
     "grad_ratio_decoder": ("norms", lambda d: _layer_ratio(d, "decoder"), "decoder's first/last-layer gradient norm"),
     "grad_ratio_encoder": ("norms", lambda d: _layer_ratio(d, "encoder"), "encoder's first/last-layer gradient norm"),
@@ -169,7 +174,7 @@ def row_table(runs, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
                 rec.update(diff_preln=nll.mean() - pre.mean(), diff_low=ci.low, diff_high=ci.high)
             elif len(nll) and len(pre) and row != PRELN:
                 rec["diff_preln"] = nll.mean() - pre.mean()
-            rec["trains"] = rec["seeds_train"] == rec["seeds"] and rec["finished"] == rec["seeds"]
+            rec["trains"] = rec["seeds_train"] == rec["seeds"]  # a seed that trains finished
             out.append(rec)
     table = pandas().DataFrame(out)
     table["good"] = None
@@ -199,20 +204,17 @@ def run_values(path):
     for u in UPDATES:
         window = [loss for upd, loss in losses if u - LOSS_WINDOW < upd <= u]
         values[("train_loss", u)] = float(np.mean(window)) if window else math.nan
-    records = {}
-    for name, metrics in ((DIAGNOSTICS_JSONL, {k for k, *_ in FEATURES.values() if k and k != "norms"}),
-                          (GRAD_NORMS_JSONL, {"norms"})):
-        if not (save_dir / name).is_file():
-            continue
-        for metric in metrics:
-            updates, series = read_jsonl(save_dir / name, max(UPDATES), metric)
-            records[metric] = {u: {g: series[g][i] for g in series} for i, u in enumerate(updates)}
+    records = {}  # update -> the last record of each file at that update, merged (the files' keys differ)
+    for name in (DIAGNOSTICS_JSONL, GRAD_NORMS_JSONL):
+        if (save_dir / name).is_file():
+            for rec in read_records(save_dir / name, max(UPDATES)):
+                records.setdefault(rec["update"], {}).update(rec)
     for feature, (key, take, _) in FEATURES.items():
         if key is None:
             continue
-        by_update = records.get(key, {})
         for u in (HESSIAN_UPDATES if feature == "hessian_top" else UPDATES):
-            values[(feature, u)] = float(take(by_update[u])) if u in by_update else math.nan
+            rec = records.get(u, {})
+            values[(feature, u)] = float(take(_as_groups(rec[key], key))) if key in rec else math.nan
     return values
 
 
