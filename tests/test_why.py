@@ -109,7 +109,7 @@ def study(tmp_path):
 def test_the_rows_verdicts_and_the_difference_from_pre_ln(study):
     from scipy.stats import ttest_ind
 
-    runs = W.load([study])
+    runs, _ = W.load([study])
     table = W.row_table(runs).set_index("row")
     assert table.at["postln-nowu", "seeds_train"] == 0 and table.at["postln-nowu", "good"] is False
     assert table.at["postln-clip1", "seeds_train"] == 2 and not table.at["postln-clip1", "trains"]
@@ -144,10 +144,10 @@ def test_the_report_separates_by_the_diagnostic_that_carries_the_outcome(study, 
 
 def test_a_corpus_can_be_given_its_own_threshold_of_trains(study, tmp_path, capsys):
     """``--trains CORPUS=F`` moves that corpus's line only; a bad one is refused in one line."""
-    runs = W.load([study], trains={"synthetic": 0.75})  # 0.75 x 6.0 = 4.5 bits: the 4.4 and 4.5 seeds train
+    runs, _ = W.load([study], trains={"synthetic": 0.75})  # 0.75 x 6.0 = 4.5 bits: the 4.4 and 4.5 seeds train
     table = W.row_table(runs).set_index("row")
     assert table.at["postln-nowu", "seeds_train"] == 2 and table.at["postln-clip1", "seeds_train"] == 3
-    assert W.load([study], trains={"multi30k": 0.8})["trains"].equals(W.load([study])["trains"])
+    assert W.load([study], trains={"multi30k": 0.8})[0]["trains"].equals(W.load([study])[0]["trains"])
     assert W.main([str(study), "--trains", "synthetic=0.75", "--out-dir", str(tmp_path / "r")]) == 0
     assert "at most 0.75 x it, 4.50 bits; the maps' 0.5 replaced by --trains" in capsys.readouterr().out
     for bad in ("synthetic=1.5", "wmt=0.5", "synthetic"):
@@ -170,3 +170,55 @@ def test_a_folder_without_the_study_is_refused_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "r").exists()  # nothing written
     assert W.main([str(tmp_path / "nope")]) != 0
     assert "no such folder" in capsys.readouterr().err
+
+
+def test_a_published_page_adds_up_with_new_run_folders(study, tmp_path, capsys):
+    """Seeds run elsewhere add up: the page alone gives the report it was written from, and the page with a
+    folder of new seeds gives the report of all the run folders together; a run given twice is refused."""
+    import shutil
+
+    pd = __import__("pandas")
+    old, new = tmp_path / "old", tmp_path / "new"
+    for run in study.iterdir():
+        for seed in run.iterdir():
+            dest = (new if seed.name == "seed3" else old) / run.name / seed.name
+            shutil.copytree(seed, dest)
+    assert W.main([str(study), "--out-dir", str(tmp_path / "all")]) == 0
+    assert W.main([str(old), "--out-dir", str(tmp_path / "page")]) == 0
+    assert W.main([str(tmp_path / "page"), "--out-dir", str(tmp_path / "again")]) == 0
+    assert W.main([str(tmp_path / "page"), str(new), "--out-dir", str(tmp_path / "both")]) == 0
+    for name in ("why.md", "why_rows.csv", "why_early.csv", "why_separation.csv"):
+        assert (tmp_path / "again" / name).read_text() == (tmp_path / "page" / name).read_text(), name
+        assert (tmp_path / "both" / name).read_text() == (tmp_path / "all" / name).read_text(), name
+    both = pd.read_csv(tmp_path / "both" / "runs.csv")
+    assert len(both) == 15 and sorted(both["seed"].unique()) == [1, 2, 3] and "source" not in both.columns
+    capsys.readouterr()
+    assert W.main([str(tmp_path / "page"), str(study), "--out-dir", str(tmp_path / "r")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "seed 1 is in" in err[0] and "give each run once" in err[0]
+    (tmp_path / "page" / W.EARLY_CSV).write_text("corpus,row\nsynthetic,x\n")
+    assert W.main([str(tmp_path / "page"), "--out-dir", str(tmp_path / "r")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not this study's table of early values" in err[0]
+
+
+def test_one_command_trains_the_rows_then_writes_the_report(tmp_path):
+    """scripts/why_study.sh: the grid with the study's rows and the options before "--", then the report on
+    the same folder with what follows; a missing OUT is a usage error (exit 2, one line)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "why_study.sh"
+    stub = tmp_path / "python"
+    stub.write_text(f'#!/bin/sh\necho "$*" >> {tmp_path / "calls"}\n')
+    stub.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(stub)}
+    done = subprocess.run([str(script), "OUT", "--seeds", "3", "--data", "multi30k_cpu=D", "--", "PAGE",
+                           "--publish", "P"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "calls").read_text().splitlines() == [
+        "-m fairseq_lnpos.experiments.grid run --only why-* --seeds 3 --data multi30k_cpu=D --out OUT",
+        "-m fairseq_lnpos.analysis.why OUT PAGE --publish P"]
+    bad = subprocess.run([str(script), "--seeds", "3"], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "OUT" in bad.stderr

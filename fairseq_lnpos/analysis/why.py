@@ -4,8 +4,10 @@ those that will not.
 
     python -m fairseq_lnpos.analysis.why OUT [OUT ...] [--out-dir D] [--allow-mixed-code] [--publish DIR]
 
-``OUT``: the grid's folders holding the ``why-*`` runs (``scripts/grid.sh run --only 'why-*'``); other
-runs in them are left out. The runs of one corpus, compared with each other, must share their model
+``OUT``: the grid's folders holding the ``why-*`` runs (``scripts/grid.sh run --only 'why-*'``; other
+runs in them are left out), or results pages this command published: a page keeps each run's row of
+runs.csv and its early values (why_early.csv), so seeds trained on other machines or days add up with
+new run folders (``why PAGE NEW_OUT --publish PAGE``); a run given twice is refused. The runs of one corpus, compared with each other, must share their model
 code (unless ``--allow-mixed-code``); the page lists the versions. Per corpus (the generated one, Multi30k):
 
 - **the rows** (:func:`row_table`): each intervention's seeds, how many trained (a run trains when it
@@ -43,7 +45,7 @@ from ..errors import LnposError, run_main
 from ..experiments.runs import WHY_BASELINES, WHY_INTERVENTIONS
 from ..fairseq_log import LogState
 from . import verdict as V
-from .frame import COUNTED, check_model_code, pandas, runs_frame, write_runs_csv
+from .frame import COUNTED, check_model_code, pandas, read_runs_csv, runs_frame, write_runs_csv
 from .map_common import markdown_table, num, panels, save
 from .publish import argv_of
 from .train_curves import read_records
@@ -95,6 +97,7 @@ FEATURES = {
     "grad_ratio_encoder": ("norms", lambda d: _layer_ratio(d, "encoder"), "encoder's first/last-layer gradient norm"),
 }
 HESSIAN_UPDATES = (1, 50)
+EARLY_COLUMNS = ["corpus", "row", "seed", "trains", "feature", "update", "value"]
 
 # explanation -> (its claim, rows it predicts to train, the diagnostics it predicts to separate)
 EXPLANATIONS = [
@@ -124,16 +127,41 @@ EXPLANATIONS = [
 
 # ---------------------------------------------------------------- the runs
 
+EARLY_CSV = "why_early.csv"  # every run's diagnostic values; with runs.csv, what a page keeps of each run
+
+
+def _page(source):
+    """(runs, early values) of a results page of this study (its runs.csv and :data:`EARLY_CSV`)."""
+    runs = read_runs_csv(source / "runs.csv")
+    try:
+        values = pandas().read_csv(source / EARLY_CSV)
+    except (OSError, ValueError) as e:
+        raise LnposError(f"{source / EARLY_CSV}: cannot read it ({e}): give a page this command published") from None
+    if list(values.columns) != EARLY_COLUMNS:
+        raise LnposError(f"{source / EARLY_CSV} is not this study's table of early values (columns "
+                         f"{', '.join(EARLY_COLUMNS)}): give a page this command published")
+    return runs.drop(columns=[c for c in ("corpus", "row", "trains_at", "trains") if c in runs.columns]), values
+
+
 def load(sources, allow_mixed=False, trains=None):
-    """The table of every ``why-*`` run in the folders ``sources``, with ``corpus``, ``row``, ``trains_at``
-    (the fraction of the unigram bits below which a run trains: ``trains[corpus]``, else the maps')
-    and ``trains``."""
+    """The table of every ``why-*`` run in ``sources``, with ``corpus``, ``row``, ``trains_at`` (the
+    fraction of the unigram bits below which a run trains: ``trains[corpus]``, else the maps') and
+    ``trains``; and the early values the pages among ``sources`` recorded (:data:`EARLY_COLUMNS`).
+    A source is a grid's folder of run folders, or a results page this command published (its
+    runs.csv and :data:`EARLY_CSV`): seeds run on different machines or days add up. A run (row and
+    seed) given twice is refused."""
     pd = pandas()
-    frames = []
-    for s in sources:
-        if not Path(s).is_dir():
-            raise LnposError(f"{s}: no such folder: give the grid's --out folder of the why-* runs")
-        frames.append(runs_frame(s, "the output folder of the grid (OUT/NAME/seedS/)"))
+    frames, kept = [], []
+    for s in map(Path, sources):
+        if (s / EARLY_CSV).is_file():
+            runs, values = _page(s)
+            frames.append(runs.assign(source=str(s)))
+            kept.append(values)
+        elif s.is_dir():
+            frames.append(runs_frame(s, "the output folder of the grid (OUT/NAME/seedS/)").assign(source=str(s)))
+        else:
+            raise LnposError(f"{s}: no such folder: give the grid's --out folder of the why-* runs, or a page "
+                             f"of this study")
     runs = pd.concat(frames, ignore_index=True)
     runs = runs[runs["run"].str.match(r"^why-(%s)-" % "|".join(CORPORA))].copy()
     if runs.empty:
@@ -142,13 +170,20 @@ def load(sources, allow_mixed=False, trains=None):
     runs = runs[runs["outcome"].isin(COUNTED)].reset_index(drop=True)
     if runs.empty:
         raise LnposError(f"{', '.join(map(str, sources))}: no why-* run finished, diverged or stopped: let them run")
+    twice = runs[runs.duplicated(["run", "seed"], keep=False)].sort_values(["run", "seed", "source"])
+    if not twice.empty:
+        a, b = twice.iloc[0], twice.iloc[1]
+        raise LnposError(f"{a['run']} seed {a['seed']} is in {a['source']} and in {b['source']}: give each run once "
+                         f"(leave out the page, or move the run folder away)")
     for _, part in runs.groupby("corpus"):  # the rows compared with each other, those of one corpus, share it
         check_model_code(part, allow_mixed)
     runs["trains_at"] = runs["corpus"].map(lambda c: (trains or {}).get(c, V.DEFAULT_TRAINS))
     runs["trains"] = (runs["outcome"] == "finished") & (runs["nll_ratio"] <= runs["trains_at"])
     order = {r: i for i, r in enumerate(ROWS)}
-    return runs.sort_values(["corpus", "row", "seed"], key=lambda s: s.map(order) if s.name == "row" else s,
+    runs = runs.sort_values(["corpus", "row", "seed"], key=lambda s: s.map(order) if s.name == "row" else s,
                             kind="stable").reset_index(drop=True)
+    recorded = pd.concat(kept, ignore_index=True) if kept else pd.DataFrame(columns=EARLY_COLUMNS)
+    return runs, recorded
 
 
 def row_table(runs, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
@@ -218,14 +253,20 @@ def run_values(path):
     return values
 
 
-def early_values(runs):
-    """The long table of every run's diagnostic values: corpus, row, seed, trains, feature, update, value."""
-    rows = []
+def early_values(runs, recorded=None):
+    """The long table of every run's diagnostic values (:data:`EARLY_COLUMNS`), in the order of ``runs``:
+    read from the run folder, or, for a run that came from a page, the values the page recorded
+    (``recorded``, :func:`load`); ``trains`` is the run's under this report's rule."""
+    pd = pandas()
+    parts = []
     for r in runs.itertuples():
-        for (feature, u), v in run_values(r.path).items():
-            rows.append({"corpus": r.corpus, "row": r.row, "seed": r.seed, "trains": bool(r.trains),
-                         "feature": feature, "update": u, "value": v})
-    return pandas().DataFrame(rows, columns=["corpus", "row", "seed", "trains", "feature", "update", "value"])
+        if Path(r.source, EARLY_CSV).is_file():
+            got = recorded[(recorded["corpus"] == r.corpus) & (recorded["row"] == r.row) & (recorded["seed"] == r.seed)]
+        else:
+            got = pd.DataFrame([{"corpus": r.corpus, "row": r.row, "seed": r.seed, "feature": f, "update": u, "value": v}
+                                for (f, u), v in run_values(r.path).items()])
+        parts.append(got.assign(trains=bool(r.trains))[EARLY_COLUMNS])
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=EARLY_COLUMNS)
 
 
 def best_threshold(x, fails):
@@ -490,7 +531,7 @@ def trains_spec(text):
 
 def _main(argv):
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("out", nargs="+", help="the grid's --out folders holding the why-* runs")
+    p.add_argument("out", nargs="+", help="the grid's --out folders holding the why-* runs, or pages of this study")
     p.add_argument("--out-dir", default="why-report", help="where to write the tables and figures (default: %(default)s)")
     p.add_argument("--allow-mixed-code", action="store_true",
                    help="judge runs trained by different versions of the model code")
@@ -499,20 +540,20 @@ def _main(argv):
                         f"(default: the maps' {V.DEFAULT_TRAINS:g}); repeat for each corpus")
     p.add_argument("--publish", metavar="DIR", help="also write a results page into DIR")
     args = p.parse_args(argv)
-    runs = load(args.out, args.allow_mixed_code, dict(args.trains))
+    runs, recorded = load(args.out, args.allow_mixed_code, dict(args.trains))
     code_line = check_model_code(runs, True)
     table = row_table(runs)
-    values = early_values(runs)
+    values = early_values(runs, recorded)
     sep = separation(values)
     md = markdown(runs, table, sep, code_line)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written = [out / "why_rows.csv", out / "why_early.csv", out / "why_separation.csv", out / "why.md",
+    written = [out / "why_rows.csv", out / EARLY_CSV, out / "why_separation.csv", out / "why.md",
                out / "why_nll.png"]
     for df, f in ((table, written[0]), (values, written[1]), (sep, written[2])):
         write_text(f, df.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
     write_text(written[3], md)
-    write_runs_csv(runs, out / "runs.csv")
+    write_runs_csv(runs.drop(columns="source"), out / "runs.csv")
     plot_nll(runs, table, written[4])
     for corpus in table["corpus"].unique():
         written.append(out / f"why_diagnostics_{corpus}.png")
@@ -520,7 +561,8 @@ def _main(argv):
     if args.publish:
         from .publish import publish
 
-        publish(args.publish, "Why does Post-LN need warm-up? The explanations side by side", md, runs, written,
+        publish(args.publish, "Why does Post-LN need warm-up? The explanations side by side", md,
+                runs.drop(columns="source"), written,
                 argv_of(PROG, argv))
     print(md, end="")
     return 0
