@@ -343,6 +343,9 @@ RUNS = [
     # the warm-up controls: Post-LN, Pre-LN, and the Post-LN fixes that are poor without warm-up on
     # real text after one epoch (docs/results.md, "Every architecture on real text")
     *[_real(f"real-{v}-wu100", v, warmup=100) for v in ("postln", "preln", "deepnorm", "b2t")],
+    # longer warm-ups of Post-LN (one and two epochs of 506 updates): how long, and how many epochs, until
+    # Post-LN with warm-up is as good as Pre-LN (docs/results/warmup-control)
+    *[_real(f"real-postln-wu{w}", "postln", warmup=w) for w in (500, 1000)],
 ]
 
 # --- Why does Post-LN need warm-up? (docs/warmup_study.md) --------------------------------------------
