@@ -199,7 +199,7 @@ def test_a_published_page_adds_up_with_new_run_folders(study, tmp_path, capsys):
     (tmp_path / "page" / W.EARLY_CSV).write_text("corpus,row\nsynthetic,x\n")
     assert W.main([str(tmp_path / "page"), "--out-dir", str(tmp_path / "r")]) != 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "not this study's table of early values" in err[0]
+    assert len(err) == 1 and "is not the study's why_early.csv" in err[0]
 
 
 def test_one_command_trains_the_rows_then_writes_the_report(tmp_path):

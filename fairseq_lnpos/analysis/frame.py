@@ -152,6 +152,38 @@ def epochs_frame(out, what="the output folder of a sweep or grid (OUT/NAME/seedS
     return pandas().DataFrame(rows, columns=EPOCH_COLUMNS)
 
 
+def gather(sources, page_table, columns, what="the output folder of a sweep or grid (OUT/NAME/seedS/)"):
+    """(the table of every run in ``sources`` with a column ``source``, the rows of the ``page_table``
+    CSVs of the sources that are pages). A source is a folder of run folders, or a results page a
+    study published: its runs.csv and ``page_table`` (the per-run data the study reads beyond runs.csv,
+    with exactly ``columns``), so seeds trained on other machines or days add up with new run folders.
+    A run (name and seed) given twice is refused."""
+    pd = pandas()
+    frames, tables = [], []
+    for s in map(Path, sources):
+        if (s / page_table).is_file():
+            try:
+                table = pd.read_csv(s / page_table)
+            except (OSError, ValueError) as e:
+                raise LnposError(f"{s / page_table}: cannot read it ({e}): give a page the study published") from None
+            if list(table.columns) != list(columns):
+                raise LnposError(f"{s / page_table} is not the study's {page_table} (columns {', '.join(columns)}): "
+                                 f"give a page the study published")
+            frames.append(read_runs_csv(s / "runs.csv")[RUN_COLUMNS].assign(source=str(s)))
+            tables.append(table)
+        elif s.is_dir():
+            frames.append(runs_frame(s, what).assign(source=str(s)))
+        else:
+            raise LnposError(f"{s}: no such folder: give {what}, or a page of the study")
+    runs = pd.concat(frames, ignore_index=True)
+    twice = runs[runs.duplicated(["run", "seed"], keep=False)].sort_values(["run", "seed", "source"])
+    if not twice.empty:
+        a, b = twice.iloc[0], twice.iloc[1]
+        raise LnposError(f"{a['run']} seed {a['seed']} is in {a['source']} and in {b['source']}: give each run once "
+                         f"(leave out the page, or move the run folder away)")
+    return runs, (pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=list(columns)))
+
+
 def check_one_experiment(out, runs):
     """A map compares runs along its axes only: refuse ``runs`` that differ in another setting, and
     cells whose seeds are not distinct runs (the same seed twice: a copied folder)."""

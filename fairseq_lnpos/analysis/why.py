@@ -45,7 +45,7 @@ from ..errors import LnposError, run_main
 from ..experiments.runs import WHY_BASELINES, WHY_INTERVENTIONS
 from ..fairseq_log import LogState
 from . import verdict as V
-from .frame import COUNTED, check_model_code, pandas, read_runs_csv, runs_frame, write_runs_csv
+from .frame import COUNTED, check_model_code, gather, pandas, write_runs_csv
 from .map_common import markdown_table, num, panels, save
 from .publish import argv_of
 from .train_curves import read_records
@@ -130,19 +130,6 @@ EXPLANATIONS = [
 EARLY_CSV = "why_early.csv"  # every run's diagnostic values; with runs.csv, what a page keeps of each run
 
 
-def _page(source):
-    """(runs, early values) of a results page of this study (its runs.csv and :data:`EARLY_CSV`)."""
-    runs = read_runs_csv(source / "runs.csv")
-    try:
-        values = pandas().read_csv(source / EARLY_CSV)
-    except (OSError, ValueError) as e:
-        raise LnposError(f"{source / EARLY_CSV}: cannot read it ({e}): give a page this command published") from None
-    if list(values.columns) != EARLY_COLUMNS:
-        raise LnposError(f"{source / EARLY_CSV} is not this study's table of early values (columns "
-                         f"{', '.join(EARLY_COLUMNS)}): give a page this command published")
-    return runs.drop(columns=[c for c in ("corpus", "row", "trains_at", "trains") if c in runs.columns]), values
-
-
 def load(sources, allow_mixed=False, trains=None):
     """The table of every ``why-*`` run in ``sources``, with ``corpus``, ``row``, ``trains_at`` (the
     fraction of the unigram bits below which a run trains: ``trains[corpus]``, else the maps') and
@@ -150,19 +137,7 @@ def load(sources, allow_mixed=False, trains=None):
     A source is a grid's folder of run folders, or a results page this command published (its
     runs.csv and :data:`EARLY_CSV`): seeds run on different machines or days add up. A run (row and
     seed) given twice is refused."""
-    pd = pandas()
-    frames, kept = [], []
-    for s in map(Path, sources):
-        if (s / EARLY_CSV).is_file():
-            runs, values = _page(s)
-            frames.append(runs.assign(source=str(s)))
-            kept.append(values)
-        elif s.is_dir():
-            frames.append(runs_frame(s, "the output folder of the grid (OUT/NAME/seedS/)").assign(source=str(s)))
-        else:
-            raise LnposError(f"{s}: no such folder: give the grid's --out folder of the why-* runs, or a page "
-                             f"of this study")
-    runs = pd.concat(frames, ignore_index=True)
+    runs, recorded = gather(sources, EARLY_CSV, EARLY_COLUMNS, "the grid's --out folder of the why-* runs")
     runs = runs[runs["run"].str.match(r"^why-(%s)-" % "|".join(CORPORA))].copy()
     if runs.empty:
         raise LnposError(f"{', '.join(map(str, sources))}: no why-* run: run `scripts/grid.sh run --only 'why-*'` first")
@@ -170,11 +145,6 @@ def load(sources, allow_mixed=False, trains=None):
     runs = runs[runs["outcome"].isin(COUNTED)].reset_index(drop=True)
     if runs.empty:
         raise LnposError(f"{', '.join(map(str, sources))}: no why-* run finished, diverged or stopped: let them run")
-    twice = runs[runs.duplicated(["run", "seed"], keep=False)].sort_values(["run", "seed", "source"])
-    if not twice.empty:
-        a, b = twice.iloc[0], twice.iloc[1]
-        raise LnposError(f"{a['run']} seed {a['seed']} is in {a['source']} and in {b['source']}: give each run once "
-                         f"(leave out the page, or move the run folder away)")
     for _, part in runs.groupby("corpus"):  # the rows compared with each other, those of one corpus, share it
         check_model_code(part, allow_mixed)
     runs["trains_at"] = runs["corpus"].map(lambda c: (trains or {}).get(c, V.DEFAULT_TRAINS))
@@ -182,7 +152,6 @@ def load(sources, allow_mixed=False, trains=None):
     order = {r: i for i, r in enumerate(ROWS)}
     runs = runs.sort_values(["corpus", "row", "seed"], key=lambda s: s.map(order) if s.name == "row" else s,
                             kind="stable").reset_index(drop=True)
-    recorded = pd.concat(kept, ignore_index=True) if kept else pd.DataFrame(columns=EARLY_COLUMNS)
     return runs, recorded
 
 
