@@ -1,0 +1,225 @@
+"""Training curves over seeds: each row's validation NLL and test BLEU per epoch, with its seeds' range,
+and per epoch its difference from a reference row and the lab's verdict among the rows.
+
+    python -m fairseq_lnpos.analysis.curves OUT [OUT ...] [--only NAME,...] [--reference NAME]
+        [--title T] [--out-dir D] [--publish DIR]
+
+``OUT``: grid folders (``OUT/NAME/seedS/``), or pages this command published (their runs.csv and
+epochs.csv: seeds trained elsewhere add up; a run given twice is refused). ``--only``: run names or
+globs (default: every run that finished, diverged or stopped). Per row (a run of the run table) and
+scored epoch: the seeds, the mean and range of the validation NLL (bits, no label smoothing), tok
+BLEU, sacreBLEU, and the hypotheses' length ratio and 4-gram repetition (:mod:`~fairseq_lnpos.experiments.evaluate`);
+the row's mean NLL minus the reference row's (``--reference``, default the first row whose variant is
+Pre-LN, else the first row) with Welch's 95 % interval; and the maps' verdict
+(:mod:`.verdict`) with that epoch's rows as one family: *poor* = worse than another row by more than the
+margin (Welch, each row with its own variance moderated by the family's, Holm over every ordered pair),
+else *good*. Per row: the epoch of lowest validation NLL of each seed (chosen without the test set)
+and its tok BLEU, and the first epoch from which the row is good at every later epoch.
+
+Writes into ``--out-dir`` (default ``curves-report``): runs.csv, epochs.csv (one row per run, seed and
+epoch: the per-seed data), curves.csv (one row per run and epoch), curves.md (printed too) and
+curves.png; ``--publish DIR`` the same as a results page.
+"""
+import fnmatch
+import math
+import sys
+from pathlib import Path
+
+from ..cli import CommandParser
+from ..common import write_text
+from ..errors import LnposError, run_main
+from . import verdict as V
+from .frame import COUNTED, EPOCH_COLUMNS, check_model_code, epochs_frame, gather, pandas, write_runs_csv
+from .map_common import markdown_table, num, panels, save
+from .publish import argv_of
+
+PROG = "python -m fairseq_lnpos.analysis.curves"
+EPOCHS_CSV = "epochs.csv"
+METRICS = {"valid_nll_loss": "validation NLL (bits)", "bleu_tok": "tok BLEU", "sacrebleu": "sacreBLEU",
+           "length_ratio": "length ratio", "repeat_4gram": "4-gram repetition"}
+
+
+def load(sources, only=None, allow_mixed=False):
+    """(runs, epochs): the runs of ``sources`` that ``only`` selects and finished, diverged or stopped,
+    and one row per run, seed and scored epoch (:data:`~.frame.EPOCH_COLUMNS`)."""
+    pd = pandas()
+    what = "the output folder of a grid (OUT/NAME/seedS/)"
+    runs, recorded = gather(sources, EPOCHS_CSV, EPOCH_COLUMNS, what)
+    folders = [epochs_frame(s, what) for s in runs.loc[~runs["source"].map(lambda s: Path(s, EPOCHS_CSV).is_file()),
+                                                       "source"].unique()]
+    epochs = pd.concat([f for f in (*folders, recorded) if len(f)] or [recorded], ignore_index=True)
+    for c in METRICS.keys() | {"epoch", "num_updates", "seed", "train_loss", "valid_loss"}:
+        epochs[c] = pd.to_numeric(epochs[c])
+    if only:
+        runs = runs[runs["run"].map(lambda n: any(fnmatch.fnmatchcase(n, g) for g in only))]
+    runs = runs[runs["outcome"].isin(COUNTED)].reset_index(drop=True)
+    if runs.empty:
+        raise LnposError(f"{', '.join(map(str, sources))}: no run finished, diverged or stopped"
+                         + (f" among {','.join(only)}" if only else "") + ": let them run, or check --only")
+    check_model_code(runs, allow_mixed)
+    keys = runs[["run", "seed"]]
+    epochs = epochs.merge(keys, on=["run", "seed"]).sort_values(["run", "seed", "epoch"], kind="stable")
+    return runs, epochs.reset_index(drop=True)
+
+
+def reference_of(runs, name=None):
+    """The reference row: ``name``, else the first row of a Pre-LN variant, else the first row."""
+    names = list(dict.fromkeys(runs["run"]))
+    if name is not None:
+        if name not in names:
+            raise LnposError(f"--reference {name}: not among the runs ({', '.join(names)}): give one of them")
+        return name
+    pre = runs.loc[runs["variant"] == "preln", "run"]
+    return pre.iloc[0] if len(pre) else names[0]
+
+
+def curves(epochs, reference, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
+    """One row per run and epoch: seeds, mean/min/max of each of :data:`METRICS`, the NLL minus the
+    reference's (Welch's 95 % interval) and the verdict among that epoch's rows."""
+    from scipy.stats import ttest_ind
+
+    order = {r: i for i, r in enumerate(dict.fromkeys(epochs["run"]))}
+    g = epochs.groupby(["run", "epoch"], sort=False)
+    out = g.size().rename("seeds").to_frame()
+    for m in METRICS:
+        out = out.join(g[m].agg(["mean", "min", "max"]).add_prefix(f"{m}_"))
+    out["nll_var"] = g["valid_nll_loss"].var(ddof=1)
+    out = out.reset_index()
+    out["diff"], out["diff_low"], out["diff_high"], out["good"] = math.nan, math.nan, math.nan, None
+    for epoch, idx in out.groupby("epoch").groups.items():
+        ref = epochs.loc[(epochs["run"] == reference) & (epochs["epoch"] == epoch), "valid_nll_loss"].dropna().to_numpy()
+        for i in idx:
+            x = epochs.loc[(epochs["run"] == out.at[i, "run"]) & (epochs["epoch"] == epoch), "valid_nll_loss"].dropna()
+            if out.at[i, "run"] == reference or not len(x) or not len(ref):
+                continue
+            out.at[i, "diff"] = x.mean() - ref.mean()
+            if len(x) > 1 and len(ref) > 1:
+                ci = ttest_ind(x.to_numpy(), ref, equal_var=False).confidence_interval(0.95)
+                out.at[i, "diff_low"], out.at[i, "diff_high"] = ci.low, ci.high
+        fam = out.loc[idx]
+        fam = fam[fam["valid_nll_loss_mean"].notna()]
+        if len(fam) < 2:
+            continue
+        prior = V.variance_prior(fam["nll_var"].fillna(0), fam["seeds"] - 1)
+        bad, tested = V.poor(fam["valid_nll_loss_mean"].to_numpy(), fam["nll_var"].to_numpy(), fam["seeds"].to_numpy(),
+                             prior, margin, alpha)
+        for i, is_poor, has in zip(fam.index, bad, tested):
+            out.at[i, "good"] = False if is_poor else (True if has else None)
+    return out.sort_values(["run", "epoch"], key=lambda s: s.map(order) if s.name == "run" else s,
+                           kind="stable").reset_index(drop=True)
+
+
+def summary(runs, epochs, table):
+    """One row per run: seeds, epochs, CPU seconds, the validation-selected epoch's tok BLEU, the last
+    epoch's NLL, and the first epoch from which the row is good at every later epoch."""
+    pd = pandas()
+    rows = []
+    for name, part in epochs.groupby("run", sort=False):
+        sel = part.loc[part.dropna(subset=["valid_nll_loss"]).groupby("seed")["valid_nll_loss"].idxmin()]
+        last = part[part["epoch"] == part["epoch"].max()]
+        verdicts = table[table["run"] == name].sort_values("epoch")
+        good_from = None
+        for e, good in zip(verdicts["epoch"][::-1], verdicts["good"][::-1]):
+            if good is not True:
+                break
+            good_from = e
+        cpu = runs.loc[runs["run"] == name, "train_cpu_seconds"]
+        rows.append({"run": name, "seeds": part["seed"].nunique(), "epochs": int(part["epoch"].max()),
+                     "cpu_seconds": cpu.mean(), "cpu_per_epoch": cpu.mean() / part["epoch"].max(),
+                     "last_nll": last["valid_nll_loss"].mean(), "sel_epochs": ",".join(map(str, sel["epoch"])),
+                     "sel_bleu": sel["bleu_tok"].mean(), "sel_bleu_min": sel["bleu_tok"].min(),
+                     "sel_bleu_max": sel["bleu_tok"].max(), "good_from": good_from})
+    return pd.DataFrame(rows)
+
+
+def _range(mean, lo, hi, fmt):
+    return "" if mean is None or math.isnan(mean) else num(mean, fmt) + ("" if lo == hi else f" [{lo:{fmt}} to {hi:{fmt}}]")
+
+
+def markdown(runs, table, summ, reference, title, code_line):
+    lines = [f"# {title}", "",
+             f"Runs: {len(runs)} ({', '.join(f'`{r}` seeds {s}' for r, s in runs.groupby('run', sort=False)['seed'].agg(lambda s: ','.join(map(str, sorted(s)))).items())}); "
+             f"{code_line}. Training CPU time: {runs['train_cpu_seconds'].sum():.0f} CPU-s.", "",
+             f"Quantity: the validation NLL (bits, no label smoothing) of each scored epoch; tok BLEU and sacreBLEU on the "
+             f"test set. Reference row: `{reference}`; 'minus reference': the row's mean NLL minus the reference's at that "
+             f"epoch, Welch's 95 % interval. Verdict per epoch, the maps' rule (fairseq_lnpos/analysis/verdict.py) with "
+             f"that epoch's rows as one family: poor = worse than another row by more than {V.DEFAULT_MARGIN:g} bit "
+             f"(Welch's t over every ordered pair, Holm-corrected at {V.DEFAULT_ALPHA:g}), else good; NA: not compared. "
+             "Selected epoch: each seed's epoch of lowest validation NLL (the test set not used).", "",
+             "## Per row", ""]
+    df = pandas().DataFrame({
+        "row": [f"`{r}`" for r in summ["run"]], "seeds": summ["seeds"], "epochs": summ["epochs"],
+        "CPU-s per run (per epoch)": [f"{c:.0f} ({e:.0f})" if not math.isnan(c) else "" for c, e in
+                                      zip(summ["cpu_seconds"], summ["cpu_per_epoch"])],
+        "last epoch's NLL": [num(v, ".3f") for v in summ["last_nll"]],
+        "selected epochs": summ["sel_epochs"],
+        "tok BLEU, selected epoch": [_range(m, lo, hi, ".1f") for m, lo, hi in
+                                     zip(summ["sel_bleu"], summ["sel_bleu_min"], summ["sel_bleu_max"])],
+        "good from epoch": ["never" if g is None or (isinstance(g, float) and math.isnan(g)) else str(int(g))
+                            for g in summ["good_from"]]})
+    lines += markdown_table(df) + ["", "## Per epoch", ""]
+    df = pandas().DataFrame({
+        "row": [f"`{r}`" for r in table["run"]], "epoch": table["epoch"], "seeds": table["seeds"],
+        "valid NLL: mean [min to max]": [_range(m, lo, hi, ".3f") for m, lo, hi in
+                                         zip(table["valid_nll_loss_mean"], table["valid_nll_loss_min"], table["valid_nll_loss_max"])],
+        "minus reference (95 % CI)": ["" if math.isnan(d) else f"{d:+.3f}" + ("" if math.isnan(lo) else f" ({lo:+.3f} to {hi:+.3f})")
+                                      for d, lo, hi in zip(table["diff"], table["diff_low"], table["diff_high"])],
+        "verdict": ["NA" if g is None else "good" if g else "poor" for g in table["good"]],
+        "tok BLEU": [_range(m, lo, hi, ".1f") for m, lo, hi in zip(table["bleu_tok_mean"], table["bleu_tok_min"], table["bleu_tok_max"])],
+        "sacreBLEU": [num(v, ".1f") for v in table["sacrebleu_mean"]],
+        "length ratio": [num(v, ".2f") for v in table["length_ratio_mean"]],
+        "4-gram repetition": [num(v, ".3f") for v in table["repeat_4gram_mean"]]})
+    lines += markdown_table(df)
+    return "\n".join(lines) + "\n"
+
+
+def plot(table, path, title):
+    fig, axes = panels(2, 5.0, 3.6)
+    for ax, m in zip(axes[0], ("valid_nll_loss", "bleu_tok")):
+        for name, part in table.groupby("run", sort=False):
+            line, = ax.plot(part["epoch"], part[f"{m}_mean"], marker="o", ms=3, label=name)
+            ax.fill_between(part["epoch"], part[f"{m}_min"], part[f"{m}_max"], color=line.get_color(), alpha=0.2)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(METRICS[m])
+        ax.set_xticks(sorted(table["epoch"].unique()))
+    save(fig, path, f"{title}: mean over seeds, band = the seeds' range", legend_from=axes[0][0])
+
+
+def _main(argv):
+    p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("out", nargs="+", help="grid --out folders, or pages of this command")
+    p.add_argument("--only", help="comma-separated run names or globs (default: every run)")
+    p.add_argument("--reference", help="the row the others are compared with (default: the first Pre-LN row)")
+    p.add_argument("--title", default="Training curves over seeds", help="the page's title (default: %(default)s)")
+    p.add_argument("--allow-mixed-code", action="store_true", help="compare runs trained by different model code")
+    p.add_argument("--out-dir", default="curves-report", help="where to write (default: %(default)s)")
+    p.add_argument("--publish", metavar="DIR", help="also write a results page into DIR")
+    args = p.parse_args(argv)
+    only = [g for g in (args.only or "").split(",") if g] or None
+    runs, epochs = load(args.out, only, args.allow_mixed_code)
+    reference = reference_of(runs, args.reference)
+    table = curves(epochs, reference)
+    summ = summary(runs, epochs, table)
+    md = markdown(runs, table, summ, reference, args.title, check_model_code(runs, True))
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / EPOCHS_CSV, out / "curves.csv", out / "curves.md", out / "curves.png"]
+    write_text(written[0], epochs.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
+    write_text(written[1], table.drop(columns="nll_var").to_csv(index=False, float_format="%.6g", lineterminator="\n"))
+    write_text(written[2], md)
+    write_runs_csv(runs.drop(columns="source"), out / "runs.csv")
+    plot(table, written[3], args.title)
+    if args.publish:
+        from .publish import publish
+
+        publish(args.publish, args.title, md, runs.drop(columns="source"), written, argv_of(PROG, argv))
+    print(md, end="")
+    return 0
+
+
+def main(argv=None):
+    return run_main("curves", _main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

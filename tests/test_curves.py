@@ -1,0 +1,86 @@
+"""Training curves over seeds (analysis/curves.py): per row and epoch, the seeds' mean and range, the
+difference from the reference row with Welch's interval, the verdict among the rows, the epoch chosen on
+validation, and pages that add up with new run folders."""
+import json
+
+import pytest
+
+from fairseq_lnpos.analysis import curves as C
+from fairseq_lnpos.experiments.records import DoneRecord, Outcome
+from fairseq_lnpos.experiments.rundir import RunDir
+
+
+def write_run(out, name, ln, seed, nlls, bleus):
+    """A run folder of the grid with one eval/epochN.json per epoch (validation NLL, tok BLEU)."""
+    d = out / name / f"seed{seed}"
+    (d / "eval").mkdir(parents=True)
+    run = {"name": name, "dataset": "multi30k_cpu", "ln": ln, "optimizer": "adam", "lr": 1e-3}
+    (d / "config.json").write_text(json.dumps({"hash": "0" * 16, "run": run, "seed": seed, "arch": f"transformer_{ln}_tiny"}))
+    for e, (nll, bleu) in enumerate(zip(nlls, bleus), 1):
+        (d / "eval" / f"epoch{e}.json").write_text(json.dumps({
+            "epoch": e, "num_updates": 500 * e, "valid_loss": nll + 1.3, "valid_nll_loss": nll, "train_loss": nll + 1.4,
+            "bleu_tok": bleu, "sacrebleu": bleu - 0.5, "length_ratio": 1.0, "repeat_4gram": 0.01}))
+    RunDir(d).write_done(DoneRecord(outcome=Outcome.FINISHED, epochs=tuple(range(1, len(nlls) + 1)), initial_loss=13.0,
+                                    updates=500 * len(nlls), final_valid_loss=nlls[-1] + 1.3, final_valid_nll=nlls[-1],
+                                    unigram_bits=8.0, train_cpu_seconds=300.0 * len(nlls),
+                                    provenance={"code": {"commit": "f" * 40, "dirty": False}, "model_code": "abc",
+                                                "cpu": "a CPU", "cores": 2, "gpu": [], "load": 1.0}))
+
+
+# Post-LN with warm-up closes on Pre-LN: far behind at epoch 1, level by epoch 3; seed 2 of Pre-LN selects epoch 2
+NLL = {("real-preln-nowu", "preln"): ([5.0, 4.6, 4.5], [5.1, 4.4, 4.6], [4.9, 4.5, 4.4]),
+       ("real-postln-wu500", "postln"): ([6.5, 5.0, 4.52], [6.6, 5.1, 4.55], [6.4, 5.05, 4.45])}
+
+
+@pytest.fixture
+def grid(tmp_path):
+    out = tmp_path / "grid"
+    for (name, ln), seeds in NLL.items():
+        for seed, nlls in enumerate(seeds, 1):
+            write_run(out, name, ln, seed, nlls, [40 - 4 * n for n in nlls])
+    write_run(out, "demo-postln-nowu", "postln", 1, [5.0], [1.0])  # not selected by --only
+    return out
+
+
+def test_per_epoch_means_ranges_differences_and_verdicts(grid):
+    from scipy.stats import ttest_ind
+
+    runs, epochs = C.load([grid], only=["real-*"])
+    assert sorted(runs["run"].unique()) == ["real-postln-wu500", "real-preln-nowu"] and len(epochs) == 18
+    ref = C.reference_of(runs)
+    assert ref == "real-preln-nowu"
+    table = C.curves(epochs, ref).set_index(["run", "epoch"])
+    post = table.loc["real-postln-wu500"]
+    assert post.at[1, "valid_nll_loss_mean"] == pytest.approx(6.5) and post.at[1, "valid_nll_loss_max"] == 6.6
+    ci = ttest_ind([6.5, 6.6, 6.4], [5.0, 5.1, 4.9], equal_var=False).confidence_interval(0.95)
+    assert (post.at[1, "diff"], post.at[1, "diff_low"]) == (pytest.approx(1.5), pytest.approx(ci.low))
+    assert post.at[1, "good"] is False and post.at[3, "good"] is True and table.at[("real-preln-nowu", 1), "good"] is True
+    summ = C.summary(runs, epochs, C.curves(epochs, ref)).set_index("run")
+    assert summ.at["real-preln-nowu", "sel_epochs"] == "3,2,3"  # each seed's epoch of lowest validation NLL
+    assert summ.at["real-preln-nowu", "sel_bleu"] == pytest.approx(40 - 4 * (4.5 + 4.4 + 4.4) / 3)
+    assert summ.at["real-postln-wu500", "good_from"] == 3 and summ.at["real-postln-wu500", "cpu_per_epoch"] == 300
+
+
+def test_a_page_adds_up_with_new_seeds_and_the_command_refuses_bad_input(grid, tmp_path, capsys):
+    import shutil
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    for run in grid.iterdir():
+        for seed in run.iterdir():
+            shutil.copytree(seed, (new if seed.name == "seed3" else old) / run.name / seed.name)
+    assert C.main([str(grid), "--only", "real-*", "--out-dir", str(tmp_path / "all")]) == 0
+    assert C.main([str(old), "--only", "real-*", "--out-dir", str(tmp_path / "page")]) == 0
+    assert C.main([str(tmp_path / "page"), str(new), "--only", "real-*", "--out-dir", str(tmp_path / "both")]) == 0
+    for name in ("curves.md", "curves.csv", "epochs.csv"):
+        assert (tmp_path / "both" / name).read_text().replace(str(new), str(grid)).replace(str(old), str(grid)) == \
+            (tmp_path / "all" / name).read_text(), name
+    md = (tmp_path / "all" / "curves.md").read_text()
+    assert "| `real-postln-wu500` | 3 | 3 |" in md and "| 3 |" in md
+    capsys.readouterr()
+    for argv, words in (([str(grid), "--only", "iwslt-*"], "no run finished"),
+                        ([str(grid), "--reference", "real-nope"], "--reference real-nope: not among the runs"),
+                        ([str(tmp_path / "page"), str(grid)], "give each run once"),
+                        ([str(tmp_path / "missing")], "no such folder")):
+        assert C.main(argv + ["--out-dir", str(tmp_path / "r")]) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], (argv, err)
