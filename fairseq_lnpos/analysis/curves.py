@@ -101,10 +101,9 @@ def curves(epochs, reference, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
         if len(fam) < 2:
             continue
         prior = V.variance_prior(fam["nll_var"].fillna(0), fam["seeds"] - 1)
-        bad, tested = V.poor(fam["valid_nll_loss_mean"].to_numpy(), fam["nll_var"].to_numpy(), fam["seeds"].to_numpy(),
-                             prior, margin, alpha)
-        for i, is_poor, has in zip(fam.index, bad, tested):
-            out.at[i, "good"] = False if is_poor else (True if has else None)
+        for i, g in zip(fam.index, V.good(fam["valid_nll_loss_mean"].to_numpy(), fam["nll_var"].to_numpy(),
+                                          fam["seeds"].to_numpy(), prior, margin, alpha)):
+            out.at[i, "good"] = g
     return out.sort_values(["run", "epoch"], key=lambda s: s.map(order) if s.name == "run" else s,
                            kind="stable").reset_index(drop=True)
 

@@ -76,10 +76,10 @@ def make_cells(runs, trains=V.DEFAULT_TRAINS, margin=V.DEFAULT_MARGIN, alpha=V.D
         cells[f"gap_{family}"] = math.nan
         for _, idx in trained.groupby(list(keys) if len(keys) > 1 else keys[0]).groups.items():
             fam = cells.loc[idx]
-            bad, tested = V.poor(fam["nll"].to_numpy(), fam["nll_var"].to_numpy(), fam["finished"].to_numpy(),
-                                 prior, margin, alpha)
-            for i, is_poor, has in zip(idx, bad, tested):
-                cells.at[i, f"good_{family}"] = False if is_poor else (True if has or len(idx) == 1 else None)
+            verdicts = V.good(fam["nll"].to_numpy(), fam["nll_var"].to_numpy(), fam["finished"].to_numpy(),
+                              prior, margin, alpha, lone=True)
+            for i, g in zip(idx, verdicts):
+                cells.at[i, f"good_{family}"] = g
             cells.loc[idx, f"gap_{family}"] = fam["nll"] - fam["nll"].min()
         cells.loc[~cells["trains"], f"good_{family}"] = False
     cells["verdict"] = [_verdict(c) for c in cells.itertuples()]

@@ -168,6 +168,15 @@ def poor(means, variances, ns, prior=None, margin=DEFAULT_MARGIN, alpha=DEFAULT_
     return holm_rejects(p, alpha).any(axis=1), has
 
 
+def good(means, variances, ns, prior=None, margin=DEFAULT_MARGIN, alpha=DEFAULT_ALPHA, lone=None):
+    """The verdict of each cell of one family that trains (see :func:`poor`): True (good), False (poor) or
+    None (not compared: no variance); ``lone``, when given, is that of a family's only cell."""
+    if len(means) == 1 and lone is not None:
+        return [lone]
+    bad, tested = poor(means, variances, ns, prior, margin, alpha)
+    return [False if b else (True if t else None) for b, t in zip(bad, tested)]
+
+
 # ---------------------------------------------------------------- checking the error rate
 
 def false_poor_rate(cells, seeds, sims=2000, margin=0.0, alpha=DEFAULT_ALPHA, sd=0.1, sd_spread=0.0, seed=0):

@@ -185,10 +185,9 @@ def row_table(runs, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
     for _, idx in table[table["trains"]].groupby("corpus").groups.items():
         fam = table.loc[idx]
         prior = V.variance_prior(fam["nll_var"].fillna(0), fam["finished"] - 1)
-        bad, tested = V.poor(fam["nll"].to_numpy(), fam["nll_var"].to_numpy(), fam["finished"].to_numpy(),
-                             prior, margin, alpha)
-        for i, is_poor, has in zip(idx, bad, tested):
-            table.at[i, "good"] = False if is_poor else (True if has else None)
+        for i, g in zip(idx, V.good(fam["nll"].to_numpy(), fam["nll_var"].to_numpy(), fam["finished"].to_numpy(),
+                                    prior, margin, alpha)):
+            table.at[i, "good"] = g
     table.loc[~table["trains"], "good"] = False
     return table
 
