@@ -344,7 +344,7 @@ RUNS = [
     # real text after one epoch (docs/results.md, "Every architecture on real text")
     *[_real(f"real-{v}-wu100", v, warmup=100) for v in ("postln", "preln", "deepnorm", "b2t")],
     # longer warm-ups of Post-LN (one and two epochs of 506 updates): how long, and how many epochs, until
-    # Post-LN with warm-up is as good as Pre-LN (docs/results/warmup-control)
+    # Post-LN with warm-up is as good as Pre-LN per epoch (python -m fairseq_lnpos.analysis.curves)
     *[_real(f"real-postln-wu{w}", "postln", warmup=w) for w in (500, 1000)],
 ]
 
