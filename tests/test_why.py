@@ -125,9 +125,12 @@ def test_the_report_separates_by_the_diagnostic_that_carries_the_outcome(study, 
     rc = W.main([str(study), "--out-dir", str(tmp_path / "r")])
     assert rc == 0
     sep = __import__("pandas").read_csv(tmp_path / "r" / "why_separation.csv")
-    at = sep.set_index(["feature", "update"])
+    at = sep[sep["scope"] == "synthetic"].set_index(["feature", "update"])
     assert at.loc[("update_ratio_max", 10), "loo_error"] == 0 and at.loc[("train_loss", 50), "loo_error"] == 0
     assert at.loc[("update_ratio_max", 10), "failing"] == 4 and at.loc[("update_ratio_max", 10), "runs"] == 15
+    # the same model alone: the Pre-LN control's runs left out
+    model = sep[sep["scope"] == "synthetic+postln6"].set_index(["feature", "update"])
+    assert model.loc[("update_ratio_max", 10), "runs"] == 12 and model.loc[("update_ratio_max", 10), "failing"] == 4
     md = (tmp_path / "r" / "why.md").read_text()
     assert "| `postln-clip1` | gradient clipping at norm 1.0 | 2/3 |" in md
     assert "`postln-radam` 3/3 seeds trained" in md

@@ -54,6 +54,8 @@ PROG = "python -m fairseq_lnpos.analysis.why"
 CORPORA = {"synthetic": "the generated corpus", "multi30k": "Multi30k"}
 ROWS = {suffix: note for suffix, _, note in WHY_INTERVENTIONS}
 FAILING, PRELN = "postln-nowu", "preln-nowu"
+OTHER_MODELS = (PRELN, "admin-nowu", "postln-L3")  # rows whose model differs from the failing setting's
+MODEL_ONLY = "the failing setting's model only (Post-LN, 6 layers: no Pre-LN, Admin or 3-layer row)"
 UPDATES = (10, 50, 100)
 LOSS_WINDOW = 10  # the training loss "at update u": the mean of the logged losses of updates u-9 .. u
 LAYER = re.compile(r"^(encoder|decoder)/\d+$")
@@ -267,14 +269,16 @@ def loo_errors(x, fails):
 
 
 def separation(values):
-    """Per scope (each corpus, and both), feature and update: runs, failing runs, AUC, in-sample and
-    leave-one-out errors (with its interval) and the error of always answering the more common class."""
+    """Per scope (each corpus, both, and both with the failing setting's model alone: ``+postln6``), feature
+    and update: runs, failing runs, AUC, in-sample and leave-one-out errors (with its interval) and the error of always answering the more common class."""
     from scipy.stats import binomtest, mannwhitneyu
 
     out = []
     scopes = [(c, values[values["corpus"] == c]) for c in values["corpus"].unique()]
     if values["corpus"].nunique() > 1:
         scopes.append(("both", values))
+    # a diagnostic that only tells the models apart separates the rows, not the runs: the same model alone
+    scopes.append((scopes[-1][0] + "+postln6", values[~values["row"].isin(OTHER_MODELS)]))
     for scope, part in scopes:
         for (feature, u), g in part.groupby(["feature", "update"], sort=False):
             g = g[np.isfinite(g["value"])]
@@ -328,6 +332,12 @@ def rows_markdown(table):
     return lines
 
 
+def _scope_words(scope):
+    """A scope of :func:`separation` in words: a corpus or "both", "+postln6" for its failing model's rows only."""
+    corpus, _, only = scope.partition("+")
+    return ("both corpora" if corpus == "both" else CORPORA.get(corpus, corpus)) + (f", {MODEL_ONLY}" if only else "")
+
+
 def _best(sep, scope, features=None):
     s = sep[(sep["scope"] == scope) & sep["loo_error"].notna()]
     if features is not None:
@@ -339,7 +349,7 @@ def separation_markdown(sep):
     lines = []
     for scope in sep["scope"].unique():
         s = sep[sep["scope"] == scope]
-        title = "both corpora" if scope == "both" else CORPORA.get(scope, scope)
+        title = _scope_words(scope)
         first = s.iloc[0]
         lines += [f"### {title}: {first['runs']} runs, {first['failing']} do not train", ""]
         if s["loo_error"].isna().all():
@@ -379,10 +389,16 @@ def explanation_paragraphs(table, sep):
     for scope in sep["scope"].unique():
         loss = sep[(sep["scope"] == scope) & (sep["feature"] == "train_loss") & sep["loo_error"].notna()]
         if len(loss):
-            where = "both corpora" if scope == "both" else CORPORA.get(scope, scope)
+            where = _scope_words(scope)
             lines += [f"The plain baseline on {where}: the training loss itself separates the runs with leave-one-out "
                       "error " + ", ".join(f"{e:.2f} at update {u}" for u, e in zip(loss["update"], loss["loo_error"]))
                       + "; a diagnostic tells more than the loss only where it does better.", ""]
+        best = _best(sep, scope)
+        if scope.endswith("+postln6") and len(best):
+            b = best.iloc[0]
+            lines += [f"With the other models left out ({where}; {b['runs']} runs, {b['failing']} do not train), "
+                      f"the best diagnostic is `{b['feature']}` at update {b['update']}, leave-one-out error "
+                      f"{b['loo_error']:.2f} (always the common class: {b['base_error']:.2f}; AUC {b['auc']:.2f}).", ""]
     for name, claim, rows, features in EXPLANATIONS:
         text = [f"**{name}**: {claim}."]
         for corpus in table["corpus"].unique():
