@@ -172,7 +172,7 @@ def test_outputs_page_and_a_statistic_a_log_axis_cannot_show(study, tmp_path, ca
 @pytest.mark.parametrize("case, message", [
     ("missing variant", "--init {init}: no records of keel: run init_grad with --archs postln,preln,deepnorm,keel"),
     ("no warm-up cells", "the map has no counted cell with warm-up for Post-LN: map each architecture with warm-up 1"),
-    ("no such map", "--map {tmp}/nowhere.csv: no such file or folder"),
+    ("no such map", "{tmp}/nowhere.csv: no such folder or file"),
     ("no records", "--init {tmp}/empty: no records.jsonl there: give the --out folder of python -m "
                    "fairseq_lnpos.analysis.init_grad"),
     ("another width", "--init {init}: measured with d 128, the map's models have d 96: run init_grad with --width 96"),

@@ -32,7 +32,7 @@ import numpy as np
 from ..cli import CommandParser
 from ..common import write_text
 from ..errors import LnposError, run_main
-from .frame import COUNTED, check_model_code, check_one_experiment, pandas, read_runs_csv, runs_frame
+from .frame import COUNTED, check_model_code, check_one_experiment, pandas, read_runs
 from .publish import argv_of
 from .stability import KEYS, make_cells, order
 
@@ -42,13 +42,7 @@ NO_TRAIN = {"no-train", "diverged", "stopped"}
 
 def load(source, allow_mixed=False):
     """The table of every run of a map: a sweep's folder or a published runs.csv."""
-    path = Path(source)
-    if path.is_dir():
-        runs = runs_frame(path, "the output folder of a sweep (OUT/NAME/seedS/)")
-    elif path.is_file():
-        runs = read_runs_csv(path)
-    else:
-        raise LnposError(f"{source}: no such folder or file: give a sweep's output folder or a published runs.csv")
+    runs = read_runs(source, "the output folder of a sweep (OUT/NAME/seedS/)")
     check_one_experiment(source, runs)
     check_model_code(runs, allow_mixed)
     if not runs["outcome"].isin(COUNTED).any():
@@ -136,7 +130,7 @@ def markdown(name_a, name_b, both, table, seeds=None):
     kind = ("" if seeds is None else f" Seeds: A {seeds[0]}; B {seeds[1]}: " + (
         "the same seeds (a re-run)." if same else "other seeds (a replication: the verdicts are drawn anew)."))
     left = both.attrs.get("left_out", 0)
-    lines = [f"# Verdicts of two runs of one map", "",
+    lines = ["# Verdicts of two runs of one map", "",
              f"A: `{name_a}`; B: `{name_b}`. {len(both)} cells complete in both, judged over those cells only"
              + (f" ({left} cells complete in one map only are left out)" if left else "") + f".{kind}", "",
              "| rule | cells judged in both | agree | share | 95 % interval |", "|---|---:|---:|---:|---|"]

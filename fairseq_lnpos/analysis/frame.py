@@ -152,10 +152,20 @@ def epochs_frame(out, what="the output folder of a sweep or grid (OUT/NAME/seedS
     return pandas().DataFrame(rows, columns=EPOCH_COLUMNS)
 
 
+def read_runs(source, what="the output folder of a sweep or grid (OUT/NAME/seedS/)"):
+    """The table of every run of ``source``: a folder of run folders, or a published runs.csv."""
+    path = Path(source)
+    if path.is_file():
+        return read_runs_csv(path)
+    if not path.is_dir():
+        raise LnposError(f"{source}: no such folder or file: give {what}, or a published runs.csv")
+    return runs_frame(path, what)
+
+
 def gather(sources, page_table, columns, what="the output folder of a sweep or grid (OUT/NAME/seedS/)"):
     """(the table of every run in ``sources`` with a column ``source``, the rows of the ``page_table``
-    CSVs of the sources that are pages). A source is a folder of run folders, or a results page a
-    study published: its runs.csv and ``page_table`` (the per-run data the study reads beyond runs.csv,
+    CSVs of the sources that are pages). A source is a folder of run folders, a runs.csv, or a results
+    page a study published: its runs.csv and ``page_table`` (the per-run data the study reads beyond runs.csv,
     with exactly ``columns``), so seeds trained on other machines or days add up with new run folders.
     A run (name and seed) given twice is refused."""
     pd = pandas()
@@ -171,10 +181,8 @@ def gather(sources, page_table, columns, what="the output folder of a sweep or g
                                  f"give a page the study published")
             frames.append(read_runs_csv(s / "runs.csv")[RUN_COLUMNS].assign(source=str(s)))
             tables.append(table)
-        elif s.is_dir():
-            frames.append(runs_frame(s, what).assign(source=str(s)))
         else:
-            raise LnposError(f"{s}: no such folder: give {what}, or a page of the study")
+            frames.append(read_runs(s, what).assign(source=str(s)))
     runs = pd.concat(frames, ignore_index=True)
     twice = runs[runs.duplicated(["run", "seed"], keep=False)].sort_values(["run", "seed", "source"])
     if not twice.empty:

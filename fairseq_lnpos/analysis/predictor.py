@@ -32,7 +32,7 @@ from ..errors import LnposError, StateError, run_main
 from ..experiments.runs import warmup_label
 from ..variants import TINY, VARIANTS, arch_names, variant_color
 from . import verdict as V
-from .frame import check_model_code, check_one_experiment, pandas, read_runs_csv, runs_frame
+from .frame import check_model_code, check_one_experiment, pandas, read_runs
 from .map_common import num, pyplot, save
 from .publish import argv_of
 from .stability import make_cells
@@ -73,10 +73,7 @@ VERDICT_MARKS = {"needs warm-up": ("o", True), "does not": ("s", False), "no goo
 
 def read_map(path, allow_mixed_code=False):
     """(the map's table of every run, a line naming its code versions) from a map's folder or its runs.csv."""
-    path = Path(path)
-    if not path.exists():
-        raise LnposError(f"--map {path}: no such file or folder: give a map's folder (a sweep's --out) or its runs.csv")
-    runs = read_runs_csv(path) if path.is_file() else runs_frame(path, "a map's folder (a sweep's --out)")
+    runs = read_runs(path, "a map's folder (a sweep's --out)")
     check_one_experiment(path, runs)
     return runs, check_model_code(runs, allow_mixed_code)
 
