@@ -7,8 +7,9 @@ those that will not.
 ``OUT``: the grid's folders holding the ``why-*`` runs (``scripts/grid.sh run --only 'why-*'``; other
 runs in them are left out), or results pages this command published: a page keeps each run's row of
 runs.csv and its early values (why_early.csv), so seeds trained on other machines or days add up with
-new run folders (``why PAGE NEW_OUT --publish PAGE``); a run given twice is refused. The runs of one corpus, compared with each other, must share their model
-code (unless ``--allow-mixed-code``); the page lists the versions. Per corpus (the generated one, Multi30k):
+new run folders (``why PAGE NEW_OUT --publish PAGE``); a run given twice is refused. The runs of one
+corpus, compared with each other, must share their model code (unless ``--allow-mixed-code``); the
+page lists the versions. Per corpus (the generated one, Multi30k):
 
 - **the rows** (:func:`row_table`): each intervention's seeds, how many trained (a run trains when it
   finished and its final validation NLL is at most :data:`~.verdict.DEFAULT_TRAINS` x the corpus's
@@ -270,7 +271,8 @@ def loo_errors(x, fails):
 
 def separation(values):
     """Per scope (each corpus, both, and both with the failing setting's model alone: ``+postln6``), feature
-    and update: runs, failing runs, AUC, in-sample and leave-one-out errors (with its interval) and the error of always answering the more common class."""
+    and update: runs, failing runs, AUC, in-sample and leave-one-out errors (with its interval) and the
+    error of always answering the more common class."""
     from scipy.stats import binomtest, mannwhitneyu
 
     out = []
@@ -388,8 +390,8 @@ def explanation_paragraphs(table, sep):
     lines = []
     for scope in sep["scope"].unique():
         loss = sep[(sep["scope"] == scope) & (sep["feature"] == "train_loss") & sep["loo_error"].notna()]
+        where = _scope_words(scope)
         if len(loss):
-            where = _scope_words(scope)
             lines += [f"The plain baseline on {where}: the training loss itself separates the runs with leave-one-out "
                       "error " + ", ".join(f"{e:.2f} at update {u}" for u, e in zip(loss["update"], loss["loo_error"]))
                       + "; a diagnostic tells more than the loss only where it does better.", ""]
