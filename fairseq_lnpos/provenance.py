@@ -13,7 +13,7 @@ every results page, so that a number can be traced to the code and the machine t
 - ``cpu`` (the model name), ``cores`` (usable by this process), ``gpu`` (the NVIDIA GPUs the
   driver lists, empty without one), ``load`` (the 1-minute load average when it was recorded), ``host``.
 
-Imports nothing heavy; the git and file reads happen once per process.
+Imports nothing heavy; the git and file reads happen once per process (:func:`pin`: at its start).
 """
 import functools
 import hashlib
@@ -96,6 +96,14 @@ def machine():
     """The machine: cpu, cores, gpu, host."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"cpu": _cpu_model(), "cores": cores, "gpu": _gpus(), "host": platform.node()}
+
+
+def pin():
+    """Read the code versions now and keep them for this process: a grid's runs then record the code
+    they were started with (its workers import it at the start), not the files as an edit left them by
+    the time a run ends."""
+    code_version()
+    model_code_hash()
 
 
 def provenance():

@@ -19,6 +19,7 @@ import threading
 from dataclasses import fields
 from pathlib import Path
 
+from .. import provenance
 from ..common import CONTROL, one_line, refuse_link
 from ..cli import CommandParser
 from ..errors import INTERRUPT_EXIT, LnposError, StateError, run_main
@@ -110,6 +111,7 @@ def run_grid(opts, runs):
         print_dry_run(jobs, manifests)
         return 0
     make_out_dir(opts.out)
+    provenance.pin()  # the runs record the code the workers start with
     grid = Grid(jobs, opts, slots)
     previous = {}
     if threading.current_thread() is threading.main_thread():

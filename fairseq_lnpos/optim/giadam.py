@@ -10,8 +10,7 @@ initialization, i.e. of the first update. Everything else is Adam's:
     m_hat = m_t / (1 - beta1^t),                v_hat = v_t / (1 - beta2^t)
     w_t = w_{t-1} - lr (m_hat / (sqrt(v_hat) + eps) + weight_decay w_{t-1})
 
-**Bias correction** is kept unchanged: only v_0 differs from Adam (the paper's abstract describes
-GI-Adam by its initialization alone). Since v_0 is no longer
+**Bias correction** is kept unchanged, as in the paper (only v_0 changes). Since v_0 is no longer
 0, the second-moment correction 1 / (1 - beta2^t) now over-corrects: with gradients of steady
 size, v_hat = g^2 / (1 - beta2^t), so the step is Adam's times sqrt(1 - beta2^t), a built-in warm-up
 over about 1 / (1 - beta2) updates. The first update moves each weight by
