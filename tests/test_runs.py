@@ -330,7 +330,7 @@ def test_fields_added_later_keep_older_run_folders_resumable():
 
 def test_every_architecture_on_real_text_plan(tmp_path, capsys):
     """The real-text comparison, `grid.sh run --only 'real-*' --seeds 1,2` (dry run): every variant
-    without warm-up and the warm-up controls (Post-LN, Pre-LN, DeepNorm, B2T), at the tiny size on Multi30k, the
+    without warm-up and the warm-up controls (Post-LN, Pre-LN, DeepNorm, B2T; Post-LN's longer warm-ups), at the tiny size on Multi30k, the
     commands alike but for the arch, the warm-up and the seed."""
     import re
 
@@ -341,12 +341,13 @@ def test_every_architecture_on_real_text_plan(tmp_path, capsys):
                       "--out", str(tmp_path / "out")]) == 0
     blocks = [b.splitlines() for b in capsys.readouterr().out.strip().split("\n\n")]
     runs = [re.match(r"# \[\d+/\d+\] (\S+) seed (\d)", b[0]).groups() for b in blocks]
-    want = [f"real-{v}-nowu" for v in VARIANTS] + [f"real-{v}-wu100" for v in ("postln", "preln", "deepnorm", "b2t")]
-    assert sorted(runs) == sorted((r, s) for r in want for s in "12") and len(runs) == 2 * (len(VARIANTS) + 4)
+    want = [f"real-{v}-nowu" for v in VARIANTS] + [f"real-{v}-wu100" for v in ("postln", "preln", "deepnorm", "b2t")] \
+        + ["real-postln-wu500", "real-postln-wu1000"]
+    assert sorted(runs) == sorted((r, s) for r in want for s in "12") and len(runs) == 2 * len(want)
     generic = set()
     for (name, seed), block in zip(runs, blocks):
         argv = block[1].split()
-        variant, warm = R.BY_NAME[name].ln, "100" if name.endswith("wu100") else "1"
+        variant, warm = R.BY_NAME[name].ln, name.rpartition("-wu")[2] if "-wu" in name else "1"
         assert (flag(argv, "--arch"), flag(argv, "--warmup-updates"), flag(argv, "--seed")) == (
             f"transformer_{variant}_tiny", warm, seed)
         assert argv[1] == str(tmp_path / "bin")
