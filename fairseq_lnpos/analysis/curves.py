@@ -28,6 +28,7 @@ from pathlib import Path
 from ..cli import CommandParser
 from ..common import write_text
 from ..errors import LnposError, run_main
+from ..variants import variant_color
 from . import verdict as V
 from .frame import COUNTED, EPOCH_COLUMNS, check_model_code, epochs_frame, gather, pandas, write_runs_csv
 from .map_common import markdown_table, num, panels, save
@@ -172,12 +173,19 @@ def markdown(runs, table, summ, reference, title, code_line):
     return "\n".join(lines) + "\n"
 
 
-def plot(table, path, title):
+def plot(table, variants, path, title):
+    """NLL and tok BLEU per epoch, a line per row (its variant's colour; a line style per row of one
+    variant) and the seeds' range as a band."""
     fig, axes = panels(2, 5.0, 3.6)
+    styles, seen = {}, {}
+    for name in dict.fromkeys(table["run"]):
+        v = variants[name]
+        styles[name] = dict(color=variant_color(v), linestyle=("-", "--", ":", "-.")[seen.setdefault(v, [0])[0] % 4])
+        seen[v][0] += 1
     for ax, m in zip(axes[0], ("valid_nll_loss", "bleu_tok")):
         for name, part in table.groupby("run", sort=False):
-            line, = ax.plot(part["epoch"], part[f"{m}_mean"], marker="o", ms=3, label=name)
-            ax.fill_between(part["epoch"], part[f"{m}_min"], part[f"{m}_max"], color=line.get_color(), alpha=0.2)
+            ax.plot(part["epoch"], part[f"{m}_mean"], marker="o", ms=3, label=name, **styles[name])
+            ax.fill_between(part["epoch"], part[f"{m}_min"], part[f"{m}_max"], color=styles[name]["color"], alpha=0.15)
         ax.set_xlabel("epoch")
         ax.set_ylabel(METRICS[m])
         ax.set_xticks(sorted(table["epoch"].unique()))
@@ -207,7 +215,7 @@ def _main(argv):
     write_text(written[1], table.drop(columns="nll_var").to_csv(index=False, float_format="%.6g", lineterminator="\n"))
     write_text(written[2], md)
     write_runs_csv(runs.drop(columns="source"), out / "runs.csv")
-    plot(table, written[3], args.title)
+    plot(table, dict(zip(runs["run"], runs["variant"])), written[3], args.title)
     if args.publish:
         from .publish import publish
 
