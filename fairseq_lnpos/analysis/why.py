@@ -56,7 +56,7 @@ CORPORA = {"synthetic": "the generated corpus", "multi30k": "Multi30k"}
 ROWS = {suffix: note for suffix, _, note in WHY_INTERVENTIONS}
 FAILING, PRELN = "postln-nowu", "preln-nowu"
 OTHER_MODELS = (PRELN, "admin-nowu", "postln-L3")  # rows whose model differs from the failing setting's
-MODEL_ONLY = "the failing setting's model only (Post-LN, 6 layers: no Pre-LN, Admin or 3-layer row)"
+MODEL_ONLY = "the failing setting's model alone (Post-LN, 6 layers; the Pre-LN, Admin and 3-layer rows left out)"
 UPDATES = (10, 50, 100)
 LOSS_WINDOW = 10  # the training loss "at update u": the mean of the logged losses of updates u-9 .. u
 LAYER = re.compile(r"^(encoder|decoder)/\d+$")
@@ -386,42 +386,49 @@ def _verdict(good, trains):
     return ("good" if good else "poor" if trains else "no-train") if good is not None else "NA"
 
 
+def _separates(sep, scope, features):
+    """The best of ``features`` on ``scope`` against the training loss's best there, in words ('' if none)."""
+    best, loss = _best(sep, scope, features), _best(sep, scope, ("train_loss",))
+    if not len(best):
+        return ""
+    b = best.iloc[0]
+    than = ""
+    if len(loss) and b["feature"] != "train_loss":
+        lo = loss.iloc[0]
+        than = (f"; {'better than' if b['loo_error'] < lo['loo_error'] else 'no better than'} the training loss's "
+                f"best, {lo['loo_error']:.2f} at update {lo['update']}")
+    return (f"`{b['feature']}` at update {b['update']} separates the {b['runs']} runs ({b['failing']} do not train) "
+            f"with leave-one-out error {b['loo_error']:.2f} (always the common class: {b['base_error']:.2f}; "
+            f"AUC {b['auc']:.2f}{than})")
+
+
 def explanation_paragraphs(table, sep):
     lines = []
     for scope in sep["scope"].unique():
         loss = sep[(sep["scope"] == scope) & (sep["feature"] == "train_loss") & sep["loo_error"].notna()]
-        where = _scope_words(scope)
         if len(loss):
-            lines += [f"The plain baseline on {where}: the training loss itself separates the runs with leave-one-out "
-                      "error " + ", ".join(f"{e:.2f} at update {u}" for u, e in zip(loss["update"], loss["loo_error"]))
+            lines += [f"The plain baseline on {_scope_words(scope)}: the training loss itself separates the runs with "
+                      "leave-one-out error " + ", ".join(f"{e:.2f} at update {u}" for u, e in zip(loss["update"], loss["loo_error"]))
                       + "; a diagnostic tells more than the loss only where it does better.", ""]
-        best = _best(sep, scope)
-        if scope.endswith("+postln6") and len(best):
-            b = best.iloc[0]
-            lines += [f"With the other models left out ({where}; {b['runs']} runs, {b['failing']} do not train), "
-                      f"the best diagnostic is `{b['feature']}` at update {b['update']}, leave-one-out error "
-                      f"{b['loo_error']:.2f} (always the common class: {b['base_error']:.2f}; AUC {b['auc']:.2f}).", ""]
+    model_only = [s for s in sep["scope"].unique() if s.endswith("+postln6")]
+    if model_only and _separates(sep, model_only[0], None):
+        lines += [f"Of every diagnostic, on {_scope_words(model_only[0])}: {_separates(sep, model_only[0], None)}.", ""]
     for name, claim, rows, features in EXPLANATIONS:
         text = [f"**{name}**: {claim}."]
         for corpus in table["corpus"].unique():
             said = [w for w in (_row_words(table, corpus, row) for row in rows) if w]
             part = table[table["corpus"] == corpus].set_index("row")
             held = [row for row in rows if row in part.index and part.at[row, "trains"]]
+            where = CORPORA.get(corpus, corpus)
             if said:
-                text.append(f"On {CORPORA.get(corpus, corpus)} it predicts that {', '.join(f'`{r}`' for r in rows)} "
+                text.append(f"On {where} it predicts that {', '.join(f'`{r}`' for r in rows)} "
                             f"train{'s' if len(rows) == 1 else ''}: {'; '.join(said)}. "
                             f"{len(held)} of these {len(said)} rows trained in every seed.")
-            best, loss = _best(sep, corpus, features), _best(sep, corpus, ("train_loss",))
-            if len(best):
-                b = best.iloc[0]
-                than = ""
-                if len(loss):
-                    lo = loss.iloc[0]
-                    than = (f"; {'better than' if b['loo_error'] < lo['loo_error'] else 'no better than'} the "
-                            f"training loss's best, {lo['loo_error']:.2f} at update {lo['update']}")
-                text.append(f"Its best diagnostic there, `{b['feature']}` at update {b['update']}, separates the "
-                            f"{b['runs']} runs with leave-one-out error {b['loo_error']:.2f} "
-                            f"(always the common class: {b['base_error']:.2f}; AUC {b['auc']:.2f}{than}).")
+            if features and _separates(sep, corpus, features):
+                text.append(f"Its best diagnostic on {where}: {_separates(sep, corpus, features)}.")
+        if model_only and features and _separates(sep, model_only[0], features):
+            text.append(f"With the failing setting's model alone ({_scope_words(model_only[0].partition('+')[0])}): "
+                        f"{_separates(sep, model_only[0], features)}.")
         lines += [" ".join(text), ""]
     return lines
 
