@@ -77,8 +77,6 @@ def reference_of(runs, name=None):
 def curves(epochs, reference, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
     """One row per run and epoch: seeds, mean/min/max of each of :data:`METRICS`, the NLL minus the
     reference's (Welch's 95 % interval) and the verdict among that epoch's rows."""
-    from scipy.stats import ttest_ind
-
     order = {r: i for i, r in enumerate(dict.fromkeys(epochs["run"]))}
     g = epochs.groupby(["run", "epoch"], sort=False)
     out = g.size().rename("seeds").to_frame()
@@ -90,13 +88,9 @@ def curves(epochs, reference, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
     for epoch, idx in out.groupby("epoch").groups.items():
         ref = epochs.loc[(epochs["run"] == reference) & (epochs["epoch"] == epoch), "valid_nll_loss"].dropna().to_numpy()
         for i in idx:
-            x = epochs.loc[(epochs["run"] == out.at[i, "run"]) & (epochs["epoch"] == epoch), "valid_nll_loss"].dropna()
-            if out.at[i, "run"] == reference or not len(x) or not len(ref):
-                continue
-            out.at[i, "diff"] = x.mean() - ref.mean()
-            if len(x) > 1 and len(ref) > 1:
-                ci = ttest_ind(x.to_numpy(), ref, equal_var=False).confidence_interval(0.95)
-                out.at[i, "diff_low"], out.at[i, "diff_high"] = ci.low, ci.high
+            if out.at[i, "run"] != reference:
+                x = epochs.loc[(epochs["run"] == out.at[i, "run"]) & (epochs["epoch"] == epoch), "valid_nll_loss"].dropna()
+                out.loc[i, ["diff", "diff_low", "diff_high"]] = V.difference(x, ref)
         fam = out.loc[idx]
         fam = fam[fam["valid_nll_loss_mean"].notna()]
         if len(fam) < 2:

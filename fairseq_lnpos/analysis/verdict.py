@@ -168,6 +168,20 @@ def poor(means, variances, ns, prior=None, margin=DEFAULT_MARGIN, alpha=DEFAULT_
     return holm_rejects(p, alpha).any(axis=1), has
 
 
+def difference(x, ref):
+    """(mean(x) - mean(ref), Welch's 95 % interval low, high): NaN where either is empty, the interval
+    NaN where either has fewer than two values."""
+    from scipy.stats import ttest_ind
+
+    x, ref = np.asarray(x, float), np.asarray(ref, float)
+    if not len(x) or not len(ref):
+        return math.nan, math.nan, math.nan
+    if len(x) < 2 or len(ref) < 2:
+        return x.mean() - ref.mean(), math.nan, math.nan
+    ci = ttest_ind(x, ref, equal_var=False).confidence_interval(0.95)
+    return x.mean() - ref.mean(), ci.low, ci.high
+
+
 def good(means, variances, ns, prior=None, margin=DEFAULT_MARGIN, alpha=DEFAULT_ALPHA, lone=None):
     """The verdict of each cell of one family that trains (see :func:`poor`): True (good), False (poor) or
     None (not compared: no variance); ``lone``, when given, is that of a family's only cell."""

@@ -161,8 +161,6 @@ def load(sources, allow_mixed=False, trains=None):
 def row_table(runs, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
     """One row per corpus and row of the study: seeds, trained, NLL and BLEU over seeds, the difference
     from Pre-LN (Welch's 95 % interval) and the maps' verdict among the corpus's rows."""
-    from scipy.stats import ttest_ind
-
     out = []
     for corpus, part in runs.groupby("corpus", sort=False):
         fin = part[part["outcome"] == "finished"]
@@ -176,11 +174,8 @@ def row_table(runs, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
                    "trains_at": r["trains_at"].iloc[0],
                    "cpu_seconds": r["train_cpu_seconds"].sum(), "diff_preln": math.nan, "diff_low": math.nan,
                    "diff_high": math.nan}
-            if len(nll) > 1 and len(pre) > 1 and row != PRELN:
-                ci = ttest_ind(nll, pre, equal_var=False).confidence_interval(0.95)
-                rec.update(diff_preln=nll.mean() - pre.mean(), diff_low=ci.low, diff_high=ci.high)
-            elif len(nll) and len(pre) and row != PRELN:
-                rec["diff_preln"] = nll.mean() - pre.mean()
+            if row != PRELN:
+                rec["diff_preln"], rec["diff_low"], rec["diff_high"] = V.difference(nll, pre)
             rec["trains"] = rec["seeds_train"] == rec["seeds"]  # a seed that trains finished
             out.append(rec)
     table = pandas().DataFrame(out)
