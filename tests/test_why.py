@@ -193,6 +193,9 @@ def test_a_published_page_adds_up_with_new_run_folders(study, tmp_path, capsys):
     for name in ("why.md", "why_rows.csv", "why_early.csv", "why_separation.csv"):
         assert (tmp_path / "again" / name).read_text() == (tmp_path / "page" / name).read_text(), name
         assert (tmp_path / "both" / name).read_text() == (tmp_path / "all" / name).read_text(), name
+    # the page keeps every digit of the values it is read back from (the fixture's are random floats)
+    runs, _ = W.load([old])
+    assert pd.read_csv(tmp_path / "page" / W.EARLY_CSV)["value"].equals(W.early_values(runs)["value"].astype(float))
     both = pd.read_csv(tmp_path / "both" / "runs.csv")
     assert len(both) == 15 and sorted(both["seed"].unique()) == [1, 2, 3] and "source" not in both.columns
     capsys.readouterr()

@@ -205,7 +205,7 @@ def _main(argv):
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / EPOCHS_CSV, out / "curves.csv", out / "curves.md", out / "curves.png"]
-    write_text(written[0], epochs.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
+    write_text(written[0], epochs.to_csv(index=False, lineterminator="\n"))  # read back from a page: every digit
     write_text(written[1], table.drop(columns="nll_var").to_csv(index=False, float_format="%.6g", lineterminator="\n"))
     write_text(written[2], md)
     write_runs_csv(runs.drop(columns="source"), out / "runs.csv")

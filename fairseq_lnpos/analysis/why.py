@@ -538,8 +538,10 @@ def _main(argv):
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "why_rows.csv", out / EARLY_CSV, out / "why_separation.csv", out / "why.md",
                out / "why_nll.png"]
-    for df, f in ((table, written[0]), (values, written[1]), (sep, written[2])):
+    for df, f in ((table, written[0]), (sep, written[2])):
         write_text(f, df.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
+    # read back when the page is a source: every digit, or values that differ only past the sixth tie
+    write_text(written[1], values.to_csv(index=False, lineterminator="\n"))
     write_text(written[3], md)
     write_runs_csv(runs.drop(columns="source"), out / "runs.csv")
     plot_nll(runs, table, written[4])
