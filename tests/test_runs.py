@@ -342,17 +342,19 @@ def test_every_architecture_on_real_text_plan(tmp_path, capsys):
     blocks = [b.splitlines() for b in capsys.readouterr().out.strip().split("\n\n")]
     runs = [re.match(r"# \[\d+/\d+\] (\S+) seed (\d)", b[0]).groups() for b in blocks]
     want = [f"real-{v}-nowu" for v in VARIANTS] + [f"real-{v}-wu100" for v in ("postln", "preln", "deepnorm", "b2t")] \
-        + ["real-postln-wu500", "real-postln-wu1000"]
+        + ["real-postln-wu500", "real-postln-wu1000", "real-postln-wu500-lr5e-4"]
     assert sorted(runs) == sorted((r, s) for r in want for s in "12") and len(runs) == 2 * len(want)
     generic = set()
     for (name, seed), block in zip(runs, blocks):
         argv = block[1].split()
-        variant, warm = R.BY_NAME[name].ln, name.rpartition("-wu")[2] if "-wu" in name else "1"
+        variant, warm = R.BY_NAME[name].ln, name.rpartition("-wu")[2].split("-")[0] if "-wu" in name else "1"
         assert (flag(argv, "--arch"), flag(argv, "--warmup-updates"), flag(argv, "--seed")) == (
             f"transformer_{variant}_tiny", warm, seed)
+        assert float(flag(argv, "--lr")) == (5e-4 if name.endswith("-lr5e-4") else 1e-3)
         assert argv[1] == str(tmp_path / "bin")
         generic.add(" ".join(block[1].replace(f"transformer_{variant}_tiny", "ARCH").replace(f"{name}/seed{seed}", "DIR")
-                             .replace(f"--warmup-updates {warm} ", "").replace(f"--seed {seed} ", "").split()))
+                             .replace(f"--warmup-updates {warm} ", "").replace(f"--seed {seed} ", "")
+                             .replace(f"--lr {flag(argv, '--lr')} ", "").split()))
     assert len(generic) == 1  # nothing else differs
 
 
