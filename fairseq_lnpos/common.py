@@ -176,6 +176,11 @@ def one_line(text):
     return CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
 
 
+def n_runs(n):
+    """``"1 run"``, ``"2 runs"``."""
+    return f"{n} run" + ("" if n == 1 else "s")
+
+
 def fmt_time(seconds):
     """``3725`` -> ``1:02:05``."""
     s = int(round(seconds))

@@ -291,7 +291,7 @@ def test_an_epoch_never_scored_fails_the_run_and_a_rerun_retries_it(stand_ins, c
     assert [r["status"] for r in collect(run_dirs(d.parent.parent))] == [status]
     assert G.main(["status", str(d.parent.parent)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "failed: the evaluator was" in lines[0] and lines[-1] == "1 runs: 1 failed"
+    assert "failed: the evaluator was" in lines[0] and lines[-1] == "1 run: 1 failed"
     # a re-run retries it (training is not redone: only the lost epoch is scored)
     code, out = stand_ins("normal", "")
     assert code == 0 and f"{ROW} seed 1: retried (it failed: the evaluator was killed" in out, out[-2000:]

@@ -398,4 +398,4 @@ def test_a_grid_as_a_slurm_array_finishes_skips_and_resumes(cluster, data, tmp_p
     assert "Requeued job" in logs_of(out3, job), logs_of(out3, job)[-3000:]
     assert len(LAUNCH.split(log.read_text())) == 3
     st = subprocess.run([str(GRID), "status", str(out3)], env=cluster.env, capture_output=True, text=True, timeout=60)
-    assert st.returncode == 0 and st.stdout.strip().splitlines()[-1] == "1 runs: 1 finished", st.stdout
+    assert st.returncode == 0 and st.stdout.strip().splitlines()[-1] == "1 run: 1 finished", st.stdout

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fairseq_lnpos.analysis import stability as S
-from fairseq_lnpos.analysis.frame import read_runs_csv, runs_frame
+from fairseq_lnpos.analysis.frame import read_runs_csv, runs_frame, write_runs_csv
 from fairseq_lnpos.experiments import report
 from fairseq_lnpos.experiments.records import DoneRecord, Outcome
 from fairseq_lnpos.experiments.rundir import RunDir, run_dirs
@@ -226,10 +226,10 @@ def test_runs_of_different_model_code_are_not_compared_unless_asked(tmp_path, ca
     d = write_run(tmp_path, "preln", 1e-3, 0, 2, final=1.4, model_code="def456")
     assert S.main([str(tmp_path), "--no-figures"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "2 versions of the model code (abc123: 1 runs" in err
-    assert f"def456: 1 runs, e.g. {d}" in err and "--allow-mixed-code" in err
+    assert err.count("\n") == 1 and "2 versions of the model code (abc123: 1 run" in err
+    assert f"def456: 1 run, e.g. {d}" in err and "--allow-mixed-code" in err
     assert S.main([str(tmp_path), "--no-figures", "--allow-mixed-code"]) == 0
-    assert "model code abc123 (1 runs), def456 (1 runs)" in capsys.readouterr().out
+    assert "model code abc123 (1 run), def456 (1 run)" in capsys.readouterr().out
 
 
 def test_a_copied_seed_folder_is_refused(tmp_path, capsys):
@@ -333,6 +333,8 @@ def test_the_results_table_over_seeds_by_hand(tmp_path):
     assert (float(loss["min"]), float(loss["max"])) == (4.1, 4.3)
     assert tmp_path / "results_by_run.csv" in written
     assert read_runs_csv(tmp_path / "runs.csv")["final_valid_nll"].tolist() == [3.1, 3.2, 3.3, 2.0]
+    # the table's runs.csv is the folder's table of every run, in the same order (read once, by make_table)
+    assert (tmp_path / "runs.csv").read_text() == write_runs_csv(runs_frame(tmp_path), tmp_path / "again.csv").read_text()
 
 
 def test_a_results_csv_of_an_earlier_version_is_replaced_a_foreign_one_is_not(tmp_path):

@@ -30,7 +30,7 @@ from ..common import write_text
 from ..errors import LnposError, run_main
 from ..variants import variant_color
 from . import verdict as V
-from .frame import COUNTED, EPOCH_COLUMNS, check_model_code, epochs_frame, gather, pandas, write_runs_csv
+from .frame import COUNTED, EPOCH_COLUMNS, check_model_code, gather, pandas, write_runs_csv
 from .map_common import markdown_table, num, panels, save
 from .publish import argv_of
 
@@ -45,10 +45,7 @@ def load(sources, only=None, allow_mixed=False):
     and one row per run, seed and scored epoch (:data:`~.frame.EPOCH_COLUMNS`)."""
     pd = pandas()
     what = "the output folder of a grid (OUT/NAME/seedS/)"
-    runs, recorded = gather(sources, EPOCHS_CSV, EPOCH_COLUMNS, what)
-    folders = [epochs_frame(s, what) for s in runs.loc[~runs["source"].map(lambda s: Path(s, EPOCHS_CSV).is_file()),
-                                                       "source"].unique()]
-    epochs = pd.concat([f for f in (*folders, recorded) if len(f)] or [recorded], ignore_index=True)
+    runs, epochs = gather(sources, EPOCHS_CSV, EPOCH_COLUMNS, what, folder_table=lambda epochs: epochs)
     for c in METRICS.keys() | {"epoch", "num_updates", "seed", "train_loss", "valid_loss"}:
         epochs[c] = pd.to_numeric(epochs[c])
     if only:

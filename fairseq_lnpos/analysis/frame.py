@@ -1,7 +1,7 @@
 """One tidy table of every run: the data every map, table, summary and results page is a view of.
 
-:func:`runs_frame` reads a grid's folder (``OUT/NAME/seedS/``, :mod:`~fairseq_lnpos.experiments.rundir`)
-into a pandas DataFrame with one row per run (one seed of one configuration), :func:`epochs_frame`
+:func:`read_folder` reads a grid's folder (``OUT/NAME/seedS/``, :mod:`~fairseq_lnpos.experiments.rundir`)
+into two pandas DataFrames: one row per run (one seed of one configuration; :func:`runs_frame`), and
 one row per run and recorded epoch. The columns (:data:`RUN_COLUMNS`):
 
 - the configuration: ``run`` (the run table's name), ``variant``, ``arch``, ``layers``, ``warmup``
@@ -28,7 +28,7 @@ import json
 import math
 from pathlib import Path
 
-from ..common import write_text
+from ..common import n_runs, write_text
 from ..data.unigram import unigram_bits
 from ..errors import LnposError, StateError
 from ..experiments.records import Outcome
@@ -130,26 +130,32 @@ def run_row(rec):
     return row
 
 
-def runs_frame(out, what="the output folder of a sweep or grid (OUT/NAME/seedS/)"):
-    """The table of every run of ``out`` (:data:`RUN_COLUMNS`, one row per run folder); a run folder
-    that cannot be read raises :class:`StateError` naming it."""
-    rows = [run_row(rd.record()) for rd in grid_run_dirs(out, what)]
-    return pandas().DataFrame(rows, columns=RUN_COLUMNS)
+def epoch_rows(rec):
+    """The rows of :data:`EPOCH_COLUMNS` of one run, one per recorded epoch."""
+    key = {"run": rec.run.name, "variant": rec.run.ln, "layers": rec.run.layers or DEFAULT_LAYERS,
+           "warmup": warmup_updates(rec.run.warmup or 0), "lr": float(rec.run.lr), "seed": rec.seed}
+    return [{**key, "epoch": e.epoch, "num_updates": _num(e.num_updates), "train_loss": _num(e.train_loss),
+             "valid_loss": _num(e.valid_loss), "valid_nll_loss": _num(e.valid_nll_loss),
+             "bleu_tok": _num(e.bleu_tok), "sacrebleu": _num(e.sacrebleu), "length_ratio": _num(e.length_ratio),
+             "repeat_4gram": _num(e.repeat_4gram), "path": str(rec.dir.path)} for e in rec.evals]
 
 
-def epochs_frame(out, what="the output folder of a sweep or grid (OUT/NAME/seedS/)"):
-    """One row per run and recorded epoch (:data:`EPOCH_COLUMNS`)."""
-    rows = []
+def read_folder(out, what="the output folder of a sweep or grid (OUT/NAME/seedS/)"):
+    """(runs, epochs): :data:`RUN_COLUMNS`, one row per run folder of ``out``, and :data:`EPOCH_COLUMNS`, one
+    row per run and recorded epoch, each run read once; a run folder that cannot be read raises
+    :class:`StateError` naming it."""
+    runs, epochs = [], []
     for rd in grid_run_dirs(out, what):
         rec = rd.record()
-        key = {"run": rec.run.name, "variant": rec.run.ln, "layers": rec.run.layers or DEFAULT_LAYERS,
-               "warmup": warmup_updates(rec.run.warmup or 0), "lr": float(rec.run.lr), "seed": rec.seed}
-        for e in rec.evals:
-            rows.append({**key, "epoch": e.epoch, "num_updates": _num(e.num_updates), "train_loss": _num(e.train_loss),
-                         "valid_loss": _num(e.valid_loss), "valid_nll_loss": _num(e.valid_nll_loss),
-                         "bleu_tok": _num(e.bleu_tok), "sacrebleu": _num(e.sacrebleu),
-                         "length_ratio": _num(e.length_ratio), "repeat_4gram": _num(e.repeat_4gram), "path": str(rd.path)})
-    return pandas().DataFrame(rows, columns=EPOCH_COLUMNS)
+        runs.append(run_row(rec))
+        epochs.extend(epoch_rows(rec))
+    pd = pandas()
+    return pd.DataFrame(runs, columns=RUN_COLUMNS), pd.DataFrame(epochs, columns=EPOCH_COLUMNS)
+
+
+def runs_frame(out, what="the output folder of a sweep or grid (OUT/NAME/seedS/)"):
+    """The table of every run of ``out`` (:func:`read_folder`'s runs)."""
+    return read_folder(out, what)[0]
 
 
 def read_runs(source, what="the output folder of a sweep or grid (OUT/NAME/seedS/)"):
@@ -162,12 +168,15 @@ def read_runs(source, what="the output folder of a sweep or grid (OUT/NAME/seedS
     return runs_frame(path, what)
 
 
-def gather(sources, page_table, columns, what="the output folder of a sweep or grid (OUT/NAME/seedS/)"):
-    """(the table of every run in ``sources`` with a column ``source``, the rows of the ``page_table``
-    CSVs of the sources that are pages). A source is a folder of run folders, a runs.csv, or a results
-    page a study published: its runs.csv and ``page_table`` (the per-run data the study reads beyond runs.csv,
-    with exactly ``columns``), so seeds trained on other machines or days add up with new run folders.
-    A run (name and seed) given twice is refused."""
+def gather(sources, page_table, columns, what="the output folder of a sweep or grid (OUT/NAME/seedS/)",
+           folder_table=None):
+    """(the table of every run in ``sources`` with the columns ``source`` and ``page`` (it came from a page),
+    the rows of the ``page_table`` CSVs of the sources that are pages, and, with ``folder_table``, the
+    same table of the run folders: ``folder_table(epochs)`` of each folder's :func:`read_folder` epochs).
+    A source is a folder of run folders, a runs.csv, or a results page a study published: its runs.csv and
+    ``page_table`` (the per-run data the study reads beyond runs.csv, with exactly ``columns``), so seeds
+    trained on other machines or days add up with new run folders. A run (name and seed) given twice is
+    refused."""
     pd = pandas()
     frames, tables = [], []
     for s in map(Path, sources):
@@ -179,16 +188,21 @@ def gather(sources, page_table, columns, what="the output folder of a sweep or g
             if list(table.columns) != list(columns):
                 raise LnposError(f"{s / page_table} is not the study's {page_table} (columns {', '.join(columns)}): "
                                  f"give a page the study published")
-            frames.append(read_runs_csv(s / "runs.csv")[RUN_COLUMNS].assign(source=str(s)))
+            frames.append(read_runs_csv(s / "runs.csv")[RUN_COLUMNS].assign(source=str(s), page=True))
             tables.append(table)
+        elif folder_table is not None and s.is_dir():
+            runs, epochs = read_folder(s, what)
+            frames.append(runs.assign(source=str(s), page=False))
+            tables.append(folder_table(epochs)[list(columns)])
         else:
-            frames.append(read_runs(s, what).assign(source=str(s)))
+            frames.append(read_runs(s, what).assign(source=str(s), page=False))
     runs = pd.concat(frames, ignore_index=True)
     twice = runs[runs.duplicated(["run", "seed"], keep=False)].sort_values(["run", "seed", "source"])
     if not twice.empty:
         a, b = twice.iloc[0], twice.iloc[1]
         raise LnposError(f"{a['run']} seed {a['seed']} is in {a['source']} and in {b['source']}: give each run once "
                          f"(leave out the page, or move the run folder away)")
+    tables = [t for t in tables if len(t)]
     return runs, (pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=list(columns)))
 
 
@@ -222,17 +236,18 @@ def check_model_code(runs, allow_mixed=False):
     known = runs[runs["model_code"] != ""]
     versions = known.groupby("model_code")["path"].agg(["count", "first"])
     unknown = len(runs) - len(known)
-    text = ("model code " + ", ".join(f"{v} ({n} runs)" for v, (n, _) in versions.iterrows()) if len(versions)
-            else "model code not recorded") + (f"; {unknown} runs recorded no code version" if unknown and len(versions) else "")
+    text = ("model code " + ", ".join(f"{v} ({n_runs(n)})" for v, (n, _) in versions.iterrows()) if len(versions)
+            else "model code not recorded") + (f"; {n_runs(unknown)} recorded no code version" if unknown and len(versions) else "")
     if len(versions) > 1 and not allow_mixed:
-        listed = "; ".join(f"{v}: {n} runs, e.g. {first}" for v, (n, first) in versions.iterrows())
+        listed = "; ".join(f"{v}: {n_runs(n)}, e.g. {first}" for v, (n, first) in versions.iterrows())
         raise LnposError(f"the runs were trained by {len(versions)} versions of the model code ({listed}): "
                          f"re-run the older ones, or pass --allow-mixed-code to compare them anyway")
     return text
 
 
 def write_runs_csv(runs, path):
-    """``runs.csv``: the table as CSV, one row per run (floats in full precision)."""
+    """``runs.csv``: the table as CSV, one row per run (floats to six significant digits: the
+    NLLs the verdicts compare keep five decimals; a study's own per-run table keeps every digit)."""
     return write_text(path, runs.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
 
 

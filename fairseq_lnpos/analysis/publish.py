@@ -11,7 +11,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..common import replace_file, write_text
+from ..common import n_runs, replace_file, write_text
 from ..provenance import code_version, describe_code, machine
 from .frame import COUNTED, write_runs_csv
 
@@ -24,7 +24,7 @@ def _machine_line(runs):
     if runs is not None and len(runs) and (runs["cpu"] != "").any():
         rec = runs[runs["cpu"] != ""]
         machines = rec.groupby(["cpu", "cores", "gpu"], dropna=False).size()
-        parts = [f"{cpu}, {cores:g} cores" + (f", {gpu}" if gpu else "") + f" ({n} runs)"
+        parts = [f"{cpu}, {cores:g} cores" + (f", {gpu}" if gpu else "") + f" ({n_runs(n)})"
                  for (cpu, cores, gpu), n in machines.items()]
         load = rec["load"].dropna()
         text = "; ".join(parts)
@@ -32,7 +32,7 @@ def _machine_line(runs):
             text += f". Load (1-minute average) when the runs ended: {load.min():.2f} to {load.max():.2f}, median {load.median():.2f}"
         cpu = rec["train_cpu_seconds"].dropna()
         if len(cpu):
-            text += f". Training CPU time: {cpu.sum():.0f} CPU-s over {len(cpu)} runs"
+            text += f". Training CPU time: {cpu.sum():.0f} CPU-s over {n_runs(len(cpu))}"
         return text
     m = machine()
     return f"{m['cpu']}, {m['cores']} cores" + (f", {', '.join(m['gpu'])}" if m["gpu"] else "") + " (this page's)"
@@ -42,7 +42,7 @@ def _code_line(runs, page_code):
     if runs is None or not len(runs):
         return f"page written by code {describe_code(page_code)}"
     codes = runs["code"].replace("", "not recorded").value_counts()
-    return ("runs trained by code " + ", ".join(f"{c} ({n} runs)" for c, n in codes.items())
+    return ("runs trained by code " + ", ".join(f"{c} ({n_runs(n)})" for c, n in codes.items())
             + f"; page written by code {describe_code(page_code)}")
 
 

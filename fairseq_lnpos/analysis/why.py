@@ -226,7 +226,7 @@ def early_values(runs, recorded=None):
     pd = pandas()
     parts = []
     for r in runs.itertuples():
-        if Path(r.source, EARLY_CSV).is_file():
+        if r.page:
             got = recorded[(recorded["corpus"] == r.corpus) & (recorded["row"] == r.row) & (recorded["seed"] == r.seed)]
         else:
             got = pd.DataFrame([{"corpus": r.corpus, "row": r.row, "seed": r.seed, "feature": f, "update": u, "value": v}

@@ -9,6 +9,7 @@ and the command exits 2 after the lines.
 import sys
 from pathlib import Path
 
+from ..common import n_runs
 from ..errors import StateError
 from .report import collect
 from .rundir import grid_run_dirs, read_tasks
@@ -41,7 +42,7 @@ def status_lines(out_dir):
 def cmd_status(opts):
     lines, counts, bad = status_lines(opts.out_dir)
     print("\n".join(lines))
-    print(f"{sum(counts.values())} runs: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    print(f"{n_runs(sum(counts.values()))}: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
     if bad:
         sys.stdout.flush()
         raise StateError(bad)
