@@ -68,9 +68,9 @@ def test_divergence_wins_over_a_stall():
 def test_the_outcome_is_its_own_status_and_final(tmp_path):
     rd = RunDir(tmp_path / "run" / "seed1")
     rd.path.mkdir(parents=True)
-    done = {"status": "stopped early at update 60: training loss stalled", "stopped_at": 60}
+    done = {"outcome": "stopped early", "stopped_at": 60, "reason": "training loss stalled"}
     (rd.path / "DONE.json").write_text(json.dumps(done))
-    done = rd.done()  # as an earlier version wrote it: the reason in words only
+    done = rd.done()
     assert done.outcome is Outcome.STOPPED and Outcome.STOPPED.final and done.stopped_at == 60
     assert done.reason == "training loss stalled" and done.text == "stopped early at update 60: training loss stalled"
 
@@ -173,8 +173,8 @@ def test_the_replay_refuses_a_sweep_made_with_early_stopping(tmp_path, capsys):
     _run_with_log(tmp_path, "postln", 3e-3, 1, flat()[:120], final=6.6)
     stopped = next(tmp_path.glob("postln-*/seed1"))
     done = json.loads((stopped / "DONE.json").read_text())
-    (stopped / "DONE.json").write_text(json.dumps({**done, "status": "stopped early at update 120: training loss "
-                                                   "stalled", "updates": 120}))
+    (stopped / "DONE.json").write_text(json.dumps({**done, "outcome": "stopped early", "stopped_at": 120,
+                                                   "reason": "training loss stalled", "updates": 120}))
     assert R.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith(f"early_stop_replay: error: {tmp_path}: 1 of its 2 runs were stopped "

@@ -91,11 +91,14 @@ CASES = [
     Case("status-done-null", STATUS, rf"^grid: error: {NOT_DONE} \(it holds null, not an object\): delete it",
          setup=grid_out({f"{RUN1}/DONE.json": "null"}), writes=()),
     Case("table-done-empty-object", TABLE_OUT, rf"^make_table: error: 1 run folder\(s\) unreadable, .*{NOT_DONE} "
-         r"\(no 'status'\)", setup=grid_out({f"{RUN1}/DONE.json": "{}"}), writes=("out",)),
+         r"\(no 'outcome'\)", setup=grid_out({f"{RUN1}/DONE.json": "{}"}), writes=("out",)),
     Case("table-done-list", TABLE_OUT, rf"{NOT_DONE} \(it holds \[\], not an object\)",
          setup=grid_out({f"{RUN1}/DONE.json": "[]"}), writes=("out",)),
-    Case("table-done-unknown-status", TABLE_OUT, rf"{NOT_DONE} \(status 'done' is none of 'finished'",
-         setup=grid_out({f"{RUN1}/DONE.json": '{"status": "done"}'}), writes=("out",)),
+    Case("table-done-unknown-outcome", TABLE_OUT, rf"{NOT_DONE} \('outcome' is 'done', not one of 'finished'",
+         setup=grid_out({f"{RUN1}/DONE.json": '{"outcome": "done"}'}), writes=("out",)),
+    Case("table-done-of-an-earlier-version", TABLE_OUT, r"DONE\.json was written by an earlier version \(its outcome in "
+         r"words only\): run `scripts/grid\.sh migrate OUT` once", setup=grid_out({f"{RUN1}/DONE.json": '{"status": "finished"}'}),
+         writes=("out",)),
     Case("status-config-empty-object", STATUS,
          r"^grid: error: \S*/seed1/config\.json is not a run's config the grid writes \(no 'hash'\): delete \S*/seed1",
          setup=grid_out({f"{RUN1}/config.json": "{}"}), writes=()),
@@ -121,7 +124,7 @@ CASES = [
     Case("map-done-null", MAP, rf"^stability_map\.sh: error: {NOT_DONE} \(it holds null",
          setup=grid_out({f"{RUN1}/DONE.json": "null"}), writes=()),
     Case("map-eval-list", MAP, r"^stability_map\.sh: error: \S*/eval/epoch1\.json is not an epoch's record",
-         setup=grid_out({f"{RUN1}/DONE.json": '{"status": "finished"}', f"{RUN1}/eval/epoch1.json": "[]"}), writes=()),
+         setup=grid_out({f"{RUN1}/DONE.json": '{"outcome": "finished"}', f"{RUN1}/eval/epoch1.json": "[]"}), writes=()),
     # --- a folder of the user's is not written into
     Case("grid-out-of-the-user", GRID_RUN + ("--max-epoch", "1"), r"^grid: error: --out \S*/out is not empty and not "
          r"a grid's output folder .*: give a new or empty folder; nothing was written", setup=users_folder, writes=()),
@@ -153,10 +156,10 @@ def test_the_grid_and_the_table_use_their_own_folders_again(tmp_path, capsys):
     make_out_dir(tmp_path / "empty")
     (tmp_path / "empty" / "progress.log").write_text("the grid's\n")
     check_out_dir(tmp_path / "empty")  # marked: a grid's
-    grid_out({f"{RUN1}/DONE.json": '{"status": "finished"}'})(tmp_path)
+    grid_out({f"{RUN1}/DONE.json": '{"outcome": "finished"}'})(tmp_path)
     check_out_dir(tmp_path / "out")  # a run folder in it: a grid's, also without the mark
     make_table(tmp_path / "out", with_figures=False)
-    (tmp_path / "out" / f"{RUN1}/DONE.json").write_text('{"status": "failed: fairseq-train exited 1"}')
+    (tmp_path / "out" / f"{RUN1}/DONE.json").write_text('{"outcome": "failed", "reason": "fairseq-train exited 1"}')
     make_table(tmp_path / "out", with_figures=False)  # its own files: replaced
     assert "failed: fairseq-train exited 1" in (tmp_path / "out" / "results.md").read_text()
 

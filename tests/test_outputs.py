@@ -38,7 +38,7 @@ def test_a_row_not_in_the_paper_does_not_give_the_paper_as_its_source(capsys):
 
 
 def test_make_table_on_a_demo_folder_tables_its_grid(tmp_path, capsys):
-    grid_out({f"{RUN1}/DONE.json": '{"status": "finished"}'})(tmp_path)
+    grid_out({f"{RUN1}/DONE.json": '{"outcome": "finished"}'})(tmp_path)
     demo = tmp_path / "demo-out"
     demo.mkdir()
     (tmp_path / "out").rename(demo / "grid")

@@ -1,6 +1,7 @@
-"""The records of a run folder (experiments/records.py): folders written by an earlier version load to
-the same outcome, words and numbers; new records keep the words and add the outcome as fields, which
-are what is read back; the shape checks follow the dataclasses; a recorded run is read back as a Run."""
+"""The records of a run folder (experiments/records.py): folders written by an earlier version are refused
+with the command that migrates them (migrate.py), and once migrated load to the same outcome, words and
+numbers; new records keep the words and add the outcome as fields, which are what is read back; the
+shape checks follow the dataclasses; a recorded run is read back as a Run."""
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 from fairseq_lnpos.errors import StateError
 from fairseq_lnpos.experiments import commands as C
 from fairseq_lnpos.experiments import report, sweep
+from fairseq_lnpos.experiments.migrate import migrate, migrate_done
 from fairseq_lnpos.experiments.options import RunOptions
 from fairseq_lnpos.experiments.records import (AverageRecord, DoneRecord, EpochRecord, Outcome, Scores,
                                                ScoreRequest)
@@ -72,8 +74,12 @@ def old_folder(out, which):
     ("diverged", Outcome.DIVERGED, dict(diverged_at=40, reason=None, updates=40)),
     ("failed", Outcome.FAILED, dict(reason="fairseq-train exited 1; see /o/x/seed1/train.log", updates=None)),
 ])
-def test_a_folder_of_the_earlier_version_loads_to_its_outcome_and_fields(tmp_path, which, outcome, fields):
+def test_a_folder_of_the_earlier_version_migrated_loads_to_its_outcome_and_fields(tmp_path, which, outcome, fields):
     rd = old_folder(tmp_path, which)
+    with pytest.raises(StateError, match=rf"^{rd.done_path} was written by an earlier version \(its outcome in words "
+                                         r"only\): run `scripts/grid.sh migrate OUT` once on its output folder"):
+        rd.record()
+    assert migrate(tmp_path) == [rd.done_path] and migrate(tmp_path) == []  # once; a second time changes nothing
     rec = rd.record()
     assert rec.outcome is outcome and rd.outcome() is outcome and rec.outcome.final == (which != "failed")
     assert rec.outcome_text == rec.done.text == OLD_DONE[which]["status"]  # the words, as before
@@ -94,8 +100,11 @@ def test_records_written_again_are_the_files_of_before_plus_the_outcome_fields(t
     assert EpochRecord.from_json(OLD_SCORED).to_json() == OLD_SCORED
     assert AverageRecord.from_json(OLD_AVERAGE).to_json() == OLD_AVERAGE
     for which, old in OLD_DONE.items():
-        done = DoneRecord.from_json(old)
-        new = done.to_json()
+        path = tmp_path / f"{which}.json"
+        path.write_text(json.dumps(old))
+        assert migrate_done(path) and not migrate_done(path)
+        new = json.loads(path.read_text())
+        done = DoneRecord.from_json(new)
         added = {"outcome": done.outcome.value, **({"reason": done.reason} if done.reason else {})}
         assert new == {**{k: v for k, v in old.items()},
                        **({} if which == "failed" else {"stopped_at": old.get("stopped_at"),
@@ -112,14 +121,14 @@ def test_the_outcome_is_read_from_its_fields_never_from_the_words():
 
 
 @pytest.mark.parametrize("obj, problem", [
-    ({}, r"\(no 'status'\)"),
-    ({"status": "done"}, r"\(status 'done' is none of 'finished', 'diverged at update N'"),
+    ({}, r"\(no 'outcome'\)"),
+    ({"status": 1, "outcome": "finished"}, r"\('status' is 1, not a string\)"),
     ({"status": "finished", "outcome": "maybe"}, r"\('outcome' is 'maybe', not one of 'finished', 'diverged', "
                                                  r"'stopped early', 'failed'\)"),
     ({"status": "finished", "outcome": "unfinished"}, r"\('outcome' is 'unfinished', not one of"),
     ({"status": "finished", "outcome": "finished", "updates": "many"},
      r"\('updates' is 'many', not a whole number or null\)"),
-    ({"status": "finished", "epochs": [1, "2"]}, r"\('epochs' is \[1, '2'\], not a list of whole numbers or null\)"),
+    ({"outcome": "finished", "epochs": [1, "2"]}, r"\('epochs' is \[1, '2'\], not a list of whole numbers or null\)"),
 ])
 def test_the_shape_of_done_json_follows_the_record(tmp_path, obj, problem):
     path = tmp_path / "run" / "seed1"
@@ -161,7 +170,8 @@ def test_a_recorded_run_is_read_back_as_its_run():
 def test_the_config_of_a_recorded_run_is_computed_again_to_its_hash(tmp_path):
     """Resuming needs the recorded config hash: a sweep cell's job today gives the config (and hash)
     that the earlier version recorded."""
-    rec = old_folder(tmp_path, "finished").record()
+    migrate(old_folder(tmp_path, "finished").path.parent.parent)
+    rec = RunDir(next(tmp_path.glob("*/seed2"))).record()
     run = sweep.expand(["postln"], [3e-3], [1], [6], 200)[0].with_defaults()
     run = C.R.coerce(run, "max_epoch", "1000000")
     assert rec.run == run

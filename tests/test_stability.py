@@ -42,11 +42,12 @@ def write_run(out, variant, lr, warmup, seed, final=None, initial=9.0, status="f
         RunDir(d).write_done(DoneRecord.failed(status[len("failed: "):]))  # as the grid records a failed run
     elif done:
         diverged = status.startswith("diverged")
-        (d / "DONE.json").write_text(json.dumps({
-            "status": status, "diverged_at": 40 if diverged else None, "epochs": [1], "initial_loss": initial,
-            "final_valid_loss": None if diverged else loss, "updates": 40 if diverged else 100,
-            **({"final_valid_nll": None if diverged else final} if nll_in_done else {}),
-            "unigram_bits": unigram, "provenance": prov}))
+        assert status in ("finished", "diverged at update 40"), status
+        RunDir(d).write_done(DoneRecord(
+            outcome=Outcome.DIVERGED if diverged else Outcome.FINISHED, diverged_at=40 if diverged else None,
+            epochs=(1,), initial_loss=initial, final_valid_loss=None if diverged else loss,
+            updates=40 if diverged else 100, final_valid_nll=None if diverged or not nll_in_done else final,
+            unigram_bits=unigram, provenance=prov))
     return d
 
 
@@ -337,20 +338,16 @@ def test_the_results_table_over_seeds_by_hand(tmp_path):
     assert (tmp_path / "runs.csv").read_text() == write_runs_csv(runs_frame(tmp_path), tmp_path / "again.csv").read_text()
 
 
-def test_a_results_csv_of_an_earlier_version_is_replaced_a_foreign_one_is_not(tmp_path):
+def test_a_results_csv_of_the_user_is_not_replaced(tmp_path):
     write_run(tmp_path, "postln", 1e-3, 0, 1, final=4.0, bleu=20.0)
-    old = ("run,arch,optimizer,lr,warmup,schedule,seed,status,paper_bleu,paper_valid_loss,paper_note,best_bleu_tok,"
-           "best_epoch,last_bleu_tok,last_epoch,sacrebleu,last_sacrebleu,best_valid_loss,epochs,avg_bleu_tok,"
-           "avg_sacrebleu,avg_epochs,source\n")  # the header before the compound-split columns
-    (tmp_path / "results.csv").write_text(old)
     report.make_table(tmp_path, with_figures=False)
     assert (tmp_path / "results.csv").read_text().splitlines()[0] == ",".join(report.CSV_COLUMNS)
+    report.make_table(tmp_path, with_figures=False)  # its own: replaced
     for foreign in ("my,own,notes\n", ",".join(report.CSV_COLUMNS) + ",my_notes\n"):
         (tmp_path / "results.csv").write_text(foreign)
         with pytest.raises(Exception, match="was not written by make_table.sh"):
             report.make_table(tmp_path, with_figures=False)
         assert (tmp_path / "results.csv").read_text() == foreign
-
 
 
 def test_the_selected_epoch_is_chosen_on_validation_nll_not_on_the_test_set(tmp_path):

@@ -1,4 +1,4 @@
-"""The grid's command line: ``scripts/grid.sh list | run | sweep | slurm | status``.
+"""The grid's command line: ``scripts/grid.sh list | run | sweep | slurm | status | migrate``.
 
     scripts/grid.sh list
     scripts/grid.sh run --dry-run [--only NAME,...]
@@ -26,7 +26,7 @@ from ..errors import INTERRUPT_EXIT, LnposError, StateError, run_main
 from . import runs as R
 from . import status, sweep
 from .commands import batch_plan, run_arch, total_updates
-from .options import ListOptions, RunOptions, SlurmOptions, StatusOptions, SweepOptions
+from .options import ListOptions, MigrateOptions, RunOptions, SlurmOptions, StatusOptions, SweepOptions
 from .plan import keep_axes, make_jobs, need_cuda, override, parse_sets, plan_slots, select_runs
 from .rundir import make_out_dir
 from .scheduler import Grid
@@ -144,6 +144,7 @@ def build_parser():
     SlurmOptions.add_command(sub, "slurm", conflict_handler="resolve",
                              help="submit runs as one SLURM job array of `run` units (slurm.py; --dry-run prints it)")
     StatusOptions.add_command(sub, "status", help="one line per run of an --out folder: status, epochs, best BLEU")
+    MigrateOptions.add_command(sub, "migrate", help="bring an --out folder of an earlier version to the current run files")
     p.commands = list(sub.choices)
     return p
 
@@ -170,6 +171,10 @@ def command(argv=None):
         return cmd_list(opts)
     if ns.cmd == "status":
         return status.cmd_status(opts)
+    if ns.cmd == "migrate":
+        from .migrate import cmd_migrate
+
+        return cmd_migrate(opts)
     if ns.cmd == "slurm":
         from . import slurm  # submitit takes about a second to import; no other command needs it
 

@@ -12,11 +12,10 @@ a sweep's preset) are computed here.
 import argparse
 import math
 import re
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field
 from typing import List, Optional
 
-from ..cli import (CommandParser, Options, comma_list_type, finite_float, option,  # noqa: F401
-                   to_argv, whole_number)  # (slurm.py imports to_argv from here)
+from ..cli import CommandParser, Options, comma_list_type, finite_float, option, whole_number
 from ..common import one_line
 from ..errors import LnposError
 from .sweep import ALL_MAP, DEPTH_MAP, DEPTH_MAP_REAL, PRESETS, STABILITY_MAP
@@ -246,6 +245,12 @@ class SlurmOptions(SlurmFields, RunFields, Selection):
 class StatusOptions(Options):
     """``grid.sh status``."""
     out_dir: str = option(MISSING, "the --out folder of run or slurm", positional=True)
+
+
+@dataclass
+class MigrateOptions(Options):
+    """``grid.sh migrate``."""
+    out_dir: str = option(MISSING, "an --out folder written by an earlier version of the grid", positional=True)
 
 
 @dataclass

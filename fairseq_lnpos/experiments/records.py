@@ -7,19 +7,23 @@
     Scores         what scoring a checkpoint gives (evaluate.py, the evaluator's answer)
     ScoreRequest   what the grid asks the evaluator to score
 
+    config.json    everything that determines a run's results (:func:`config_from_json`; its ``run`` has
+                   the shape of :class:`~.runs.Run`)
+
 Every writer and reader goes through them: ``to_json()`` gives the JSON object written, ``from_json``
 checks an object read (its shape, :func:`shape`, derived from the fields) and makes the record.
 A field that is null in a record is left out of the JSON unless it is marked ``written`` (written as
 null); fields a file holds that a record does not know are not read. DONE.json keeps a ``status``,
-the outcome in words (:attr:`DoneRecord.text`), rendered from the fields and never read back but in
-files of earlier versions, which have no ``outcome`` field (:func:`_legacy_outcome`).
+the outcome in words (:attr:`DoneRecord.text`) for the people who read the file, never read back.
+This is the only schema of the run files: folders written by earlier versions are brought to it by
+``scripts/grid.sh migrate`` (migrate.py).
 """
 import dataclasses
 import enum
-import re
 
 from ..common import is_plain_name
 from ..errors import StateError
+from .runs import LATER_FIELDS, Run
 
 
 # ---------------------------------------------------------------- the kinds of JSON values
@@ -200,12 +204,6 @@ class Outcome(enum.Enum):
 
 
 RECORDED = (Outcome.FINISHED, Outcome.DIVERGED, Outcome.STOPPED, Outcome.FAILED)  # the outcomes of a DONE.json
-# the words of each outcome, as DONE.json's "status" holds them; earlier versions wrote only these
-LEGACY_STATUS = re.compile(r"^(?:(finished)|(diverged) at update (\d+)|(stopped early) at update (\d+): (.*)|"
-                           r"(failed): (.*))$", re.S)
-STATUS_FORMS = "'finished', 'diverged at update N', 'stopped early at update N: WHY', 'failed: WHY'"
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DoneRecord(Record):
     """DONE.json, written last: the outcome and, for a run that trained to it, its statistics."""
@@ -243,8 +241,7 @@ class DoneRecord(Record):
 
     @classmethod
     def shape(cls):
-        # "outcome" is absent from the files of earlier versions, which have the words only
-        return {**super().shape(), "outcome": (super().shape()["outcome"][0], False), "status": (STRING, True)}
+        return {**super().shape(), "status": (STRING, False)}  # the words: written, never read back
 
     def to_json(self):
         out = {"status": self.text, **super().to_json()}
@@ -254,27 +251,41 @@ class DoneRecord(Record):
 
     @classmethod
     def from_json(cls, obj, path="a record", what="an outcome record", what_to_do="delete it"):
-        check_shape(obj, cls.shape(), path, what, what_to_do)
-        if "outcome" not in obj:
-            legacy = _legacy_outcome(obj["status"])
-            if legacy is None:
-                raise shape_error(path, what, f"status {short(obj['status'])} is none of {STATUS_FORMS}", what_to_do)
-            obj = {**legacy, **{k: v for k, v in obj.items() if v is not None}}
-        done = cls._build(obj)
+        if isinstance(obj, dict) and "outcome" not in obj and isinstance(obj.get("status"), str):
+            raise StateError(f"{path} was written by an earlier version (its outcome in words only): run "
+                             f"`scripts/grid.sh migrate OUT` once on its output folder, then again what you ran")
+        done = super().from_json(obj, path, what, what_to_do)
         return dataclasses.replace(done, outcome=Outcome(done.outcome))
 
 
-def _legacy_outcome(status):
-    """The fields of the outcome that a DONE.json of an earlier version holds in words only, None
-    when ``status`` is none of :data:`STATUS_FORMS`."""
-    m = LEGACY_STATUS.match(status)
-    if m is None:
-        return None
-    finished, diverged, at, stopped, stopped_at, why, failed, reason = m.groups()
-    if diverged:
-        return {"outcome": diverged, "diverged_at": int(at)}
-    if stopped:
-        return {"outcome": stopped, "stopped_at": int(stopped_at), "reason": why}
-    if failed:
-        return {"outcome": failed, "reason": reason}
-    return {"outcome": finished}
+# ---------------------------------------------------------------- config.json
+
+def _run_shape():
+    """The shape of a recorded run (:class:`~.runs.Run`, from its annotations): required where Run has
+    no default."""
+    kinds = {"str": STRING, "float": NUMBER, "int": INT, "bool": BOOL, "tuple": list_of(STRING)}
+    shape = {}
+    for f in dataclasses.fields(Run):
+        kind = kinds[f.type if isinstance(f.type, str) else f.type.__name__]
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        shape[f.name] = (optional(kind) if f.default is None else kind, required)
+    shape["figure"] = (PLAIN_NAME, False)  # part of a file name (report.py's fig_<figure>.png)
+    return shape
+
+
+RUN_SHAPE = _run_shape()
+# config.json: fields not listed are not read, so not checked
+CONFIG_SHAPE = {"hash": (STRING, True), "seed": (INT, True), "arch": (STRING, True), "run": (OBJECT, True),
+                "data": (STRING, False), "fp16": (BOOL, False), "fairseq_args": (STRING, False),
+                "beam": (INT, False), "lenpen": (NUMBER, False), "gen_args": (list_of(STRING), False)}
+# what a recorded run leaves out is Run's default (Run.as_dict records LATER_FIELDS only when set)
+RUN_DEFAULTS = {k: v for k, v in {**Run(name="", dataset="", ln="", optimizer="", lr=0.0).as_dict(), **LATER_FIELDS}.items()
+                if k not in ("name", "dataset", "ln", "optimizer", "lr")}
+
+
+def config_from_json(obj, path="a config", what="a run's config", what_to_do="delete it"):
+    """config.json's object, checked (its ``run`` too: :data:`RUN_SHAPE`), with the fields its run leaves
+    out set to Run's defaults."""
+    check_shape(obj, CONFIG_SHAPE, path, what, what_to_do)
+    check_shape(obj["run"], RUN_SHAPE, path, what, what_to_do, where="run.")
+    return {**obj, "run": {**RUN_DEFAULTS, **obj["run"]}}

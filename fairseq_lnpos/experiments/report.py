@@ -23,6 +23,7 @@ from ..common import FONT, integer_ticks, legend_right, plain_name, refuse_folde
 from ..errors import LnposError, StateError, run_main
 from . import runs as R
 from ..variants import VARIANTS, arch_names, variant_color
+from .migrate import EARLIER_CSV_HEADERS
 from .rundir import grid_run_dirs, run_dirs
 
 CSV_COLUMNS = ["run", "arch", "optimizer", "lr", "warmup", "schedule", "seed", "status", "paper_bleu",
@@ -31,11 +32,6 @@ CSV_COLUMNS = ["run", "arch", "optimizer", "lr", "warmup", "schedule", "seed", "
                "avg_epochs", "source", "best_bleu_tok_cs", "avg_bleu_tok_cs", "sel_bleu_tok", "sel_epoch",
                "sel_sacrebleu", "sel_valid_nll"]
 MD_MARKER = "<!-- written by scripts/make_table.sh, which rewrites this file -->"
-# the headers of results.csv's earlier versions: before the validation-selected columns, and before the
-# compound-split columns too (a file with one of them is replaced)
-_SEL = ("sel_bleu_tok", "sel_epoch", "sel_sacrebleu", "sel_valid_nll")
-CSV_EARLIER = {",".join(c for c in CSV_COLUMNS if c not in _SEL),
-               ",".join(c for c in CSV_COLUMNS if c not in (*_SEL, "best_bleu_tok_cs", "avg_bleu_tok_cs"))}
 # the seeds of a run: (row key, label) of each metric aggregated
 SEED_METRICS = {"best_bleu_tok": "tok BLEU best", "sel_bleu_tok": "tok BLEU selected", "avg_bleu_tok": "tok BLEU avg",
                 "sacrebleu": "sacreBLEU", "best_valid_loss": "best valid loss"}
@@ -188,19 +184,21 @@ def figures(rows, out_dir):
 
 
 def _check_ours(path, first_line):
-    """Refuse to replace ``path`` unless this command wrote it: its first line is ``first_line``, or, for
-    results.csv, the header of an earlier version (:data:`CSV_EARLIER`); a header with a column of the
-    user's (an extra one) is not ours."""
+    """Refuse to replace ``path`` unless this command wrote it: its first line is ``first_line`` (a header
+    with a column of the user's, an extra one, is not ours; one of an earlier version: ``grid.sh migrate``)."""
     if not path.exists() and not path.is_symlink():
         return
     refuse_folder(path)
     try:
         with open(path, encoding="utf-8") as f:
             line = f.readline().rstrip("\n")
-        ours = line == first_line or (line in CSV_EARLIER and first_line == ",".join(CSV_COLUMNS))
+        ours = line == first_line
     except (OSError, UnicodeDecodeError):
         ours = False
     if not ours:
+        if line in EARLIER_CSV_HEADERS:
+            raise LnposError(f"{path} was written by an earlier version of make_table.sh: run `scripts/grid.sh migrate "
+                             f"{path.parent}` once, then make_table.sh again; nothing was written")
         raise LnposError(f"{path} was not written by make_table.sh, so it is not replaced: move it away, then "
                          f"run make_table.sh again; nothing was written")
 

@@ -9,15 +9,16 @@
     TRAINED           fairseq-train finished
     DONE.json         written last, the outcome (records.py): finished, diverged at update N, stopped
                       early at update N: WHY (early_stop.py), or failed: WHY, in "status" as words and
-                      in "outcome", "reason", "diverged_at", "stopped_at" (older runs: the words only);
+                      in "outcome", "reason", "diverged_at", "stopped_at" (folders of earlier versions:
+                      ``scripts/grid.sh migrate``);
                       a finished, diverged or stopped run is never redone, a failed one is retried;
                       also the first training loss, updates, training time, final validation loss and
                       peak memory (peak_rss_mb, cuda_peak_mb) and fairseq-train's CPU seconds
-                      (train_cpu_seconds; absent in older runs, null unknown)
+                      (train_cpu_seconds; null unknown)
     .lock             held (flock) while a grid works on the run
 
 Every JSON file is written atomically. Every state file is checked for shape where it is read,
-here (:data:`SHAPES`; the records' shapes are those of their dataclasses, records.py): a file that
+here, with the shapes of records.py (the one schema of the run files): a file that
 exists but cannot be read, or holds something else than the grid writes (``null``, a list, a missing
 or mistyped field), is an error naming the path and what to do
 (:class:`~fairseq_lnpos.errors.StateError`), never taken as absent.
@@ -36,9 +37,8 @@ from ..common import hold_lock, open_fd, read_json, read_lines, write_json, writ
 from ..errors import LnposError, StateError
 from ..data.unigram import unigram_bits
 from ..provenance import provenance
-from .records import (BOOL, INT, NUMBER, OBJECT, PLAIN_NAME, STRING, AverageRecord, DoneRecord, EpochRecord, Outcome,
-                      check_shape, list_of, optional, shape_error, short)
-from .runs import LATER_FIELDS, Run
+from .records import AverageRecord, DoneRecord, EpochRecord, Outcome, config_from_json, shape_error, short
+from .runs import Run
 
 EPOCH_FILE = re.compile(r"^epoch(\d+)\.json$")
 CHECKPOINT_FILE = re.compile(r"^checkpoint(\d+)\.pt$")
@@ -99,46 +99,15 @@ def make_out_dir(out):
     return out
 
 
-# ---------------------------------------------------------------- the shape of each state file
+# ---------------------------------------------------------------- reading a state file
 
-def _run_fields():
-    """The fields of a recorded run (``runs.Run``): required where Run has no default."""
-    kinds = {"str": STRING, "float": NUMBER, "int": INT, "bool": BOOL, "tuple": list_of(STRING)}
-    shape = {}
-    for f in dataclasses.fields(Run):
-        kind = kinds[f.type if isinstance(f.type, str) else f.type.__name__]
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        shape[f.name] = (optional(kind) if f.default is None else kind, required)
-    shape["figure"] = (PLAIN_NAME, False)  # part of a file name (report.py's fig_<figure>.png)
-    return shape
-
-
-RUN_DEFAULTS = {k: v for k, v in {**Run(name="", dataset="", ln="", optimizer="", lr=0.0).as_dict(), **LATER_FIELDS}.items()
-                if k not in ("name", "dataset", "ln", "optimizer", "lr")}
-# file -> {field: (kind, required)}; fields not listed are not read, so not checked; the records
-# (DONE.json, eval/*.json) have the shapes of their dataclasses (records.py)
-SHAPES = {
-    "config.json": {"hash": (STRING, True), "seed": (INT, True), "arch": (STRING, True), "run": (OBJECT, True),
-                    "data": (STRING, False), "fp16": (BOOL, False), "fairseq_args": (STRING, False),
-                    "beam": (INT, False), "lenpen": (NUMBER, False), "gen_args": (list_of(STRING), False)},
-    "run": _run_fields(),
-}
-
-
-def read_checked(path, shape, what, what_to_do):
-    """The JSON object in ``path`` checked against ``SHAPES[shape]``; None when there is no file."""
+def read_record(path, from_json, what, what_to_do):
+    """The record in ``path`` that ``from_json`` (a record class's, or :func:`~.records.config_from_json`)
+    makes of it, checked; None when there is no file."""
     obj = read_json(path, missing_ok=True, what_to_do=what_to_do)
     if obj is None and not Path(path).exists():
         return None
-    return check_shape(obj, SHAPES[shape], path, what, what_to_do)
-
-
-def read_record(path, record, what, what_to_do):
-    """The record (a dataclass of records.py) in ``path``, checked; None when there is no file."""
-    obj = read_json(path, missing_ok=True, what_to_do=what_to_do)
-    if obj is None and not Path(path).exists():
-        return None
-    return record.from_json(obj, path, what, what_to_do)
+    return getattr(from_json, "from_json", from_json)(obj, path, what, what_to_do)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,14 +204,10 @@ class RunDir:
 
     # config -------------------------------------------------------------------
     def config(self):
-        """The recorded config (checked, :data:`SHAPES`; fields of its run that it lacks are Run's
-        defaults), None when there is none yet."""
+        """The recorded config (checked, :func:`~.records.config_from_json`: fields of its run that it
+        lacks are Run's defaults), None when there is none yet."""
         what_to_do = f"delete {self.path} to redo that run, or move it out of {self.path.parent.parent} if it is no run"
-        cfg = read_checked(self.config_path, "config.json", "a run's config", what_to_do)
-        if cfg is not None:
-            check_shape(cfg["run"], SHAPES["run"], self.config_path, "a run's config", what_to_do, where="run.")
-            cfg["run"] = {**RUN_DEFAULTS, **cfg["run"]}
-        return cfg
+        return read_record(self.config_path, config_from_json, "a run's config", what_to_do)
 
     def check_config(self, config_hash):
         """Refuse a folder that holds another config (results are not mixed)."""
@@ -354,7 +319,7 @@ class RunDir:
         write_json(self.eval_path(record.epoch), record.to_json())
 
     def eval(self, epoch):
-        """eval/epochN.json of ``epoch`` (checked, :data:`SHAPES`), None when there is none."""
+        """eval/epochN.json of ``epoch`` (checked, records.py), None when there is none."""
         path = self.eval_path(epoch)
         what_to_do = f"delete it and run the grid again to re-score epoch {epoch}"
         rec = read_record(path, EpochRecord, "an epoch's record", what_to_do)
@@ -379,7 +344,7 @@ class RunDir:
         return self.eval_dir / "average.hyp"
 
     def average(self):
-        """eval/average.json (checked, :data:`SHAPES`): the epochs averaged, N and the scores; None when
+        """eval/average.json (checked, records.py): the epochs averaged, N and the scores; None when
         it is not scored yet."""
         return read_record(self.eval_dir / "average.json", AverageRecord, "an average's record",
                             "delete it (the table then shows no average for that run)")

@@ -34,7 +34,8 @@ from submitit.helpers import Checkpointable, DelayedSubmission
 from ..common import one_line, write_text
 from ..errors import LnposError
 from .commands import batch_plan, total_updates
-from .options import RunOptions, run_parser, to_argv
+from ..cli import to_argv
+from .options import RunOptions, run_parser
 from .plan import make_jobs, select_runs
 from .rundir import tasks_text
 
