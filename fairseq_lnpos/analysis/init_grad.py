@@ -20,7 +20,7 @@ only the last layer's W2 needs a gradient (Fig. 3c/d), so autograd skips the res
 check runs one extra forward pass in eval mode (no dropout) on the deepest models and records
 ||x||^2 / d at the input of every LayerNorm, averaged over the non-padding positions.
 
-Each model's record is written to ``<out>/models/`` as it finishes (:func:`Job.file`); a rerun with
+Each model's record is written to ``<out>/models/`` as it finishes (:func:`Measurement.file`); a rerun with
 the same settings skips the models recorded there (``--fresh`` starts over). At the end
 ``records.jsonl`` (every record, one a line), ``fig3.json`` and the PNGs are written
 (fairseq_lnpos.analysis.plots). :func:`run` is :func:`plan`, :func:`resume`, :func:`measure` per
@@ -347,7 +347,7 @@ MODELS = "models"  # the folder of the per-model records under --out
 
 
 @dataclasses.dataclass(frozen=True)
-class Job:
+class Measurement:
     """One model of the analysis: ``arch`` at ``depth`` layers built with ``seed``, or (``checkpoint``)
     a trained model at its own depth. ``full``: every layer's W1 and W2 (Fig. 3a/b), else the last
     layer's W2 only; ``lemma2``: also the Lemma 2 forward pass."""
@@ -386,10 +386,10 @@ def plan(opts, archs):
     :func:`resolve_arch`) at every depth, then the checkpoint."""
     deepest, jobs = max(opts.depths), []
     for seed in range(opts.first_seed, opts.first_seed + opts.seeds):
-        jobs += [Job(label, arch, depth, seed, full=depth == opts.layers_depth, lemma2=depth == deepest and opts.lemma2)
+        jobs += [Measurement(label, arch, depth, seed, full=depth == opts.layers_depth, lemma2=depth == deepest and opts.lemma2)
                  for _, arch, label in archs for depth in opts.depths]
         if opts.checkpoint:
-            jobs.append(Job(opts.checkpoint_label, None, None, seed, full=True, lemma2=False, checkpoint=opts.checkpoint))
+            jobs.append(Measurement(opts.checkpoint_label, None, None, seed, full=True, lemma2=False, checkpoint=opts.checkpoint))
     return jobs
 
 
