@@ -6,6 +6,7 @@ import json
 import pytest
 
 from fairseq_lnpos.analysis import curves as C
+from fairseq_lnpos.analysis.frame import RUN_COLUMNS
 from fairseq_lnpos.experiments.records import DoneRecord, Outcome
 from fairseq_lnpos.experiments.rundir import RunDir
 
@@ -76,6 +77,8 @@ def test_a_page_adds_up_with_new_seeds_and_the_command_refuses_bad_input(grid, t
             (tmp_path / "all" / name).read_text(), name
     md = (tmp_path / "all" / "curves.md").read_text()
     assert "| `real-postln-wu500` | 3 | 3 |" in md and "| 3 |" in md
+    # runs.csv is the per-seed table alone, also when its runs came from a page (no column saying from where)
+    assert (tmp_path / "both" / "runs.csv").read_text().split("\n", 1)[0] == ",".join(RUN_COLUMNS)
     capsys.readouterr()
     for argv, words in (([str(grid), "--only", "iwslt-*"], "no run finished"),
                         ([str(grid), "--reference", "real-nope"], "--reference real-nope: not among the runs"),

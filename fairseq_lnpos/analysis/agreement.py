@@ -33,7 +33,7 @@ from ..cli import CommandParser
 from ..common import write_text
 from ..errors import LnposError, run_main
 from .frame import COUNTED, check_model_code, check_one_experiment, pandas, read_runs
-from .publish import argv_of
+from .publish import argv_of, write_outputs
 from .stability import KEYS, make_cells, order
 
 EARLIER = dict(ratio=0.6, near=0.10, noise_k=2.0)
@@ -171,12 +171,9 @@ def _main(argv):
     written = [out / "agreement.csv", out / "agreement.md"]
     write_text(written[0], both.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
     write_text(written[1], md)
-    if args.publish:
-        from .publish import publish
-
-        runs = pandas().concat([runs_a.assign(map="A"), runs_b.assign(map="B")], ignore_index=True)
-        publish(args.publish, "Verdicts of two runs of one map", md, runs, written,
-                argv_of("python -m fairseq_lnpos.analysis.agreement", argv))
+    runs = pandas().concat([runs_a.assign(map="A"), runs_b.assign(map="B")], ignore_index=True)
+    write_outputs(out, args.publish, "Verdicts of two runs of one map", md, runs, written,
+                  argv_of("python -m fairseq_lnpos.analysis.agreement", argv))
     print(md, end="")
     return 0
 

@@ -30,9 +30,9 @@ from ..common import write_text
 from ..errors import LnposError, run_main
 from ..variants import variant_color
 from . import verdict as V
-from .frame import COUNTED, EPOCH_COLUMNS, check_model_code, gather, pandas, write_runs_csv
+from .frame import COUNTED, EPOCH_COLUMNS, check_model_code, gather, pandas
 from .map_common import markdown_table, num, panels, save
-from .publish import argv_of
+from .publish import argv_of, write_outputs
 
 PROG = "python -m fairseq_lnpos.analysis.curves"
 EPOCHS_CSV = "epochs.csv"
@@ -205,12 +205,8 @@ def _main(argv):
     write_text(written[0], epochs.to_csv(index=False, lineterminator="\n"))  # read back from a page: every digit
     write_text(written[1], table.drop(columns="nll_var").to_csv(index=False, float_format="%.6g", lineterminator="\n"))
     write_text(written[2], md)
-    write_runs_csv(runs.drop(columns="source"), out / "runs.csv")
     plot(table, dict(zip(runs["run"], runs["variant"])), written[3], args.title)
-    if args.publish:
-        from .publish import publish
-
-        publish(args.publish, args.title, md, runs.drop(columns="source"), written, argv_of(PROG, argv))
+    write_outputs(out, args.publish, args.title, md, runs, written, argv_of(PROG, argv))
     print(md, end="")
     return 0
 

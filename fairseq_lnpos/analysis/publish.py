@@ -77,6 +77,18 @@ def publish(dest, title, body_md, runs, files, command, when=None):
     return write_text(dest / PAGE, page_text(title, body_md, runs, command, files, when, page_code))
 
 
+GATHERED = ("source", "page")  # the columns frame.gather adds: where a run was read from, not its data
+
+
+def write_outputs(out, dest, title, body_md, runs, files, command):
+    """The end of a study's command: ``runs.csv`` beside its outputs in ``out`` (the table of its runs
+    without where each was read from), and the results page ``dest`` when one is asked for."""
+    runs = runs.drop(columns=[c for c in GATHERED if c in runs])
+    write_runs_csv(runs, Path(out) / "runs.csv")
+    if dest:
+        publish(dest, title, body_md, runs, files, command)
+
+
 def argv_of(prog, argv):
     """The command line as typed (for a results page)."""
     return " ".join([prog] + [shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)])

@@ -46,9 +46,9 @@ from ..errors import LnposError, run_main
 from ..experiments.runs import WHY_BASELINES, WHY_INTERVENTIONS
 from ..fairseq_log import LogState
 from . import verdict as V
-from .frame import COUNTED, check_model_code, gather, pandas, write_runs_csv
+from .frame import COUNTED, check_model_code, gather, pandas
 from .map_common import markdown_table, num, panels, save
-from .publish import argv_of
+from .publish import argv_of, write_outputs
 from .train_curves import read_records
 
 PROG = "python -m fairseq_lnpos.analysis.why"
@@ -543,17 +543,12 @@ def _main(argv):
     # read back when the page is a source: every digit, or values that differ only past the sixth tie
     write_text(written[1], values.to_csv(index=False, lineterminator="\n"))
     write_text(written[3], md)
-    write_runs_csv(runs.drop(columns="source"), out / "runs.csv")
     plot_nll(runs, table, written[4])
     for corpus in table["corpus"].unique():
         written.append(out / f"why_diagnostics_{corpus}.png")
         plot_diagnostics(values, corpus, written[-1])
-    if args.publish:
-        from .publish import publish
-
-        publish(args.publish, "Why does Post-LN need warm-up? The explanations side by side", md,
-                runs.drop(columns="source"), written,
-                argv_of(PROG, argv))
+    write_outputs(out, args.publish, "Why does Post-LN need warm-up? The explanations side by side", md, runs, written,
+                  argv_of(PROG, argv))
     print(md, end="")
     return 0
 
