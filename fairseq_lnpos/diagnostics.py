@@ -30,6 +30,16 @@ logged update; groups are those of :mod:`fairseq_lnpos.gradnorm` (``encoder/3/fc
   padded query positions of a self-attention are left out.
 - ``output_logits``: ``l2_mean``, the mean over non-padding target tokens of the L2 norm of the
   output logit vector, and ``max_abs``, the largest logit (amplified output change, Admin's view).
+- ``residual_ratio``: per residual connection (``encoder/3/self_attn``, ``decoder/3/encoder_attn``,
+  ``encoder/3/ffn``; per layer, ``encoder/3``, all its connections pooled), the norm of what the
+  sublayer adds to the residual sum over the norm of what the skip path adds, ||F(x)|| / ||s x||,
+  pooled over the update's micro-batches (square roots of summed squares over every position,
+  padding included). Taken around the layer's ``residual_connection(x, residual)``, which every
+  variant's layer calls once per sublayer: F(x) is the ``x`` it is given (the sublayer's output
+  after dropout) and s x is the connection's result minus it, so DeepNorm's alpha x, Admin's omega x
+  and B2T's extra layer input count as skip; for ReZero, whose connection scales the branch
+  (``residual + a F(x)``), F(x) is ``a x``. A small ratio is a sublayer whose updates barely move
+  the stream (a slow start); a large one, a stream the sublayers overwrite.
 - ``hessian_top`` (only at the updates of ``--diagnostics-hessian-updates``): the top eigenvalue
   of the Hessian of the update's first batch's loss (mean per token, as fairseq's gradient), by
   power iteration with Hessian-vector products (double backward): the sharpness of Kalra &
@@ -54,6 +64,7 @@ import torch
 from .common import open_log
 from .errors import check
 from .gradnorm import LAYER_GROUP, GradNormPlan, finite_or_none, groups_of
+from .models.sublayers import sublayer_names
 
 TAG_PREFIX = "diag/"
 PERCENTILES = (("median", 0.5), ("p99", 0.99))
@@ -191,6 +202,24 @@ def _quantiles(values, qs):
     return [float(values.float().kthvalue(min(n, max(1, round(q * (n - 1)) + 1))).values) for q in qs]
 
 
+def residual_layers(model):
+    """(``encoder/3``, layer) of every Transformer layer of ``model`` (fairseq's ``encoder.layers``,
+    ``decoder.layers``)."""
+    return [(f"{side}/{i}", layer) for side in ("encoder", "decoder")
+            for i, layer in enumerate(getattr(getattr(model, side, None), "layers", None) or [])]
+
+
+def residual_record(sums):
+    """``residual_ratio`` of {"encoder/3/ffn": [sum ||F||^2, sum ||s x||^2]}: per connection, then per
+    layer with its connections pooled; None where the skip added nothing."""
+    layers = OrderedDict()
+    for key, (b, k) in sums.items():
+        acc = layers.setdefault(key.rsplit("/", 1)[0], [0.0, 0.0])
+        acc[0], acc[1] = acc[0] + b, acc[1] + k
+    ratio = lambda b, k: finite_or_none(math.sqrt(b / k)) if k > 0 else None  # noqa: E731
+    return OrderedDict([*((key, ratio(*v)) for key, v in sums.items()), *((key, ratio(*v)) for key, v in layers.items())])
+
+
 class Diagnostics:
     """Hooks of the ``translation_lnpos`` task: :meth:`train_step` around each micro-batch,
     :meth:`optimizer_step` around fairseq's optimizer step."""
@@ -206,6 +235,7 @@ class Diagnostics:
         self.leaf = []  # per parameter of the plan: its sub-layer group (Adam's step sizes are per sub-layer)
         self.pending_update = None  # the update whose forward statistics are being gathered
         self.attn, self.logits, self.extra = {}, None, {}
+        self.residual = {}  # "encoder/3/ffn" -> [sum ||F(x)||^2, sum ||s x||^2] of the logged update
         self.overhead = 0.0
         self.last_step_end = self.prev_update_s = None
         self.last = None  # the last record written
@@ -224,6 +254,7 @@ class Diagnostics:
     def _start(self, update_num):
         if self.pending_update != update_num:
             self.pending_update, self.attn, self.logits, self.extra, self.overhead = update_num, {}, None, {}, 0.0
+            self.residual = {}
 
     # ---- forward statistics, on every micro-batch of a logged update
     def train_step(self, sample, model, criterion, update_num, run):
@@ -241,12 +272,39 @@ class Diagnostics:
         target = sample.get("target") if isinstance(sample, dict) else None
         pad = getattr(criterion, "padding_idx", None)
         handles.append(model.register_forward_hook(self._logits_hook(target, pad)))
+        wrapped = [(layer, self._wrap_residual(layer, name)) for name, layer in residual_layers(model)]
         self.overhead += time.perf_counter() - t0
         try:
             return run()
         finally:
             for h in handles:
                 h.remove()
+            for layer, h in wrapped:
+                h.remove()
+                del layer.residual_connection  # the class's method again
+
+    def _wrap_residual(self, layer, name):
+        """Shadow ``layer.residual_connection`` with one that measures it (see ``residual_ratio``);
+        returns the forward pre-hook that numbers the layer's connections in each forward."""
+        original, names, calls = layer.residual_connection, sublayer_names(layer), [0]
+
+        def start(module, args):
+            calls[0] = 0
+
+        def residual_connection(x, residual):
+            out = original(x, residual)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                branch = x * layer.rezero_weight if hasattr(layer, "rezero_weight") else x
+                sums = self.residual.setdefault(f"{name}/{names[min(calls[0], len(names) - 1)]}", [0.0, 0.0])
+                sums[0] += float(branch.detach().float().pow(2).sum())
+                sums[1] += float((out.detach() - branch.detach()).float().pow(2).sum())
+            calls[0] += 1
+            self.overhead += time.perf_counter() - t0
+            return out
+
+        layer.residual_connection = residual_connection
+        return layer.register_forward_pre_hook(start)
 
     def _attention_hook(self, name):
         def hook(module, args, kwargs):
@@ -324,6 +382,8 @@ class Diagnostics:
         rec.update(self.adaptive_lr(optimizer))
         if self.attn:
             rec.update(self.attention_record())
+        if self.residual:
+            rec["residual_ratio"] = residual_record(self.residual)
         if self.logits is not None and self.logits[1]:
             rec["output_logits"] = {"l2_mean": self.logits[0] / self.logits[1], "max_abs": self.logits[2]}
         rec.update(self.extra)

@@ -269,3 +269,38 @@ def test_micro_batches_of_an_update_are_pooled():
     assert entropy == pytest.approx(sum(s["entropy_sum"] for s in parts) / rows)
     per_head = (parts[0]["head_entropy_sum"] + parts[1]["head_entropy_sum"]) / (parts[0]["head_rows"] + parts[1]["head_rows"])
     assert entropy_min == pytest.approx(float(per_head.min())) and entropy_min <= entropy
+
+
+@pytest.mark.parametrize("arch", ["transformer", "transformer_deepnorm", "transformer_b2t", "transformer_rezero"])
+def test_residual_ratio_is_the_sublayer_over_the_skip_term(toy_data, tmp_path, arch):
+    """||F(x)|| / ||s x|| of a connection against the sublayer's output and the layer's input, hooked
+    independently: s = 1 for Post-LN and B2T's attention, DeepNorm's alpha, and ReZero's branch a F(x) = 0 at
+    initialization."""
+    from fairseq_lnpos.models.deepnorm import deepnorm_coefficients
+
+    trainer, task, batches = _trainer(toy_data, tmp_path, *NO_DROPOUT, "--arch", arch, "--log-diagnostics",
+                                      "--diagnostics-interval", "1")
+    layer = trainer.model.encoder.layers[1]
+    seen = {}
+    def keep(key, value):  # a hook that returns nothing changes nothing
+        seen.setdefault(key, value.detach().clone())
+
+    handles = [layer.register_forward_pre_hook(lambda m, args: keep("input", args[0])),
+               layer.self_attn.register_forward_hook(lambda m, args, out: keep("attn", out[0]))]
+    trainer.train_step([batches[0]])
+    for h in handles:
+        h.remove()
+    ratio = task.diagnostics.last["residual_ratio"]
+    assert set(ratio) == {f"{side}/{i}{sub}" for side, subs in (("encoder", ("self_attn", "ffn")),
+                                                                ("decoder", ("self_attn", "encoder_attn", "ffn")))
+                          for i in range(2) for sub in ("", *(f"/{s}" for s in subs))}
+    if arch == "transformer_rezero":
+        assert all(v == 0 for v in ratio.values())  # a = 0: no sublayer adds anything yet
+    else:
+        skip = deepnorm_coefficients(2, 2)["encoder"][0] if arch == "transformer_deepnorm" else 1.0
+        assert ratio["encoder/1/self_attn"] == pytest.approx(
+            float(seen["attn"].norm()) / (skip * float(seen["input"].norm())), rel=1e-5)
+        assert 0 < ratio["encoder/1/ffn"] and min(ratio["encoder/1/self_attn"], ratio["encoder/1/ffn"]) <= \
+            ratio["encoder/1"] <= max(ratio["encoder/1/self_attn"], ratio["encoder/1/ffn"])
+    for m in trainer.model.modules():  # the measuring connection and its hooks are gone after the step
+        assert not m._forward_pre_hooks and not m._forward_hooks and "residual_connection" not in vars(m)
