@@ -251,3 +251,25 @@ def test_the_start_line_quotes_the_measured_time_only_for_the_settings_measured(
     assert init_grad.expected_time(demo, 30) == (f"not measured for these 30 models (--size tiny); the 20 models of "
                                                  f"the defaults at d 512 take {measured}")
     assert init_grad.expected_time(init_grad.Options(seeds=10).validate(), 100).startswith("not measured")
+
+
+def test_a_results_page_holds_the_tables_of_fig3_json_and_its_records(tmp_path, capsys):
+    from fairseq_lnpos.analysis import init_grad
+
+    page = tmp_path / "page"
+    argv = [*SMALL, "--depths", "2,3", "--layers-depth", "2", "--seeds", "2", "--threads", "1", "--out",
+            str(tmp_path / "out"), "--publish", str(page)]
+    assert init_grad.main(argv) == 0
+    fig3 = json.loads((tmp_path / "out" / "fig3.json").read_text())
+    index = (page / "index.md").read_text()
+    assert "- Command: `scripts/init_grad_analysis.sh " in index and f"--publish {page}`" in index
+    assert (page / "records.jsonl").read_text() == (tmp_path / "out" / "records.jsonl").read_text()
+    assert {"fig3.json", "fig3.png", "lemma2.png"} <= {p.name for p in page.iterdir()}
+    e = fig3["last_w2"]["Pre-LN"]["decoder"]  # the table's row is fig3.json's numbers
+    row = (f"| Pre-LN | decoder | {e['mean'][0]:.3f} ± {e['std'][0]:.3f} (n=2) | {e['mean'][1]:.3f} ± "
+           f"{e['std'][1]:.3f} (n=2) | {fig3['ratio_last_w2']['Pre-LN']['decoder']:.2f} |")
+    assert row in index and row in (tmp_path / "out" / "fig3.md").read_text()
+    w2 = fig3["per_layer"]["Post-LN"]["encoder"]["fc2"]["mean"]
+    assert f"| Post-LN | encoder | W2 | {w2[0]:.3f}, {w2[1]:.3f} |" in index
+    s = fig3["lemma2"]["Pre-LN"]["encoder"]["stream"]
+    assert f"to {s['mean'][-1]:.2f} (l = 3) | between 2.5 and 5.5 at l = 3 |" in index

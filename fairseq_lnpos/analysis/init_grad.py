@@ -93,6 +93,8 @@ class Options(CommandOptions):
     out: str = option("analysis-out", "output folder (default analysis-out/)")
     fresh: bool = option(False, "ignore results of an earlier run in --out")
     threads: Optional[int] = option(help="torch CPU threads (default: torch's choice)", type=int)
+    publish: Optional[str] = option(help="also write the results as a results page into this folder "
+                                    "(docs/results/NAME): the command, machine, tables, figures and records.jsonl")
     device: str = option("cpu", "cpu or cuda")
 
     def __post_init__(self):  # seeds, tokens, batches not given: the defaults, or the paper's with --paper
@@ -446,9 +448,9 @@ def measure(job, opts, task, samples, key):
     return rec
 
 
-def finish(out, records, settings, opts, t_start):
-    """``records.jsonl`` (every model's record, one a line), ``fig3.json`` and the figures; returns
-    fig3.json's content."""
+def finish(out, records, settings, opts, t_start, command=None):
+    """``records.jsonl`` (every model's record, one a line), ``fig3.json``, ``fig3.md`` and the figures,
+    and with ``opts.publish`` a results page of them; returns fig3.json's content."""
     import torch
 
     from fairseq_lnpos.analysis import plots, summary as summarize
@@ -459,9 +461,17 @@ def finish(out, records, settings, opts, t_start):
     result["seconds"] = round(time.time() - t_start, 1)
     result["cpu_seconds"] = round(time.process_time(), 1)
     write_json(out / "fig3.json", result)
+    md = summarize.markdown(result)
+    write_text(out / "fig3.md", md)
     written = plots.plot_all(result, out)
+    if opts.publish:
+        from .publish import publish
+
+        title = "Fig. 3 and Lemma 2 at initialization: " + ", ".join(result["settings"]["archs"])
+        written.append(publish(opts.publish, title, md, None, [out / "fig3.json", out / "records.jsonl", *written],
+                               command or f"scripts/init_grad_analysis.sh --out {out} --publish {opts.publish}"))
     print(summarize.headline(result))
-    print(f"wrote {out / 'fig3.json'}, {', '.join(str(p) for p in written)}")
+    print(f"wrote {out / 'fig3.json'}, {out / 'fig3.md'}, {', '.join(str(p) for p in written)}")
     wall, cpu = time.time() - t_start, time.process_time()
     print(f"time taken: {fmt_time(wall)} ({wall:.0f} s wall, {cpu:.0f} s CPU over "
           f"{torch.get_num_threads()} threads)")
@@ -500,15 +510,17 @@ def main(argv=None):
     t_start = process_start_time() if argv is None else None
 
     def command(argv):
-        run(parse_args(argv), t_start)
+        from .publish import argv_of
+
+        run(parse_args(argv), t_start, command=argv_of("scripts/init_grad_analysis.sh", argv))
 
     return run_main(PROG, command, argv)
 
 
-def run(opts, t_start=None):
+def run(opts, t_start=None, command=None):
     """Measure every job of :func:`plan` that :func:`resume` does not find done, keeping each record in
-    ``<out>/models/`` as it is measured, then :func:`finish`; return fig3.json's content. Raises
-    :class:`LnposError` for bad input."""
+    ``<out>/models/`` as it is measured, then :func:`finish` (``command``: the command line a results page
+    names); return fig3.json's content. Raises :class:`LnposError` for bad input."""
     opts = opts.validate()
     t_start = time.time() if t_start is None else t_start
     import torch
@@ -573,7 +585,7 @@ def run(opts, t_start=None):
                   f"enc {last['encoder']:.3f} dec {last['decoder']:.3f} ({rec['seconds']:.1f} s; elapsed "
                   f"{fmt_time(time.time() - t_start)}, ETA {eta()})", flush=True)
             cadence.printed()
-    return finish(out, records, settings, opts, t_start)
+    return finish(out, records, settings, opts, t_start, command)
 
 
 def _to(sample, device):

@@ -124,3 +124,58 @@ def headline(result):
                 lines.append(f"{label:>10} {stack} Lemma 2: ||x^(post,5)||^2/d before the FFN LNs "
                              f"{min(v):.2f}..{max(v):.2f} (lemma: 1.5)")
     return "\n".join(lines)
+
+
+def _cell(m, s, n=None):
+    return "–" if m is None else f"{m:.3f} ± {s:.3f}" + (f" (n={n})" if n is not None else "")
+
+
+def markdown(result):
+    """fig3.json's content as Markdown: the settings, Fig. 3c/d (the last layer's W2 by depth), Fig. 3a/b
+    (every layer at the full depth) and Lemma 2, each number the mean ± sd over seeds."""
+    st = result["settings"]
+    init = st.get("init") or "fairseq-0.12"
+    lines = ["# Fig. 3 and Lemma 2 at initialization", "",
+             f"Data: {st.get('data_desc')}; model size {st.get('size') or 'base'}"
+             + (f", width {st['width']}" if st.get("width") else "") + f", initialization {init}; "
+             f"K = {st.get('batches')} batches of at most {st.get('tokens')} tokens, dropout {st.get('dropout')}, "
+             f"seeds {st.get('seeds')} from {st.get('first_seed')}. Statistic: the Frobenius norm of the "
+             "gradient averaged over the K batches (the paper's), mean ± sd over seeds."
+             + (f" Time: {result['seconds']:.0f} s wall, {result['cpu_seconds']:.0f} CPU-s of this process."
+                if result.get("seconds") is not None else ""), "", f"The paper: {result['paper']['note']}", ""]
+    if result["last_w2"]:
+        depths = sorted({d for stacks in result["last_w2"].values() for e in stacks.values() for d in e["depths"]})
+        lines += ["## The last layer's W2 gradient norm by depth (Fig. 3c/d)", "",
+                  "| architecture | stack | " + " | ".join(f"depth {d}" for d in depths) + " | deepest / shallowest |",
+                  "|---|---|" + "---|" * (len(depths) + 1)]
+        for label, stacks in result["last_w2"].items():
+            for stack, e in stacks.items():
+                at = dict(zip(e["depths"], zip(e["mean"], e["std"], e["seeds"])))
+                r = result["ratio_last_w2"][label][stack]
+                lines.append(f"| {label} | {stack} | " + " | ".join(_cell(*at[d]) if d in at else "" for d in depths)
+                             + f" | {'–' if r is None else format(r, '.2f')} |")
+        lines.append("")
+    if result["per_layer"]:
+        lines += [f"## Every layer's W1 and W2 gradient norm at depth {st.get('layers_depth')} (Fig. 3a/b)", "",
+                  "| architecture | stack | weight | layer 1 → last (mean over seeds) |", "|---|---|---|---|"]
+        for label, stacks in result["per_layer"].items():
+            for stack, ws in stacks.items():
+                for w, e in ws.items():
+                    lines.append(f"| {label} | {stack} | {'W1' if w == 'fc1' else 'W2'} | "
+                                 + ", ".join("–" if m is None else f"{m:.3f}" for m in e["mean"]) + " |")
+        lines.append("")
+    if result["lemma2"]:
+        lines += ["## Lemma 2: ||x||² / d at the LayerNorms' inputs of the deepest model (eval mode)", "",
+                  "| architecture | stack | measured | the lemma |", "|---|---|---|---|"]
+        for label, stacks in result["lemma2"].items():
+            for stack, e in stacks.items():
+                if "stream" in e:
+                    s = e["stream"]
+                    lines.append(f"| {label} | {stack} | ||x_l||²/d from {s['mean'][0]:.2f} (l = 0) to {s['mean'][-1]:.2f} "
+                                 f"(l = {s['layers_applied'][-1]}) | between {s['lemma_lower'][-1]:.1f} and "
+                                 f"{s['lemma_upper'][-1]:.1f} at l = {s['layers_applied'][-1]} |")
+                elif e.get("before_ffn_ln", {}).get("mean"):
+                    v = e["before_ffn_ln"]["mean"]
+                    lines.append(f"| {label} | {stack} | before the FFN LayerNorms {min(v):.2f} to {max(v):.2f} | 1.5 |")
+        lines.append("")
+    return "\n".join(lines)
