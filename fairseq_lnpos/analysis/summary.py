@@ -165,13 +165,13 @@ def markdown(result):
                                  + ", ".join("–" if m is None else f"{m:.3f}" for m in e["mean"]) + " |")
         lines.append("")
     if result["lemma2"]:
-        lines += ["## Lemma 2: ||x||² / d at the LayerNorms' inputs of the deepest model (eval mode)", "",
+        lines += ["## Lemma 2: ‖x‖² / d at the LayerNorms' inputs of the deepest model (eval mode)", "",
                   "| architecture | stack | measured | the lemma |", "|---|---|---|---|"]
         for label, stacks in result["lemma2"].items():
             for stack, e in stacks.items():
                 if "stream" in e:
                     s = e["stream"]
-                    lines.append(f"| {label} | {stack} | ||x_l||²/d from {s['mean'][0]:.2f} (l = 0) to {s['mean'][-1]:.2f} "
+                    lines.append(f"| {label} | {stack} | ‖x_l‖²/d from {s['mean'][0]:.2f} (l = 0) to {s['mean'][-1]:.2f} "
                                  f"(l = {s['layers_applied'][-1]}) | between {s['lemma_lower'][-1]:.1f} and "
                                  f"{s['lemma_upper'][-1]:.1f} at l = {s['layers_applied'][-1]} |")
                 elif e.get("before_ffn_ln", {}).get("mean"):
