@@ -141,8 +141,10 @@ def markdown(result):
              f"K = {st.get('batches')} batches of at most {st.get('tokens')} tokens, dropout {st.get('dropout')}, "
              f"seeds {st.get('seeds')} from {st.get('first_seed')}. Statistic: the Frobenius norm of the "
              "gradient averaged over the K batches (the paper's), mean ± sd over seeds."
-             + (f" Time: {result['seconds']:.0f} s wall, {result['cpu_seconds']:.0f} CPU-s of this process."
-                if result.get("seconds") is not None else ""), "", f"The paper: {result['paper']['note']}", ""]
+             + (f" Time: {sum(m['seconds'] for m in result['models']):.0f} s measuring the {len(result['models'])} "
+                "models (each model's own, summed; also when a rerun took them from its records)."
+                if result["models"] and all(m.get("seconds") is not None for m in result["models"]) else ""),
+             "", f"The paper: {result['paper']['note']}", ""]
     if result["last_w2"]:
         depths = sorted({d for stacks in result["last_w2"].values() for e in stacks.values() for d in e["depths"]})
         lines += ["## The last layer's W2 gradient norm by depth (Fig. 3c/d)", "",
