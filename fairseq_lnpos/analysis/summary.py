@@ -126,8 +126,8 @@ def headline(result):
     return "\n".join(lines)
 
 
-def _cell(m, s, n=None):
-    return "–" if m is None else f"{m:.3f} ± {s:.3f}" + (f" (n={n})" if n is not None else "")
+def _cell(m, s, n):
+    return "–" if m is None else f"{m:.3f} (1 seed)" if n == 1 else f"{m:.3f} ± {s:.3f} (n={n})"
 
 
 def markdown(result):
