@@ -1,7 +1,8 @@
 """``scripts/grid.sh migrate OUT``: an output folder of an earlier version (each earlier layout: DONE.json
 with the outcome in words only, of every outcome; results.csv with an earlier header) is brought to the
 one schema of records.py, after which every reader takes it; running it again changes nothing; a run a
-grid holds, a status in no known words and a missing folder are one-line errors that change nothing."""
+grid holds, a status in no known words, a damaged file of another run and a missing folder are one-line
+errors that change nothing."""
 import json
 import os
 
@@ -55,7 +56,7 @@ def test_an_output_folder_of_an_earlier_version_is_migrated_once(tmp_path, capsy
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
-def test_a_run_in_use_a_status_in_no_known_words_and_no_folder_are_refused(tmp_path, capsys):
+def test_a_run_in_use_a_status_in_no_known_words_a_damaged_file_and_no_folder_are_refused(tmp_path, capsys):
     out = earlier_out(tmp_path)
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     rd = RunDir(out / "sweep-finished" / "seed2")
@@ -70,6 +71,12 @@ def test_a_run_in_use_a_status_in_no_known_words_and_no_folder_are_refused(tmp_p
     assert G.main(["migrate", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "DONE.json: its status 'done' is none of 'finished', 'diverged at update N'" in err
+    (out / "sweep-diverged/seed2/DONE.json").write_bytes(before[out / "sweep-diverged/seed2/DONE.json"])
+    (out / "sweep-stopped/seed2/eval/epoch1.json").write_text("[]")  # the last run read: the others stay as they were
+    assert G.main(["migrate", str(out)]) == 2
+    assert "sweep-stopped/seed2/eval/epoch1.json is not an epoch's record" in capsys.readouterr().err
+    (out / "sweep-stopped/seed2/eval/epoch1.json").write_bytes(before[out / "sweep-stopped/seed2/eval/epoch1.json"])
+    (out / "sweep-diverged/seed2/DONE.json").write_text(json.dumps({"status": "done"}))
     assert G.main(["migrate", str(tmp_path / "nowhere")]) == 2
     assert "is not a folder: give the --out folder of `scripts/grid.sh run` to migrate" in capsys.readouterr().err
     changed = {p for p, b in before.items() if p.read_bytes() != b} if all(p.exists() for p in before) else None

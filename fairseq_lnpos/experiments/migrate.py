@@ -10,8 +10,9 @@ The earlier layouts it knows:
   validation-selected columns, or before the compound-split ones too): removed, as make_table.sh
   writes it anew.
 
-Each run folder is held (its lock) while it is changed and is then read whole with the current
-schema; a run a grid is working on is refused. A folder already in the current schema is left as it
+Every run folder is read whole before the first file changes (a file in no known layout is an error
+that leaves the folder as it was); a run a grid is working on is refused; each is held (its lock)
+while its file changes. A folder already in the current schema is left as it
 is, so the command can run twice.
 """
 import os
@@ -84,7 +85,11 @@ def migrate(out):
         if rd.locked():
             raise LnposError(f"{rd.path} is in use by a grid (lock {rd.lock_path}): migrate {out} after it "
                              f"stops; nothing was changed")
-        plan.append((rd, migrated_done(rd.done_path)))
+        rd.config(), rd.evals(), rd.average()  # the files no migration changes read as they are
+        done = migrated_done(rd.done_path)
+        if done is None:
+            rd.done()  # already the current schema (or no file): it reads
+        plan.append((rd, done))
     results = Path(out) / "results.csv"
     stale = False
     if results.is_file():
@@ -92,12 +97,12 @@ def migrate(out):
             stale = f.readline().rstrip("\n") in EARLIER_CSV_HEADERS
     changed = []
     for rd, done in plan:
-        fd = rd.lock(wait=0)  # held while its files change; a grid that took it meanwhile: refused
+        if done is None:
+            continue
+        fd = rd.lock(wait=0)  # held while its file changes; a grid that took it meanwhile: refused
         try:
-            if done is not None:
-                write_json(rd.done_path, done.to_json())
-                changed.append(rd.done_path)
-            rd.check()  # every file reads with the current schema
+            write_json(rd.done_path, done.to_json())
+            changed.append(rd.done_path)
         finally:
             os.close(fd)
     if stale:
