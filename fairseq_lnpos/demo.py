@@ -237,7 +237,7 @@ def summarize(rows):
             for run, rs in by_run.items()}
 
 
-def verdict(summary, need=tuple(RUNS[:3])):
+def effect_shown(summary, need=tuple(RUNS[:3])):
     """(shown: True, False or None when it cannot be judged, the verdict in words). ``need``: the rows of
     Post-LN without warm-up and of the two controls, Post-LN with warm-up and Pre-LN without it
     (DEMO_ROWS). Shown: both controls learned (every seed at tok BLEU >= :func:`learned_bleu`) and the best
@@ -455,7 +455,7 @@ def run_steps(args, out, runs, core, asked, t0, argv=None):
 
     runs_table = runs_frame(out / "grid")
     summary = summarize(runs_table.to_dict("records"))
-    shown_text = verdict(summary, tuple(core[:3]))
+    shown_text = effect_shown(summary, tuple(core[:3]))
     md = write_summary(out, summary, runs, shown_text, figures, time_split(rows), str(asked[0]), core[1:3], args.data,
                        data, asked)
     print()

@@ -81,12 +81,12 @@ def test_fairseq_baseline_is_the_plugins_post_ln_model_parameter_for_parameter(t
 
 
 def test_verdict_needs_the_whole_interval_on_one_side():
-    assert B.verdict([0.991, 1.02], 0.99, at_least=True) == "met"
-    assert B.verdict([0.95, 0.989], 0.99, at_least=True) == "missed"
-    assert B.verdict([0.98, 1.02], 0.99, at_least=True) == "unresolved"
-    assert B.verdict([-1.0, 0.9], 1.0, at_least=False) == "met"
-    assert B.verdict([1.1, 3.0], 1.0, at_least=False) == "missed"
-    assert B.verdict([0.5, 1.5], 1.0, at_least=False) == "unresolved"
+    assert B.target_reached([0.991, 1.02], 0.99, at_least=True) == "met"
+    assert B.target_reached([0.95, 0.989], 0.99, at_least=True) == "missed"
+    assert B.target_reached([0.98, 1.02], 0.99, at_least=True) == "unresolved"
+    assert B.target_reached([-1.0, 0.9], 1.0, at_least=False) == "met"
+    assert B.target_reached([1.1, 3.0], 1.0, at_least=False) == "missed"
+    assert B.target_reached([0.5, 1.5], 1.0, at_least=False) == "unresolved"
 
 
 def test_paired_ratios_pair_update_by_update():

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import REPO
 from fairseq_lnpos.analysis.seeds import ESTIMATOR, spread
-from fairseq_lnpos.demo import LEARNED_BLEU, summarize, verdict, write_summary
+from fairseq_lnpos.demo import LEARNED_BLEU, effect_shown, summarize, write_summary
 from fairseq_lnpos.experiments import report
 
 
@@ -20,7 +20,7 @@ def summary(bad, warmup, preln):
 
 
 def test_verdict_shown_when_the_best_no_warmup_seed_is_at_most_half_the_worst_reference():
-    shown, text = verdict(summary(bad=[0.0, 2.0], warmup=[68.0, 76.0], preln=[98.1, 99.3]))
+    shown, text = effect_shown(summary(bad=[0.0, 2.0], warmup=[68.0, 76.0], preln=[98.1, 99.3]))
     assert shown is True
     assert text == ("effect SHOWN: Post-LN without warm-up reaches tokenized BLEU 1.0 (best seed 2.0); "
                     "with warm-up 72.0 (worst seed 68.0); Pre-LN without warm-up 98.7 (worst seed 98.1)")
@@ -28,11 +28,11 @@ def test_verdict_shown_when_the_best_no_warmup_seed_is_at_most_half_the_worst_re
 
 def test_verdict_boundary_of_the_half_rule():
     # worst reference seed 40.0: best no-warm-up seed 20.0 is exactly half (shown), 20.5 is not
-    assert verdict(summary(bad=[20.0], warmup=[40.0, 80.0], preln=[90.0]))[1][:13] == "effect SHOWN:"
-    assert verdict(summary(bad=[20.5], warmup=[40.0, 80.0], preln=[90.0]))[1][:17] == "effect NOT shown:"
+    assert effect_shown(summary(bad=[20.0], warmup=[40.0, 80.0], preln=[90.0]))[1][:13] == "effect SHOWN:"
+    assert effect_shown(summary(bad=[20.5], warmup=[40.0, 80.0], preln=[90.0]))[1][:17] == "effect NOT shown:"
     # the worst seed of either reference counts, and the best seed of Post-LN without warm-up
-    assert verdict(summary(bad=[0.0, 30.0], warmup=[50.0], preln=[90.0]))[1].startswith("effect NOT shown")
-    assert verdict(summary(bad=[16.0], warmup=[90.0], preln=[30.0, 99.0]))[1].startswith("effect NOT shown")
+    assert effect_shown(summary(bad=[0.0, 30.0], warmup=[50.0], preln=[90.0]))[1].startswith("effect NOT shown")
+    assert effect_shown(summary(bad=[16.0], warmup=[90.0], preln=[30.0, 99.0]))[1].startswith("effect NOT shown")
 
 
 # recorded summaries: best tok BLEU per seed of the demo's three core runs (docs/results.md)
@@ -43,27 +43,27 @@ FURTHER_DEMO = dict(bad=[0.00], warmup=[60.27], preln=[99.22])                  
 
 @pytest.mark.parametrize("recorded, shown", [(FULL_DEMO, True), (FURTHER_DEMO, True), (QUICK_DEMO, False)])
 def test_verdict_on_recorded_summaries(recorded, shown):
-    assert verdict(summary(**recorded))[0] is shown
+    assert effect_shown(summary(**recorded))[0] is shown
 
 
 def test_verdict_requires_both_controls_to_have_learned():
     # nothing trained (the quick demo: tok BLEU 0.0 everywhere) is not the effect
-    shown, text = verdict(summary(**QUICK_DEMO))
+    shown, text = effect_shown(summary(**QUICK_DEMO))
     assert shown is False and text.startswith("effect not shown: the controls did not train (each needs "
                                               f"tok BLEU >= {LEARNED_BLEU:g} in every seed): Post-LN without")
     # one control that did not learn in one seed is enough; a control at the threshold has learned
-    assert verdict(summary(bad=[0.0], warmup=[80.0, 5.0], preln=[98.0]))[1].startswith("effect not shown: the controls")
-    assert verdict(summary(bad=[0.0], warmup=[80.0], preln=[LEARNED_BLEU - 0.1]))[0] is False
-    assert verdict(summary(bad=[0.0], warmup=[80.0], preln=[LEARNED_BLEU]))[0] is True
+    assert effect_shown(summary(bad=[0.0], warmup=[80.0, 5.0], preln=[98.0]))[1].startswith("effect not shown: the controls")
+    assert effect_shown(summary(bad=[0.0], warmup=[80.0], preln=[LEARNED_BLEU - 0.1]))[0] is False
+    assert effect_shown(summary(bad=[0.0], warmup=[80.0], preln=[LEARNED_BLEU]))[0] is True
 
 
 @pytest.mark.parametrize("missing", ["demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu"])
 def test_verdict_cannot_be_judged_without_bleu_for_a_core_run(missing):
     s = summary(bad=[0.0], warmup=[70.0], preln=[98.0])
     s[missing] = {"seeds": 1, "status": ["diverged at update 3"], "best_bleu_tok": None}  # no scored epoch
-    assert verdict(s) == (None, "the effect cannot be judged: some of the three core runs have no BLEU yet")
+    assert effect_shown(s) == (None, "the effect cannot be judged: some of the three core runs have no BLEU yet")
     del s[missing]
-    assert verdict(s)[1].startswith("the effect cannot be judged")
+    assert effect_shown(s)[1].startswith("the effect cannot be judged")
 
 
 def rows(bleu):
@@ -77,7 +77,7 @@ def test_summary_files_are_labelled_and_give_the_seed_spread(tmp_path):
                 "demo-preln-nowu": FULL_DEMO["preln"]}
     s = summarize(rows(recorded))
     runs = list(recorded) + ["demo-deepnorm-nowu"]
-    md = write_summary(tmp_path, s, runs, verdict(s), [tmp_path / "fig_demo.png"], (600.0, 100.0), "1")
+    md = write_summary(tmp_path, s, runs, effect_shown(s), [tmp_path / "fig_demo.png"], (600.0, 100.0), "1")
     assert (tmp_path / "summary.md").read_text() == "\n".join(md) + "\n"
     text = "\n".join(md)
     pre = spread(FULL_DEMO["preln"])
@@ -236,18 +236,18 @@ def test_real_verdict_on_recorded_results(tmp_path):
     summary = demo.summarize(rows)
     best = {run: max(max(c) for c in seeds.values()) for run, seeds in MEASURED.items()}
     assert summary["real-preln-nowu"]["best_bleu_tok"].max == best["real-preln-nowu"]
-    shown, text = demo.verdict(summary, REAL_ROWS)
+    shown, text = demo.effect_shown(summary, REAL_ROWS)
     assert shown and text == ("effect SHOWN: Post-LN without warm-up reaches tokenized BLEU 2.4 (best seed 2.4); with "
                               "warm-up 11.5 (worst seed 11.5); Pre-LN without warm-up 28.3 (worst seed 28.3)")
     assert "sacreBLEU signature: nrefs:1|case:lc" in (tmp_path / "results.md").read_text()
     # the synthetic demo's rows are not these: judged on them, the verdict cannot be given
-    assert demo.verdict(summary) == (None, "the effect cannot be judged: some of the three core runs have no BLEU yet")
+    assert demo.effect_shown(summary) == (None, "the effect cannot be judged: some of the three core runs have no BLEU yet")
 
 
 def test_real_verdict_not_shown_when_one_no_warmup_seed_learns(tmp_path):
     learned = dict(MEASURED, **{"real-postln-nowu": {1: [2.29, 2.41], 2: [4.0, 6.0]}})  # 6.0 > 11.51 / 2
     summary = demo.summarize(demo.make_table(record_grid(tmp_path, learned))[0])
-    shown, text = demo.verdict(summary, REAL_ROWS)
+    shown, text = demo.effect_shown(summary, REAL_ROWS)
     assert shown is False and text.startswith("effect NOT shown")
 
 
@@ -263,7 +263,7 @@ def test_real_summary_names_its_own_command_rows_and_data(tmp_path):
     write_manifest(data, dataset="multi30k.de-en", source_lang="de", target_lang="en", post_process="sentencepiece",
                    refs={"tok": {"test": text_dir / "tok" / "test.en"}})
     summary = demo.summarize(demo.make_table(record_grid(out, MEASURED))[0])
-    md = write_summary(out, summary, list(REAL_ROWS), demo.verdict(summary, REAL_ROWS), [], (0, 0), "2",
+    md = write_summary(out, summary, list(REAL_ROWS), demo.effect_shown(summary, REAL_ROWS), [], (0, 0), "2",
                        REAL_ROWS[1:], corpus="multi30k", data_dir=data)
     text = "\n".join(md)
     assert md[0] == "# `make demo-real`: summary"

@@ -199,7 +199,7 @@ def paired(numerator, denominator):
     return {"median": med, "ci95": ci, "quartiles": [q[0], q[2]], "n": len(r)}
 
 
-def verdict(ci, target, at_least):
+def target_reached(ci, target, at_least):
     """'met' when the whole 95 % interval is on the right side of the target, 'missed' when it is
     all on the wrong side, otherwise 'unresolved' (the measurement cannot tell)."""
     lo, hi = ci
@@ -216,7 +216,7 @@ def judged(r, target, at_least, min_pairs):
     """The verdict of paired result ``r`` against ``target``, or why there is none (too few pairs)."""
     if r["n"] < min_pairs:
         return f"not judged: {r['n']} pairs (< {min_pairs})"
-    return verdict(r["ci95"] if at_least else [100 * (c - 1) for c in r["ci95"]], target, at_least)
+    return target_reached(r["ci95"] if at_least else [100 * (c - 1) for c in r["ci95"]], target, at_least)
 
 
 def throughput_results(seconds, work, variants, fairseq_arch, min_pairs=MIN_PAIRS):
