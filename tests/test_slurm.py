@@ -269,7 +269,7 @@ def record_run(out, name, seed, evals, done=None, max_epoch=3):
     for e, bleu in evals:
         (d / "eval" / f"epoch{e}.json").write_text(json.dumps({"epoch": e, "bleu_tok": bleu, "valid_loss": 5.0 - e}))
     if done:
-        (d / "DONE.json").write_text(json.dumps({"status": done}))
+        (d / "DONE.json").write_text(json.dumps({"outcome": done}))
     return d
 
 
