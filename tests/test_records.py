@@ -11,7 +11,7 @@ import pytest
 from fairseq_lnpos.errors import StateError
 from fairseq_lnpos.experiments import commands as C
 from fairseq_lnpos.experiments import report, sweep
-from fairseq_lnpos.experiments.migrate import migrate, migrate_done
+from fairseq_lnpos.experiments.migrate import migrate, migrated_done
 from fairseq_lnpos.experiments.options import RunOptions
 from fairseq_lnpos.experiments.records import (AverageRecord, DoneRecord, EpochRecord, Outcome, Scores,
                                                ScoreRequest)
@@ -102,7 +102,8 @@ def test_records_written_again_are_the_files_of_before_plus_the_outcome_fields(t
     for which, old in OLD_DONE.items():
         path = tmp_path / f"{which}.json"
         path.write_text(json.dumps(old))
-        assert migrate_done(path) and not migrate_done(path)
+        path.write_text(json.dumps(migrated_done(path).to_json()))
+        assert migrated_done(path) is None  # the current schema now: nothing to migrate
         new = json.loads(path.read_text())
         done = DoneRecord.from_json(new)
         added = {"outcome": done.outcome.value, **({"reason": done.reason} if done.reason else {})}

@@ -58,22 +58,13 @@ def migrated_done(path):
     one: reading it says what is wrong)."""
     what_to_do = f"delete {Path(path).parent} to redo that run"
     obj = read_json(path, missing_ok=True, what_to_do=what_to_do)
-    if not isinstance(obj, dict) or "outcome" in obj or not isinstance(obj.get("status"), str):
+    if not DoneRecord.words_only(obj):
         return None
     fields = outcome_of_words(obj["status"])
     if fields is None:
         raise StateError(f"{path}: its status {short(obj['status'])} is none of {WORD_FORMS}: {what_to_do}")
     return DoneRecord.from_json({**fields, **{k: v for k, v in obj.items() if v is not None}}, path,
                                 "an outcome record", what_to_do)
-
-
-def migrate_done(path):
-    """Rewrite the DONE.json ``path`` in the current schema when it is of an earlier version; returns
-    whether it changed it."""
-    done = migrated_done(path)
-    if done is not None:
-        write_json(path, done.to_json())
-    return done is not None
 
 
 def migrate(out):

@@ -249,9 +249,14 @@ class DoneRecord(Record):
             out = {k: v for k, v in out.items() if k in ("status", "outcome", "reason", "provenance", "unigram_bits")}
         return out
 
+    @staticmethod
+    def words_only(obj):
+        """Is ``obj`` a DONE.json of an earlier version, its outcome in words only (migrate.py reads it)?"""
+        return isinstance(obj, dict) and "outcome" not in obj and isinstance(obj.get("status"), str)
+
     @classmethod
     def from_json(cls, obj, path="a record", what="an outcome record", what_to_do="delete it"):
-        if isinstance(obj, dict) and "outcome" not in obj and isinstance(obj.get("status"), str):
+        if cls.words_only(obj):
             raise StateError(f"{path} was written by an earlier version (its outcome in words only): run "
                              f"`scripts/grid.sh migrate OUT` once on its output folder, then again what you ran")
         done = super().from_json(obj, path, what, what_to_do)
