@@ -45,7 +45,7 @@ def load(sources, only=None, allow_mixed=False):
     and one row per run, seed and scored epoch (:data:`~.frame.EPOCH_COLUMNS`)."""
     pd = pandas()
     what = "the output folder of a grid (OUT/NAME/seedS/)"
-    runs, epochs = gather(sources, EPOCHS_CSV, EPOCH_COLUMNS, what, folder_table=lambda epochs: epochs)
+    runs, epochs = gather(sources, EPOCHS_CSV, EPOCH_COLUMNS, what, folder_epochs=True)
     for c in METRICS.keys() | {"epoch", "num_updates", "seed", "train_loss", "valid_loss"}:
         epochs[c] = pd.to_numeric(epochs[c])
     if only:

@@ -168,11 +168,14 @@ def read_runs(source, what="the output folder of a sweep or grid (OUT/NAME/seedS
     return runs_frame(path, what)
 
 
+GATHERED = ("source", "page")  # the columns gather adds: where a run was read from (a page or not), not its data
+
+
 def gather(sources, page_table, columns, what="the output folder of a sweep or grid (OUT/NAME/seedS/)",
-           folder_table=None):
-    """(the table of every run in ``sources`` with the columns ``source`` and ``page`` (it came from a page),
-    the rows of the ``page_table`` CSVs of the sources that are pages, and, with ``folder_table``, the
-    same table of the run folders: ``folder_table(epochs)`` of each folder's :func:`read_folder` epochs).
+           folder_epochs=False):
+    """(the table of every run in ``sources`` with the columns :data:`GATHERED`, the rows of the
+    ``page_table`` CSVs of the sources that are pages, and, with ``folder_epochs`` (the page table is the
+    epochs table), also the epochs of the run folders, read with their runs by :func:`read_folder`).
     A source is a folder of run folders, a runs.csv, or a results page a study published: its runs.csv and
     ``page_table`` (the per-run data the study reads beyond runs.csv, with exactly ``columns``), so seeds
     trained on other machines or days add up with new run folders. A run (name and seed) given twice is
@@ -190,10 +193,10 @@ def gather(sources, page_table, columns, what="the output folder of a sweep or g
                                  f"give a page the study published")
             frames.append(read_runs_csv(s / "runs.csv")[RUN_COLUMNS].assign(source=str(s), page=True))
             tables.append(table)
-        elif folder_table is not None and s.is_dir():
+        elif folder_epochs and s.is_dir():
             runs, epochs = read_folder(s, what)
             frames.append(runs.assign(source=str(s), page=False))
-            tables.append(folder_table(epochs)[list(columns)])
+            tables.append(epochs[list(columns)])
         else:
             frames.append(read_runs(s, what).assign(source=str(s), page=False))
     runs = pd.concat(frames, ignore_index=True)

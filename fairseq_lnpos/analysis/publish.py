@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..common import n_runs, replace_file, write_text
 from ..provenance import code_version, describe_code, machine
-from .frame import COUNTED, write_runs_csv
+from .frame import COUNTED, GATHERED, write_runs_csv
 
 PAGE = "index.md"
 MARKER = "<!-- written by the lab's own command (see below); run it again to rewrite this page -->"
@@ -75,9 +75,6 @@ def publish(dest, title, body_md, runs, files, command, when=None):
     if runs is not None:
         write_runs_csv(runs, dest / "runs.csv")
     return write_text(dest / PAGE, page_text(title, body_md, runs, command, files, when, page_code))
-
-
-GATHERED = ("source", "page")  # the columns frame.gather adds: where a run was read from, not its data
 
 
 def write_outputs(out, dest, title, body_md, runs, files, command):
