@@ -15,7 +15,7 @@ A results.md or results.csv this command did not write (results.md without its f
 import sys
 from pathlib import Path
 
-from ..analysis.frame import RUN_COLUMNS, pandas, run_row, scores, write_runs_csv
+from ..analysis.frame import pandas, scores, tables, write_runs_csv
 from ..analysis.map_common import markdown_table, missing, pyplot
 from ..analysis.seeds import ESTIMATOR, Spread, over_seeds as seeds_over_seeds
 from ..cli import CommandParser
@@ -221,7 +221,7 @@ def make_table(out_dir, with_figures=True, skip_unreadable=False):
     bad = [r for r in rows if r.get("unreadable")]
     if not bad:  # the per-seed table of every run (analysis/frame.py), as a results page publishes it
         records = sorted((r["record"] for r in rows), key=lambda rec: rec.dir.path)  # runs_frame's order
-        written.append(write_runs_csv(pandas().DataFrame(map(run_row, records), columns=RUN_COLUMNS), out / "runs.csv"))
+        written.append(write_runs_csv(tables(records)[0], out / "runs.csv"))
     if with_figures:
         written += figures([r for r in rows if not r.get("unreadable")], out)
     if bad and not skip_unreadable:
