@@ -33,12 +33,33 @@ NLL = {("real-preln-nowu", "preln"): ([5.0, 4.6, 4.5], [5.1, 4.4, 4.6], [4.9, 4.
        ("real-postln-wu500", "postln"): ([6.5, 5.0, 4.52], [6.6, 5.1, 4.55], [6.4, 5.05, 4.45])}
 
 
+KINDS = {"self_attn": 1.0, "ffn": 10.0, "encoder_attn": 100.0}  # decoders only have encoder_attn
+
+
+def write_residual(save_dir, seed, updates=(1, 10, 50, 51)):
+    """diagnostics.jsonl with residual_ratio 0.1 x seed x (layer + 1) x update x KINDS[kind] for 2 layers per
+    stack (and each layer's pooled value, which the page leaves out), as the task writes it."""
+    save_dir.mkdir(parents=True, exist_ok=True)
+    with open(save_dir / "diagnostics.jsonl", "w") as f:
+        for u in updates:
+            ratio = {}
+            for side in ("encoder", "decoder"):
+                for layer in (0, 1):
+                    for kind, k in KINDS.items():
+                        if side == "decoder" or kind != "encoder_attn":
+                            ratio[f"{side}/{layer}/{kind}"] = 0.1 * seed * (layer + 1) * u * k
+                    ratio[f"{side}/{layer}"] = -1.0
+            f.write(json.dumps({"update": u, "residual_ratio": ratio}) + "\n")
+
+
 @pytest.fixture
 def grid(tmp_path):
     out = tmp_path / "grid"
     for (name, ln), seeds in NLL.items():
         for seed, nlls in enumerate(seeds, 1):
             write_run(out, name, ln, seed, nlls, [40 - 4 * n for n in nlls])
+            if ln == "postln":
+                write_residual(out / name / f"seed{seed}" / "checkpoints", seed)
     write_run(out, "demo-postln-nowu", "postln", 1, [5.0], [1.0])  # not selected by --only
     return out
 
@@ -46,8 +67,15 @@ def grid(tmp_path):
 def test_per_epoch_means_ranges_differences_and_verdicts(grid):
     from scipy.stats import ttest_ind
 
-    runs, epochs = C.load([grid], only=["real-*"])
+    runs, epochs, residual = C.load([grid], only=["real-*"])
     assert sorted(runs["run"].unique()) == ["real-postln-wu500", "real-preln-nowu"] and len(epochs) == 18
+    # 3 seeds x 4 updates x (2 + 3) connections x 2 layers; the layers' pooled values left out
+    assert len(residual) == 120 and set(residual["run"]) == {"real-postln-wu500"}
+    rt = C.residual_table(residual).set_index("connection")
+    assert list(rt.index) == list(C.CONNECTIONS) and 51 not in rt.columns  # only the updates of RESIDUAL_UPDATES
+    # mean over layers (1, 2) and seeds (1, 2, 3): 0.1 x 2 x 1.5 x update x KINDS
+    assert rt.at["encoder/self_attn", 10] == pytest.approx(3.0) and rt.at["decoder/encoder_attn", 1] == pytest.approx(30.0)
+    assert rt.at["encoder/ffn", 50] == pytest.approx(150.0) and (rt["seeds"] == 3).all()
     ref = C.reference_of(runs)
     assert ref == "real-preln-nowu"
     table = C.curves(epochs, ref).set_index(["run", "epoch"])
@@ -72,11 +100,12 @@ def test_a_page_adds_up_with_new_seeds_and_the_command_refuses_bad_input(grid, t
     assert C.main([str(grid), "--only", "real-*", "--out-dir", str(tmp_path / "all")]) == 0
     assert C.main([str(old), "--only", "real-*", "--out-dir", str(tmp_path / "page")]) == 0
     assert C.main([str(tmp_path / "page"), str(new), "--only", "real-*", "--out-dir", str(tmp_path / "both")]) == 0
-    for name in ("curves.md", "curves.csv", "epochs.csv"):
+    for name in ("curves.md", "curves.csv", "epochs.csv", "residual.csv"):
         assert (tmp_path / "both" / name).read_text().replace(str(new), str(grid)).replace(str(old), str(grid)) == \
             (tmp_path / "all" / name).read_text(), name
     md = (tmp_path / "all" / "curves.md").read_text()
     assert "| `real-postln-wu500` | 3 | 3 |" in md and "| 3 |" in md
+    assert "| `real-postln-wu500` | encoder/self_attn | 3 | 0.3 | 3 | 15 |" in md  # the residual share's row
     # runs.csv is the per-seed table alone, also when its runs came from a page (no column saying from where)
     assert (tmp_path / "both" / "runs.csv").read_text().split("\n", 1)[0] == ",".join(RUN_COLUMNS)
     capsys.readouterr()

@@ -14,11 +14,16 @@ Pre-LN, else the first row) with Welch's 95 % interval; and the maps' verdict
 (:mod:`.verdict`) with that epoch's rows as one family: *poor* = worse than another row by more than the
 margin (Welch, each row with its own variance moderated by the family's, Holm over every ordered pair),
 else *good*. Per row: the epoch of lowest validation NLL of each seed (chosen without the test set)
-and its tok BLEU, and the first epoch from which the row is good at every later epoch.
+and its tok BLEU, and the first epoch from which the row is good at every later epoch. Where runs
+wrote ``--log-diagnostics`` (``diagnostics.jsonl``), each row's residual share ||F(x)|| / ||s x||
+(:mod:`fairseq_lnpos.diagnostics`: what the sublayers add to the stream over what the skip path
+carries) per kind of connection, mean over the stack's layers and the seeds, at the logged updates
+of :data:`RESIDUAL_UPDATES`.
 
 Writes into ``--out-dir`` (default ``curves-report``): runs.csv, epochs.csv (one row per run, seed and
 epoch: the per-seed data), curves.csv (one row per run and epoch), curves.md (printed too) and
-curves.png; ``--publish DIR`` the same as a results page.
+curves.png, and where runs logged diagnostics residual.csv (one row per run, seed, logged update and
+connection) and residual.png; ``--publish DIR`` the same as a results page.
 """
 import fnmatch
 import math
@@ -26,26 +31,34 @@ import sys
 from pathlib import Path
 
 from ..cli import CommandParser
-from ..common import write_text
+from ..common import DIAGNOSTICS_JSONL, write_text
 from ..errors import LnposError, run_main
 from ..variants import variant_color
 from . import verdict as V
-from .frame import COUNTED, EPOCH_COLUMNS, check_model_code, gather, pandas
+from .frame import COUNTED, EPOCH_COLUMNS, check_model_code, gather, pandas, read_folder
 from .map_common import markdown_table, num, panels, save
 from .publish import argv_of, write_outputs
+from .train_curves import read_jsonl
 
 PROG = "python -m fairseq_lnpos.analysis.curves"
 EPOCHS_CSV = "epochs.csv"
+RESIDUAL_CSV = "residual.csv"
+RESIDUAL_COLUMNS = ["run", "seed", "update", "group", "ratio"]
+RESIDUAL_UPDATES = (1, 10, 50, 100, 200, 500, 1000, 2000)  # the columns of the page's table, where logged
+CONNECTIONS = ("encoder/self_attn", "encoder/ffn", "decoder/self_attn", "decoder/encoder_attn", "decoder/ffn")
 METRICS = {"valid_nll_loss": "validation NLL (bits)", "bleu_tok": "tok BLEU", "sacrebleu": "sacreBLEU",
            "length_ratio": "length ratio", "repeat_4gram": "4-gram repetition"}
 
 
 def load(sources, only=None, allow_mixed=False):
-    """(runs, epochs): the runs of ``sources`` that ``only`` selects and finished, diverged or stopped,
-    and one row per run, seed and scored epoch (:data:`~.frame.EPOCH_COLUMNS`)."""
+    """(runs, epochs, residual): the runs of ``sources`` that ``only`` selects and finished, diverged or
+    stopped, one row per run, seed and scored epoch (:data:`~.frame.EPOCH_COLUMNS`), and one per run,
+    seed, logged update and residual connection (:data:`RESIDUAL_COLUMNS`)."""
     pd = pandas()
     what = "the output folder of a grid (OUT/NAME/seedS/)"
-    runs, epochs = gather(sources, EPOCHS_CSV, EPOCH_COLUMNS, what, folder_epochs=True)
+    runs, tables = gather(sources, {EPOCHS_CSV: EPOCH_COLUMNS, RESIDUAL_CSV: RESIDUAL_COLUMNS}, what,
+                          read=lambda folder: read_grid(folder, what))
+    epochs, residual = tables[EPOCHS_CSV], tables[RESIDUAL_CSV]
     for c in METRICS.keys() | {"epoch", "num_updates", "seed", "train_loss", "valid_loss"}:
         epochs[c] = pd.to_numeric(epochs[c])
     if only:
@@ -57,7 +70,45 @@ def load(sources, only=None, allow_mixed=False):
     check_model_code(runs, allow_mixed)
     keys = runs[["run", "seed"]]
     epochs = epochs.merge(keys, on=["run", "seed"]).sort_values(["run", "seed", "epoch"], kind="stable")
-    return runs, epochs.reset_index(drop=True)
+    if len(residual):
+        residual = residual.merge(keys, on=["run", "seed"])
+    return runs, epochs.reset_index(drop=True), residual
+
+
+def residual_rows(run, seed, path):
+    """The rows of :data:`RESIDUAL_COLUMNS` of one run folder (its ``residual_ratio`` per logged update
+    and connection, e.g. ``encoder/3/ffn``; none where it logged no diagnostics)."""
+    log = Path(path) / "checkpoints" / DIAGNOSTICS_JSONL
+    if not log.is_file():
+        return []
+    updates, groups = read_jsonl(log, metric="residual_ratio")
+    return [{"run": run, "seed": seed, "update": u, "group": g, "ratio": v} for g, values in groups.items()
+            if g.count("/") == 2 for u, v in zip(updates, values) if v is not None]
+
+
+def read_grid(folder, what):
+    """(runs, {epochs.csv: its table, residual.csv: its table}) of a grid's folder of run folders."""
+    runs, epochs = read_folder(folder, what)
+    rows = [row for r in runs.itertuples() for row in residual_rows(r.run, r.seed, r.path)]
+    return runs, {EPOCHS_CSV: epochs, RESIDUAL_CSV: pandas().DataFrame(rows, columns=RESIDUAL_COLUMNS)}
+
+
+def residual_table(residual):
+    """One row per run and kind of connection (:data:`CONNECTIONS`) with the seeds, and per logged update of
+    :data:`RESIDUAL_UPDATES` the mean of ||F(x)|| / ||s x|| over the stack's layers and the seeds."""
+    pd = pandas()
+    if residual.empty:
+        return pd.DataFrame()
+    parts = residual["group"].str.split("/", expand=True)
+    df = residual.assign(connection=parts[0] + "/" + parts[2])
+    df = df[df["update"].isin(RESIDUAL_UPDATES)]
+    order = {r: i for i, r in enumerate(dict.fromkeys(residual["run"]))}
+    table = df.pivot_table(index=["run", "connection"], columns="update", values="ratio", aggfunc="mean")
+    seeds = df.groupby(["run", "connection"])["seed"].nunique().rename("seeds")
+    table = table.join(seeds).reset_index()
+    table = table[table["connection"].isin(CONNECTIONS)]
+    return table.sort_values(["run", "connection"], key=lambda s: s.map(order) if s.name == "run" else
+                             s.map({c: i for i, c in enumerate(CONNECTIONS)}), kind="stable").reset_index(drop=True)
 
 
 def reference_of(runs, name=None):
@@ -127,7 +178,22 @@ def _range(mean, lo, hi, fmt):
     return "" if mean is None or math.isnan(mean) else num(mean, fmt) + ("" if lo == hi else f" [{lo:{fmt}} to {hi:{fmt}}]")
 
 
-def markdown(runs, table, summ, reference, title, code_line):
+def residual_markdown(rtable):
+    """The page's section on the residual share (none where no run logged it)."""
+    if rtable.empty:
+        return []
+    updates = [u for u in RESIDUAL_UPDATES if u in rtable.columns]
+    df = pandas().DataFrame({"row": [f"`{r}`" for r in rtable["run"]], "connection": rtable["connection"],
+                             "seeds": rtable["seeds"],
+                             **{f"update {u}": [num(v, ".3g") for v in rtable[u]] for u in updates}})
+    return ["", "## Residual share", "",
+            "||F(x)|| / ||s x|| of each residual connection (fairseq_lnpos/diagnostics.py, `--log-diagnostics`): what "
+            "the sublayer adds to the stream over what the skip path carries (DeepNorm's alpha x, B2T's extra layer "
+            "input count as skip), pooled over the update's batch, mean over the stack's layers and the seeds; "
+            "per seed, connection and logged update in residual.csv.", ""] + markdown_table(df)
+
+
+def markdown(runs, table, summ, reference, title, code_line, rtable=None):
     lines = [f"# {title}", "",
              f"Runs: {len(runs)} ({', '.join(f'`{r}` seeds {s}' for r, s in runs.groupby('run', sort=False)['seed'].agg(lambda s: ','.join(map(str, sorted(s)))).items())}); "
              f"{code_line}. Training CPU time: {runs['train_cpu_seconds'].sum():.0f} CPU-s.", "",
@@ -160,7 +226,7 @@ def markdown(runs, table, summ, reference, title, code_line):
         "sacreBLEU": [num(v, ".1f") for v in table["sacrebleu_mean"]],
         "length ratio": [num(v, ".2f") for v in table["length_ratio_mean"]],
         "4-gram repetition": [num(v, ".3f") for v in table["repeat_4gram_mean"]]})
-    lines += markdown_table(df)
+    lines += markdown_table(df) + residual_markdown(pandas().DataFrame() if rtable is None else rtable)
     return "\n".join(lines) + "\n"
 
 
@@ -183,6 +249,22 @@ def plot(table, variants, path, title):
     save(fig, path, f"{title}: mean over seeds, band = the seeds' range", legend_from=axes[0][0])
 
 
+def plot_residual(residual, variants, path, title):
+    """The residual share per logged update, a line per row and stack: the mean over the stack's
+    connections, layers and seeds."""
+    fig, axes = panels(2, 5.0, 3.6)
+    stack = residual["group"].str.split("/").str[0]
+    for ax, side in zip(axes[0], ("encoder", "decoder")):
+        for name, part in residual[stack == side].groupby("run", sort=False):
+            mean = part.groupby("update")["ratio"].mean()
+            ax.plot(mean.index, mean.to_numpy(), marker="o", ms=2, label=name, color=variant_color(variants[name]))
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("update")
+        ax.set_ylabel(f"{side}: ||F(x)|| / ||s x||")
+    save(fig, path, f"{title}: residual share, mean over connections, layers and seeds", legend_from=axes[0][0])
+
+
 def _main(argv):
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("out", nargs="+", help="grid --out folders, or pages of this command")
@@ -194,18 +276,23 @@ def _main(argv):
     p.add_argument("--publish", metavar="DIR", help="also write a results page into DIR")
     args = p.parse_args(argv)
     only = [g for g in (args.only or "").split(",") if g] or None
-    runs, epochs = load(args.out, only, args.allow_mixed_code)
+    runs, epochs, residual = load(args.out, only, args.allow_mixed_code)
     reference = reference_of(runs, args.reference)
     table = curves(epochs, reference)
     summ = summary(runs, epochs, table)
-    md = markdown(runs, table, summ, reference, args.title, check_model_code(runs, True))
+    md = markdown(runs, table, summ, reference, args.title, check_model_code(runs, True), residual_table(residual))
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / EPOCHS_CSV, out / "curves.csv", out / "curves.md", out / "curves.png"]
     write_text(written[0], epochs.to_csv(index=False, lineterminator="\n"))  # read back from a page: every digit
     write_text(written[1], table.drop(columns="nll_var").to_csv(index=False, float_format="%.6g", lineterminator="\n"))
     write_text(written[2], md)
-    plot(table, dict(zip(runs["run"], runs["variant"])), written[3], args.title)
+    variants = dict(zip(runs["run"], runs["variant"]))
+    plot(table, variants, written[3], args.title)
+    if not residual.empty:
+        written += [out / RESIDUAL_CSV, out / "residual.png"]
+        write_text(written[4], residual.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
+        plot_residual(residual, variants, written[5], args.title)
     write_outputs(out, args.publish, args.title, md, runs, written, argv_of(PROG, argv))
     print(md, end="")
     return 0

@@ -173,32 +173,37 @@ def read_runs(source, what="the output folder of a sweep or grid (OUT/NAME/seedS
 GATHERED = ("source", "page")  # the columns gather adds: where a run was read from (a page or not), not its data
 
 
-def gather(sources, page_table, columns, what="the output folder of a sweep or grid (OUT/NAME/seedS/)",
-           folder_epochs=False):
-    """(the table of every run in ``sources`` with the columns :data:`GATHERED`, the rows of the
-    ``page_table`` CSVs of the sources that are pages, and, with ``folder_epochs`` (the page table is the
-    epochs table), also the epochs of the run folders, read with their runs by :func:`read_folder`).
-    A source is a folder of run folders, a runs.csv, or a results page a study published: its runs.csv and
-    ``page_table`` (the per-run data the study reads beyond runs.csv, with exactly ``columns``), so seeds
-    trained on other machines or days add up with new run folders. A run (name and seed) given twice is
+def gather(sources, page_tables, what="the output folder of a sweep or grid (OUT/NAME/seedS/)", read=None):
+    """(the table of every run in ``sources`` with the columns :data:`GATHERED`, {file name: table} of
+    the per-run data the study reads beyond runs.csv). ``page_tables`` is {file name: columns} of those
+    tables as the study's pages keep them: a source holding the first is a results page the study
+    published (its runs.csv and those tables, each with exactly its columns; the others may be absent),
+    so seeds trained on other machines or days add up with new run folders. Any other source is a
+    folder of run folders, read by ``read`` (the study's reader: (runs, {file name: table})) where
+    given, else a folder or a runs.csv whose runs alone are read. A run (name and seed) given twice is
     refused."""
     pd = pandas()
-    frames, tables = [], []
+    names = list(page_tables)
+    frames, tables = [], {name: [] for name in names}
     for s in map(Path, sources):
-        if (s / page_table).is_file():
-            try:
-                table = pd.read_csv(s / page_table)
-            except (OSError, ValueError) as e:
-                raise LnposError(f"{s / page_table}: cannot read it ({e}): give a page the study published") from None
-            if list(table.columns) != list(columns):
-                raise LnposError(f"{s / page_table} is not the study's {page_table} (columns {', '.join(columns)}): "
-                                 f"give a page the study published")
+        if (s / names[0]).is_file():
+            for name, columns in page_tables.items():
+                if name != names[0] and not (s / name).is_file():
+                    continue
+                try:
+                    table = pd.read_csv(s / name)
+                except (OSError, ValueError) as e:
+                    raise LnposError(f"{s / name}: cannot read it ({e}): give a page the study published") from None
+                if list(table.columns) != list(columns):
+                    raise LnposError(f"{s / name} is not the study's {name} (columns {', '.join(columns)}): "
+                                     f"give a page the study published")
+                tables[name].append(table)
             frames.append(read_runs_csv(s / "runs.csv")[RUN_COLUMNS].assign(source=str(s), page=True))
-            tables.append(table)
-        elif folder_epochs and s.is_dir():
-            runs, epochs = read_folder(s, what)
+        elif read is not None and s.is_dir():
+            runs, got = read(s)
             frames.append(runs.assign(source=str(s), page=False))
-            tables.append(epochs[list(columns)])
+            for name, columns in page_tables.items():
+                tables[name].append(got[name][list(columns)])
         else:
             frames.append(read_runs(s, what).assign(source=str(s), page=False))
     runs = pd.concat(frames, ignore_index=True)
@@ -207,8 +212,8 @@ def gather(sources, page_table, columns, what="the output folder of a sweep or g
         a, b = twice.iloc[0], twice.iloc[1]
         raise LnposError(f"{a['run']} seed {a['seed']} is in {a['source']} and in {b['source']}: give each run once "
                          f"(leave out the page, or move the run folder away)")
-    tables = [t for t in tables if len(t)]
-    return runs, (pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=list(columns)))
+    return runs, {name: (pd.concat([t for t in parts if len(t)], ignore_index=True) if any(len(t) for t in parts)
+                         else pd.DataFrame(columns=list(page_tables[name]))) for name, parts in tables.items()}
 
 
 def check_one_experiment(out, runs):

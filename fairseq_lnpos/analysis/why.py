@@ -140,7 +140,8 @@ def load(sources, allow_mixed=False, trains=None):
     A source is a grid's folder of run folders, or a results page this command published (its
     runs.csv and :data:`EARLY_CSV`): seeds run on different machines or days add up. A run (row and
     seed) given twice is refused."""
-    runs, recorded = gather(sources, EARLY_CSV, EARLY_COLUMNS, "the grid's --out folder of the why-* runs")
+    runs, tables = gather(sources, {EARLY_CSV: EARLY_COLUMNS}, "the grid's --out folder of the why-* runs")
+    recorded = tables[EARLY_CSV]
     runs = runs[runs["run"].str.match(r"^why-(%s)-" % "|".join(CORPORA))].copy()
     if runs.empty:
         raise LnposError(f"{', '.join(map(str, sources))}: no why-* run: run `scripts/grid.sh run --only 'why-*'` first")
