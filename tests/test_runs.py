@@ -330,7 +330,8 @@ def test_fields_added_later_keep_older_run_folders_resumable():
 
 def test_every_architecture_on_real_text_plan(tmp_path, capsys):
     """The real-text comparison, `grid.sh run --only 'real-*' --seeds 1,2` (dry run): every variant
-    without warm-up and the warm-up controls (Post-LN, Pre-LN, DeepNorm, B2T; Post-LN's longer warm-ups), at the tiny size on Multi30k, the
+    without warm-up and the warm-up controls (Post-LN, Pre-LN, DeepNorm, B2T; Post-LN's longer warm-ups), DeepNorm and
+    B2T at lr 5e-4, at the tiny size on Multi30k, the
     commands alike but for the arch, the warm-up and the seed."""
     import re
 
@@ -342,7 +343,8 @@ def test_every_architecture_on_real_text_plan(tmp_path, capsys):
     blocks = [b.splitlines() for b in capsys.readouterr().out.strip().split("\n\n")]
     runs = [re.match(r"# \[\d+/\d+\] (\S+) seed (\d)", b[0]).groups() for b in blocks]
     want = [f"real-{v}-nowu" for v in VARIANTS] + [f"real-{v}-wu100" for v in ("postln", "preln", "deepnorm", "b2t")] \
-        + ["real-postln-wu500", "real-postln-wu1000", "real-postln-wu500-lr5e-4"]
+        + ["real-postln-wu500", "real-postln-wu1000", "real-postln-wu500-lr5e-4", "real-deepnorm-nowu-lr5e-4",
+           "real-b2t-nowu-lr5e-4"]
     assert sorted(runs) == sorted((r, s) for r in want for s in "12") and len(runs) == 2 * len(want)
     generic = set()
     for (name, seed), block in zip(runs, blocks):
