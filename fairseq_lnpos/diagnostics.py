@@ -296,7 +296,10 @@ class Diagnostics:
             t0 = time.perf_counter()
             with torch.no_grad():
                 branch = x * layer.rezero_weight if hasattr(layer, "rezero_weight") else x
-                sums = self.residual.setdefault(f"{name}/{names[min(calls[0], len(names) - 1)]}", [0.0, 0.0])
+                if calls[0] >= len(names):  # the contract of models/sublayers.py: once per sublayer
+                    raise RuntimeError(f"{name} ({type(layer).__name__}) called residual_connection more often than "
+                                       f"it has sublayers ({', '.join(names)}): residual_ratio cannot name the call")
+                sums = self.residual.setdefault(f"{name}/{names[calls[0]]}", [0.0, 0.0])
                 sums[0] += float(branch.detach().float().pow(2).sum())
                 sums[1] += float((out.detach() - branch.detach()).float().pow(2).sum())
             calls[0] += 1

@@ -134,3 +134,22 @@ def test_zero_layers_is_a_one_line_error(toy_data, arch, flag):
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     assert f"{flag} must be at least 1" in last and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_layer_calls_its_residual_connection_once_per_sublayer(toy_data, variant):
+    """The contract of models/sublayers.py that --log-diagnostics' residual_ratio names its calls by:
+    each layer's forward calls ``residual_connection`` once per sublayer (self_attn, encoder_attn, ffn)."""
+    from fairseq_lnpos.diagnostics import residual_layers
+    from fairseq_lnpos.models.sublayers import sublayer_names
+
+    arch = f"transformer_{variant}"
+    model, task, _ = build_model(toy_data, arch, *two_layers(arch))
+    calls = {}
+    for name, layer in residual_layers(model):
+        def counted(x, residual, name=name, original=layer.residual_connection):
+            calls[name] = calls.get(name, 0) + 1
+            return original(x, residual)
+        layer.residual_connection = counted
+    model(*batch(task))
+    assert calls == {name: len(sublayer_names(layer)) for name, layer in residual_layers(model)}
