@@ -88,6 +88,9 @@ def test_per_epoch_means_ranges_differences_and_verdicts(grid):
     assert summ.at["real-preln-nowu", "sel_epochs"] == "3,2,3"  # each seed's epoch of lowest validation NLL
     assert summ.at["real-preln-nowu", "sel_bleu"] == pytest.approx(40 - 4 * (4.5 + 4.4 + 4.4) / 3)
     assert summ.at["real-postln-wu500", "good_from"] == 3 and summ.at["real-postln-wu500", "cpu_per_epoch"] == 300
+    # the NLL drop over the last epoch, per seed: Pre-LN 0.1, -0.2, 0.1; Post-LN 0.48, 0.55, 0.6
+    assert summ.at["real-preln-nowu", "last_gain"] == pytest.approx(0.0 / 3) and summ.at["real-preln-nowu", "last_gain_min"] == \
+        pytest.approx(-0.2) and summ.at["real-postln-wu500", "last_gain_max"] == pytest.approx(0.6)
 
 
 def test_a_page_adds_up_with_new_seeds_and_the_command_refuses_bad_input(grid, tmp_path, capsys):

@@ -153,7 +153,8 @@ def curves(epochs, reference, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
 
 def summary(runs, epochs, table):
     """One row per run: seeds, epochs, CPU seconds, the validation-selected epoch's tok BLEU, the last
-    epoch's NLL, and the first epoch from which the row is good at every later epoch."""
+    epoch's NLL and how much it fell over that epoch (mean and range over the seeds: a row still
+    learning or stalled), and the first epoch from which the row is good at every later epoch."""
     pd = pandas()
     rows = []
     for name, part in epochs.groupby("run", sort=False):
@@ -165,12 +166,18 @@ def summary(runs, epochs, table):
             if good is not True:
                 break
             good_from = e
+        # still learning or stalled: each seed's NLL drop over its last scored epoch
+        by_seed = part.dropna(subset=["valid_nll_loss"]).sort_values(["seed", "epoch"]).groupby("seed")["valid_nll_loss"]
+        gain = by_seed.apply(lambda s: s.iloc[-2] - s.iloc[-1] if len(s) > 1 else math.nan).dropna()
         cpu = runs.loc[runs["run"] == name, "train_cpu_seconds"]
         rows.append({"run": name, "seeds": part["seed"].nunique(), "epochs": int(part["epoch"].max()),
                      "cpu_seconds": cpu.mean(), "cpu_per_epoch": cpu.mean() / part["epoch"].max(),
                      "last_nll": last["valid_nll_loss"].mean(), "sel_epochs": ",".join(map(str, sel["epoch"])),
                      "sel_bleu": sel["bleu_tok"].mean(), "sel_bleu_min": sel["bleu_tok"].min(),
-                     "sel_bleu_max": sel["bleu_tok"].max(), "good_from": good_from})
+                     "sel_bleu_max": sel["bleu_tok"].max(), "good_from": good_from,
+                     "last_gain": gain.mean() if len(gain) else math.nan,
+                     "last_gain_min": gain.min() if len(gain) else math.nan,
+                     "last_gain_max": gain.max() if len(gain) else math.nan})
     return pd.DataFrame(rows)
 
 
@@ -202,13 +209,17 @@ def markdown(runs, table, summ, reference, title, code_line, rtable=None):
              f"epoch, Welch's 95 % interval. Verdict per epoch, the maps' rule (fairseq_lnpos/analysis/verdict.py) with "
              f"that epoch's rows as one family: poor = worse than another row by more than {V.DEFAULT_MARGIN:g} bit "
              f"(Welch's t over every ordered pair, Holm-corrected at {V.DEFAULT_ALPHA:g}), else good; NA: not compared. "
-             "Selected epoch: each seed's epoch of lowest validation NLL (the test set not used).", "",
+             "Selected epoch: each seed's epoch of lowest validation NLL (the test set not used). NLL drop over the "
+             "last epoch: the NLL of the epoch before the last minus the last's, mean [min to max] over the seeds "
+             "(still learning: clearly above 0).", "",
              "## Per row", ""]
     df = pandas().DataFrame({
         "row": [f"`{r}`" for r in summ["run"]], "seeds": summ["seeds"], "epochs": summ["epochs"],
         "CPU-s per run (per epoch)": [f"{c:.0f} ({e:.0f})" if not math.isnan(c) else "" for c, e in
                                       zip(summ["cpu_seconds"], summ["cpu_per_epoch"])],
         "last epoch's NLL": [num(v, ".3f") for v in summ["last_nll"]],
+        "NLL drop over the last epoch": [_range(m, lo, hi, ".3f") for m, lo, hi in
+                                         zip(summ["last_gain"], summ["last_gain_min"], summ["last_gain_max"])],
         "selected epochs": summ["sel_epochs"],
         "tok BLEU, selected epoch": [_range(m, lo, hi, ".1f") for m, lo, hi in
                                      zip(summ["sel_bleu"], summ["sel_bleu_min"], summ["sel_bleu_max"])],
