@@ -8,7 +8,8 @@
 data-prep/prepare-multi30k.sh's code into OUT/data (downloaded, or from ``--orig DIR``; ``--bin DIR``
 takes a data dir prepared before), the `real-*` rows of experiments/runs.py (Post-LN without and
 with warm-up, Pre-LN without warm-up, sized for two CPU cores), tokenized BLEU and sacreBLEU on
-test2016 (docs/results.md, "Real text on a CPU").
+test2016 (sized by timed runs made before the results pages: "Real text on a CPU" of
+`git show 36640e8:docs/results.md`).
 
 Steps (each resumes; a finished demo re-runs in seconds):
  1. the synthetic corpus (data-prep/make-synthetic.sh: 4500 training pairs, 300 valid, 300 test);
@@ -33,7 +34,7 @@ it, have learned the task (every seed at tok BLEU >= ``LEARNED``: 20 on the gene
 Multi30k) and the best seed of Post-LN without warm-up reaches at most half the BLEU of the worst seed of each control.
 
 The settings are the same for every architecture; with them Post-LN with warm-up and Pre-LN learn
-the task within the 300 updates while Post-LN without warm-up does not (docs/results.md).
+the task within the 300 updates while Post-LN without warm-up does not (docs/results/demo/index.md).
 """
 import shlex
 import sys
@@ -54,19 +55,20 @@ RUNS = list(DEMO_ROWS["synthetic"])
 # --with-keel, --with-admin, --with-tfixup, --with-dyt, --with-periln, ...: demo-<name>-nowu (real-<name>-nowu)
 OPTIONAL = tuple(v for v in VARIANTS if v not in GROUPS["demo"])
 DATA = {"synthetic": "synthetic corpus", "multi30k": "Multi30k De-En (real text)"}  # --data: step 1's label
-MULTI30K_BPE = 8000  # joint sentencepiece pieces of `--data multi30k` (docs/results.md, "Real text on a CPU")
+MULTI30K_BPE = 8000  # joint sentencepiece pieces of `--data multi30k` ("Real text on a CPU" of `git show 36640e8:docs/results.md`)
 FIRST_UPDATES = 100  # updates shown in the gradient-norm figure
 CONTROLS = ("demo-postln-wu100", "demo-preln-nowu")  # must learn for the verdict to mean anything
 LEARNED_BLEU = 20.0  # a control has learned when every seed reaches this tok BLEU (full demo: 79-99)
 # ... on real text (Multi30k, 1012 updates of the tiny model: Post-LN with warm-up 11.5, Pre-LN 28.3,
-# Post-LN without warm-up 2.4; docs/results.md, "Real text on a CPU")
+# Post-LN without warm-up 2.4; "Real text on a CPU" of `git show 36640e8:docs/results.md`)
 LEARNED = {"synthetic": LEARNED_BLEU, "multi30k_cpu": 5.0}
 
 
 def learned_bleu(need):
     """The tok BLEU every seed of a control must reach, by the dataset of the rows ``need``."""
     return LEARNED.get(BY_NAME[need[1]].dataset, LEARNED_BLEU) if need[1] in BY_NAME else LEARNED_BLEU
-# measured wall time of the default demo from an empty folder (docs/results.md, "The demo", "Real text on a CPU")
+# measured wall time of the default demo from an empty folder ("The demo", "Real text on a CPU" of
+# `git show 36640e8:docs/results.md`)
 EXPECTED = {"synthetic": "about 7 minutes on 2 idle cores, about twice that on cores shared with other jobs",
             "multi30k": "about 28 minutes on 2 idle cores, the data's preparation included (12 s from --orig)"}
 EXPECTED_QUICK = "about 1.5 minutes on 2 cores"
@@ -435,7 +437,7 @@ def run_steps(args, out, runs, core, asked, t0, argv=None):
             f"no estimate of the time left in this step (elapsed {time.time() - t0:.0f} s)")
 
     cadence = Cadence(status)
-    log(f"expected time: {EXPECTED_QUICK if args.quick else EXPECTED[args.data]} (docs/results.md); the same "
+    log(f"expected time: {EXPECTED_QUICK if args.quick else EXPECTED[args.data]}; the same "
         "command resumes after an interruption")
     say(1)
     with cadence:

@@ -35,7 +35,8 @@ def test_verdict_boundary_of_the_half_rule():
     assert effect_shown(summary(bad=[16.0], warmup=[90.0], preln=[30.0, 99.0]))[1].startswith("effect NOT shown")
 
 
-# recorded summaries: best tok BLEU per seed of the demo's three core runs (docs/results.md)
+# recorded summaries: best tok BLEU per seed of the demo's three core runs (measured before the results pages:
+# "The demo" of `git show 36640e8:docs/results.md`)
 FULL_DEMO = dict(bad=[0.00, 1.36], warmup=[79.26, 79.89], preln=[97.91, 99.25])      # make demo, 2 seeds
 QUICK_DEMO = dict(bad=[0.0], warmup=[0.0], preln=[0.0])                                # --quick: one epoch
 FURTHER_DEMO = dict(bad=[0.00], warmup=[60.27], preln=[99.22])                         # one seed, 12 rows
@@ -200,7 +201,7 @@ def test_real_preset_options_refused_with_one_line(tmp_path, capsys):
     assert e.value.code == 2 and "options of --data multi30k" in capsys.readouterr().err
 
 
-# Measured: `make demo-real` on the real Multi30k, seed 1 (docs/results.md, "Real text on a CPU"):
+# Measured: `make demo-real` on the real Multi30k, seed 1 ("Real text on a CPU" of `git show 36640e8:docs/results.md`):
 # test2016 tok BLEU per row, seed and epoch
 MEASURED = {"real-postln-nowu": {1: [2.29, 2.41]},
             "real-postln-wu100": {1: [7.96, 11.51]},

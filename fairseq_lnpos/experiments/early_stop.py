@@ -13,8 +13,8 @@ never "finished"), when its training loss has stalled well above what a run that
   before (a stalled run no longer moves; a slow one still does).
 
 A run that diverges is stopped by the grid's other rules (a non-finite loss; ``--patience``). The
-defaults were calibrated on full-length runs of the all-architecture map (docs/results.md,
-"Early stopping"): ``python scripts/tools/early_stop_replay.py OUT`` replays the rule over a folder
+defaults were calibrated on full-length runs of the all-architecture map and are scored on maps they
+were not chosen on (docs/results/early-stopping/index.md): ``python scripts/tools/early_stop_replay.py OUT`` replays the rule over a folder
 of runs made without it and reports what it would have stopped, when, and what it would have saved.
 """
 import math

@@ -163,8 +163,8 @@ class SweepAxes(Options):
         False, f"the depth map: defaults {_describe(DEPTH_MAP)}; with --real {_describe(DEPTH_MAP_REAL)}, "
                f"--fp16; logs per-layer gradient norms (the stability map's defaults: {_describe(STABILITY_MAP)})")
     all_archs: bool = option(
-        False, f"the map of every architecture (CPU): defaults {_describe(ALL_MAP)}; {_runs(ALL_MAP)} runs, 88 "
-               f"minutes of 2 idle cores (docs/results.md)")
+        False, f"the map of every architecture (CPU): defaults {_describe(ALL_MAP)}; {_runs(ALL_MAP)} runs "
+               f"(their CPU time: docs/results/all-archs/index.md)")
     checkpoint_activations: bool = option(
         False, "fairseq's --checkpoint-activations for every cell (less memory; activations are "
                "recomputed in the backward pass)")
@@ -173,7 +173,7 @@ class SweepAxes(Options):
     # the default (early stopping on) is SweepOptions'
     early_stop: bool = option(
         help="run every cell to its budget: do not stop runs whose training loss has stalled "
-             "(early_stop.py; docs/results.md has its calibration)", flag="--no-early-stop", action="store_false")
+             "(early_stop.py; docs/results/early-stopping/index.md scores it)", flag="--no-early-stop", action="store_false")
 
 
 @dataclass

@@ -64,7 +64,7 @@ DATASETS = {
         target_lang="en", max_tokens=4096, batch_tokens=4096, max_epoch=12, dropout=0.1,
     ),
     # `make demo-real` (demo.py --data multi30k): the same Multi30k data dir on the `_tiny` archs on a
-    # CPU, sized by the timed runs of docs/results.md ("Real text on a CPU"): small batches, a budget
+    # CPU, sized by timed runs ("Real text on a CPU" of `git show 36640e8:docs/results.md`): small batches, a budget
     # in updates, all embeddings shared (one joined dictionary), beam 5 on test2016
     "multi30k_cpu": dict(
         arch_size="tiny", default_data=BIN_DIRS["multi30k"], source_lang="de", target_lang="en",
@@ -341,7 +341,7 @@ RUNS = [
     # --- `make demo-real` (Multi30k, _tiny archs, CPU) and every architecture on real text -------------
     *[_real(f"real-{v}-nowu", v) for v in VARIANTS],
     # the warm-up controls: Post-LN, Pre-LN, and the Post-LN fixes that are poor without warm-up on
-    # real text after one epoch (docs/results.md, "Every architecture on real text")
+    # real text after one epoch ("Every architecture on real text" of `git show 36640e8:docs/results.md`)
     *[_real(f"real-{v}-wu100", v, warmup=100) for v in ("postln", "preln", "deepnorm", "b2t")],
     # longer warm-ups of Post-LN (one and two epochs of 506 updates): how long, and how many epochs, until
     # Post-LN with warm-up is as good as Pre-LN per epoch (python -m fairseq_lnpos.analysis.curves)

@@ -41,7 +41,7 @@ PRESETS = {
 STABILITY_MAP = dict(archs=",".join(GROUPS["stability_map"]), lr="3e-4,1e-3,3e-3,1e-2", warmup="1,100",
                      layers="6", max_update=200, width=None, seeds="1,2,3")
 # ... and the depth map (no warm-up, depth 6 to 48 at a small width; 6 x 4 cells x 3 seeds = 72 runs,
-# 1.5 x the 48 one-seed runs of the earlier two learning rates); docs/results.md shows the timed
+# 1.5 x the 48 one-seed runs of the earlier two learning rates); `git show 36640e8:docs/results.md` shows the timed
 # runs these were chosen from
 DEPTH_MAP = dict(archs=",".join(GROUPS["depth_map"]), lr="1e-3", warmup="1",
                  layers="6,12,24,48", max_update=300, width=64, seeds="1,2,3")
@@ -49,7 +49,7 @@ DEPTH_MAP = dict(archs=",".join(GROUPS["depth_map"]), lr="1e-3", warmup="1",
 DEPTH_MAP_REAL = dict(DEPTH_MAP, lr="5e-4,1e-3", layers="6,18,36,60,100", max_update=600, width=None, seeds="1")
 # ... and the map of every architecture (every variant x 3 x 2 cells x 3 seeds; 342 runs for 19 variants)
 # at width 96, where the 200 updates cost about two thirds of the tiny size's (d 128) and leave its
-# contrasts; docs/results.md has the timed cells this was chosen from
+# contrasts; `git show 36640e8:docs/results.md` has the timed cells this was chosen from
 ALL_MAP = dict(STABILITY_MAP, archs=",".join(VARIANTS), lr="3e-4,1e-3,3e-3", width=96)
 # what the depth map measures beside the loss: per-layer gradient norms (<save-dir>/grad_norms.jsonl)
 GRAD_NORMS = dict(task="translation_lnpos", extra=("--log-grad-norms",))

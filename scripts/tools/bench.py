@@ -508,8 +508,8 @@ def main(argv=None):
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     log = lambda msg: print(msg, flush=True)  # noqa: E731
-    log("expected time: --quick about 5 minutes on 2 cores shared with other jobs (docs/results.md, "
-        f"Benchmarks); the time grows with {args.steps * args.reps} timed updates per configuration and size")
+    log("expected time: --quick about 5 minutes on 2 cores shared with other jobs (docs/benchmarks.md); "
+        f"the time grows with {args.steps * args.reps} timed updates per configuration and size")
     data = Path(args.data) if args.data else default_data(out.parent, log)
     if args.threads:
         import torch
