@@ -93,6 +93,21 @@ def test_per_epoch_means_ranges_differences_and_verdicts(grid):
         pytest.approx(-0.2) and summ.at["real-postln-wu500", "last_gain_max"] == pytest.approx(0.6)
 
 
+def test_a_seed_trained_for_fewer_epochs_counts_where_it_was_scored(grid):
+    """A fourth Pre-LN seed of 2 epochs (e.g. added from a shorter run): in the per-epoch table at epochs 1-2,
+    not in the row's last-epoch numbers (selected BLEU, last NLL, the last epoch's drop, CPU per run)."""
+    write_run(grid, "real-preln-nowu", "preln", 4, [4.0, 2.0], [60, 70])
+    runs, epochs, _ = C.load([grid], only=["real-*"])
+    table = C.curves(epochs, "real-preln-nowu").set_index(["run", "epoch"])
+    assert table.at[("real-preln-nowu", 2), "seeds"] == 4 and table.at[("real-preln-nowu", 3), "seeds"] == 3
+    summ = C.summary(runs, epochs, C.curves(epochs, "real-preln-nowu")).set_index("run")
+    row = summ.loc["real-preln-nowu"]
+    assert (row["seeds"], row["seeds_full"], row["sel_epochs"]) == (4, 3, "3,2,3")
+    assert row["last_gain"] == pytest.approx(0.0) and row["last_nll"] == pytest.approx(4.5)
+    # CPU: 900 s per run of 3 epochs (not the mean with the 600 s of the short one); per epoch over all seeds
+    assert row["cpu_seconds"] == 900 and row["cpu_per_epoch"] == pytest.approx((3 * 900 + 600) / 11)
+
+
 def test_a_page_adds_up_with_new_seeds_and_the_command_refuses_bad_input(grid, tmp_path, capsys):
     import shutil
 
@@ -107,7 +122,7 @@ def test_a_page_adds_up_with_new_seeds_and_the_command_refuses_bad_input(grid, t
         assert (tmp_path / "both" / name).read_text().replace(str(new), str(grid)).replace(str(old), str(grid)) == \
             (tmp_path / "all" / name).read_text(), name
     md = (tmp_path / "all" / "curves.md").read_text()
-    assert "| `real-postln-wu500` | 3 | 3 |" in md and "| 3 |" in md
+    assert "| `real-postln-wu500` | 3 | 3 |" in md and "| 3 |" in md and "NLL drop over the last epoch" in md
     assert "| `real-postln-wu500` | encoder/self_attn | 3 | 0.3 | 3 | 15 |" in md  # the residual share's row
     # runs.csv is the per-seed table alone, also when its runs came from a page (no column saying from where)
     assert (tmp_path / "both" / "runs.csv").read_text().split("\n", 1)[0] == ",".join(RUN_COLUMNS)

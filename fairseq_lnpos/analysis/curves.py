@@ -152,27 +152,33 @@ def curves(epochs, reference, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
 
 
 def summary(runs, epochs, table):
-    """One row per run: seeds, epochs, CPU seconds, the validation-selected epoch's tok BLEU, the last
-    epoch's NLL and how much it fell over that epoch (mean and range over the seeds: a row still
-    learning or stalled), and the first epoch from which the row is good at every later epoch."""
+    """One row per run: seeds (all, and those scored at its last epoch), epochs, CPU seconds (per run of
+    the full length, and per epoch over every seed), then over the seeds scored at its last epoch: the
+    validation-selected epoch's tok BLEU, the last epoch's NLL and how much it fell over that epoch
+    (mean and range: a row still learning or stalled); and the first epoch from which the row is good
+    at every later epoch."""
     pd = pandas()
     rows = []
     for name, part in epochs.groupby("run", sort=False):
-        sel = part.loc[part.dropna(subset=["valid_nll_loss"]).groupby("seed")["valid_nll_loss"].idxmin()]
-        last = part[part["epoch"] == part["epoch"].max()]
+        last_epoch = int(part["epoch"].max())
+        full = part[part["seed"].isin(part.loc[part["epoch"] == last_epoch, "seed"])]  # seeds trained to the end
+        scored = full.dropna(subset=["valid_nll_loss"])
+        sel = full.loc[scored.groupby("seed")["valid_nll_loss"].idxmin()]
+        nll = scored.pivot(index="seed", columns="epoch", values="valid_nll_loss")
+        gain = (nll[last_epoch - 1] - nll[last_epoch]).dropna() if last_epoch - 1 in nll else pd.Series(dtype=float)
         verdicts = table[table["run"] == name].sort_values("epoch")
         good_from = None
         for e, good in zip(verdicts["epoch"][::-1], verdicts["good"][::-1]):
             if good is not True:
                 break
             good_from = e
-        # still learning or stalled: each seed's NLL drop over its last scored epoch
-        by_seed = part.dropna(subset=["valid_nll_loss"]).sort_values(["seed", "epoch"]).groupby("seed")["valid_nll_loss"]
-        gain = by_seed.apply(lambda s: s.iloc[-2] - s.iloc[-1] if len(s) > 1 else math.nan).dropna()
-        cpu = runs.loc[runs["run"] == name, "train_cpu_seconds"]
-        rows.append({"run": name, "seeds": part["seed"].nunique(), "epochs": int(part["epoch"].max()),
-                     "cpu_seconds": cpu.mean(), "cpu_per_epoch": cpu.mean() / part["epoch"].max(),
-                     "last_nll": last["valid_nll_loss"].mean(), "sel_epochs": ",".join(map(str, sel["epoch"])),
+        mine = runs[runs["run"] == name]
+        cpu = mine.set_index("seed")["train_cpu_seconds"]
+        per_seed = part.groupby("seed")["epoch"].max()
+        rows.append({"run": name, "seeds": part["seed"].nunique(), "seeds_full": full["seed"].nunique(),
+                     "epochs": last_epoch, "cpu_seconds": cpu.reindex(full["seed"].unique()).mean(),
+                     "cpu_per_epoch": cpu.sum() / per_seed.reindex(cpu.index).sum(),
+                     "last_nll": nll[last_epoch].mean(), "sel_epochs": ",".join(map(str, sel["epoch"])),
                      "sel_bleu": sel["bleu_tok"].mean(), "sel_bleu_min": sel["bleu_tok"].min(),
                      "sel_bleu_max": sel["bleu_tok"].max(), "good_from": good_from,
                      "last_gain": gain.mean() if len(gain) else math.nan,
@@ -209,12 +215,15 @@ def markdown(runs, table, summ, reference, title, code_line, rtable=None):
              f"epoch, Welch's 95 % interval. Verdict per epoch, the maps' rule (fairseq_lnpos/analysis/verdict.py) with "
              f"that epoch's rows as one family: poor = worse than another row by more than {V.DEFAULT_MARGIN:g} bit "
              f"(Welch's t over every ordered pair, Holm-corrected at {V.DEFAULT_ALPHA:g}), else good; NA: not compared. "
-             "Selected epoch: each seed's epoch of lowest validation NLL (the test set not used). NLL drop over the "
-             "last epoch: the NLL of the epoch before the last minus the last's, mean [min to max] over the seeds "
-             "(still learning: clearly above 0).", "",
+             "Per row, over the seeds scored at its last epoch: the selected epoch, each seed's epoch of lowest "
+             "validation NLL (the test set not used), and its tok BLEU; the NLL drop over the last epoch, the NLL of "
+             "the epoch before the last minus the last's, mean [min to max] (still learning: clearly above 0). CPU-s "
+             "per epoch: over every seed.", "",
              "## Per row", ""]
     df = pandas().DataFrame({
-        "row": [f"`{r}`" for r in summ["run"]], "seeds": summ["seeds"], "epochs": summ["epochs"],
+        "row": [f"`{r}`" for r in summ["run"]],
+        "seeds (to the last epoch)": [f"{n}" if n == k else f"{n} ({k})" for n, k in zip(summ["seeds"], summ["seeds_full"])],
+        "epochs": summ["epochs"],
         "CPU-s per run (per epoch)": [f"{c:.0f} ({e:.0f})" if not math.isnan(c) else "" for c, e in
                                       zip(summ["cpu_seconds"], summ["cpu_per_epoch"])],
         "last epoch's NLL": [num(v, ".3f") for v in summ["last_nll"]],
