@@ -17,8 +17,8 @@ else *good*. Per row: the epoch of lowest validation NLL of each seed (chosen wi
 and its tok BLEU, and the first epoch from which the row is good at every later epoch. Where runs
 wrote ``--log-diagnostics`` (``diagnostics.jsonl``), each row's residual share ||F(x)|| / ||s x||
 (:mod:`fairseq_lnpos.diagnostics`: what the sublayers add to the stream over what the skip path
-carries) per kind of connection, mean over the stack's layers and the seeds, at the logged updates
-of :data:`RESIDUAL_UPDATES`.
+carries) per kind of connection and seed, mean over the stack's layers, at the logged updates of
+:data:`RESIDUAL_UPDATES`.
 
 Writes into ``--out-dir`` (default ``curves-report``): runs.csv, epochs.csv (one row per run, seed and
 epoch: the per-seed data), curves.csv (one row per run and epoch), curves.md (printed too) and
@@ -94,21 +94,23 @@ def read_grid(folder, what):
 
 
 def residual_table(residual):
-    """One row per run and kind of connection (:data:`CONNECTIONS`) with the seeds, and per logged update of
-    :data:`RESIDUAL_UPDATES` the mean of ||F(x)|| / ||s x|| over the stack's layers and the seeds."""
+    """One row per run, kind of connection (:data:`CONNECTIONS`) and seed (seeds may disagree: one escapes
+    a plateau, another does not), and per logged update of :data:`RESIDUAL_UPDATES` the mean of
+    ||F(x)|| / ||s x|| over the stack's layers."""
     pd = pandas()
     if residual.empty:
         return pd.DataFrame()
     parts = residual["group"].str.split("/", expand=True)
     df = residual.assign(connection=parts[0] + "/" + parts[2])
-    df = df[df["update"].isin(RESIDUAL_UPDATES)]
+    df = df[df["update"].isin(RESIDUAL_UPDATES) & df["connection"].isin(CONNECTIONS)]
+    if df.empty:
+        return pd.DataFrame()
     order = {r: i for i, r in enumerate(dict.fromkeys(residual["run"]))}
-    table = df.pivot_table(index=["run", "connection"], columns="update", values="ratio", aggfunc="mean")
-    seeds = df.groupby(["run", "connection"])["seed"].nunique().rename("seeds")
-    table = table.join(seeds).reset_index()
-    table = table[table["connection"].isin(CONNECTIONS)]
-    return table.sort_values(["run", "connection"], key=lambda s: s.map(order) if s.name == "run" else
-                             s.map({c: i for i, c in enumerate(CONNECTIONS)}), kind="stable").reset_index(drop=True)
+    table = df.pivot_table(index=["run", "connection", "seed"], columns="update", values="ratio", aggfunc="mean")
+    return table.reset_index().sort_values(
+        ["run", "connection", "seed"], kind="stable",
+        key=lambda s: s.map(order) if s.name == "run" else s.map(CONNECTIONS.index) if s.name == "connection" else s
+    ).reset_index(drop=True)
 
 
 def reference_of(runs, name=None):
@@ -197,13 +199,13 @@ def residual_markdown(rtable):
         return []
     updates = [u for u in RESIDUAL_UPDATES if u in rtable.columns]
     df = pandas().DataFrame({"row": [f"`{r}`" for r in rtable["run"]], "connection": rtable["connection"],
-                             "seeds": rtable["seeds"],
+                             "seed": rtable["seed"],
                              **{f"update {u}": [num(v, ".3g") for v in rtable[u]] for u in updates}})
     return ["", "## Residual share", "",
             "||F(x)|| / ||s x|| of each residual connection (fairseq_lnpos/diagnostics.py, `--log-diagnostics`): what "
             "the sublayer adds to the stream over what the skip path carries (DeepNorm's alpha x, B2T's extra layer "
-            "input count as skip), pooled over the update's batch, mean over the stack's layers and the seeds; "
-            "per seed, connection and logged update in residual.csv.", ""] + markdown_table(df)
+            "input count as skip), pooled over the update's batch, mean over the stack's layers, per seed; "
+            "per layer in residual.csv.", ""] + markdown_table(df)
 
 
 def markdown(runs, table, summ, reference, title, code_line, rtable=None):
