@@ -44,7 +44,7 @@ PROG = "python -m fairseq_lnpos.analysis.curves"
 EPOCHS_CSV = "epochs.csv"
 RESIDUAL_CSV = "residual.csv"
 RESIDUAL_COLUMNS = ["run", "seed", "update", "group", "ratio"]
-RESIDUAL_UPDATES = (1, 10, 50, 100, 200, 500, 1000, 2000)  # the columns of the page's table, where logged
+RESIDUAL_UPDATES = (1, 10, 50, 100, 200, 500, 1000, 1500, 2000)  # the columns of the page's table, where logged
 CONNECTIONS = ("encoder/self_attn", "encoder/ffn", "decoder/self_attn", "decoder/encoder_attn", "decoder/ffn")
 METRICS = {"valid_nll_loss": "validation NLL (bits)", "bleu_tok": "tok BLEU", "sacrebleu": "sacreBLEU",
            "length_ratio": "length ratio", "repeat_4gram": "4-gram repetition"}
