@@ -272,19 +272,22 @@ def plot(table, variants, path, title):
 
 
 def plot_residual(residual, variants, path, title):
-    """The residual share per logged update, a line per row and stack: the mean over the stack's
-    connections, layers and seeds."""
-    fig, axes = panels(2, 5.0, 3.6)
-    stack = residual["group"].str.split("/").str[0]
-    for ax, side in zip(axes[0], ("encoder", "decoder")):
-        for name, part in residual[stack == side].groupby("run", sort=False):
+    """The residual share per logged update, a panel per kind of connection (:data:`CONNECTIONS`), a line
+    per row and seed (the row's colour, a line style per seed): the mean over the stack's layers."""
+    fig, axes = panels(len(CONNECTIONS), 3.4, 3.4, sharey=True)
+    parts = residual["group"].str.split("/", expand=True)
+    df = residual.assign(connection=parts[0] + "/" + parts[2])
+    for ax, connection in zip(axes[0], CONNECTIONS):
+        for (name, seed), part in df[df["connection"] == connection].groupby(["run", "seed"], sort=False):
             mean = part.groupby("update")["ratio"].mean()
-            ax.plot(mean.index, mean.to_numpy(), marker="o", ms=2, label=name, color=variant_color(variants[name]))
+            ax.plot(mean.index, mean.to_numpy(), lw=1, label=f"{name} s{seed}", color=variant_color(variants[name]),
+                    linestyle=("-", "--", ":", "-.")[(int(seed) - 1) % 4])
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("update")
-        ax.set_ylabel(f"{side}: ||F(x)|| / ||s x||")
-    save(fig, path, f"{title}: residual share, mean over connections, layers and seeds", legend_from=axes[0][0])
+        ax.set_title(connection)
+    axes[0][0].set_ylabel("||F(x)|| / ||s x||, mean over layers")
+    save(fig, path, f"{title}: residual share per connection and seed", legend_from=axes[0][0])
 
 
 def _main(argv):
