@@ -2,6 +2,7 @@
 difference from the reference row with Welch's interval, the verdict among the rows, the epoch chosen on
 validation, and pages that add up with new run folders."""
 import json
+import math
 
 import pytest
 
@@ -107,6 +108,16 @@ def test_a_seed_trained_for_fewer_epochs_counts_where_it_was_scored(grid):
     assert row["last_gain"] == pytest.approx(0.0) and row["last_nll"] == pytest.approx(4.5)
     # CPU: 900 s per run of 3 epochs (not the mean with the 600 s of the short one); per epoch over all seeds
     assert row["cpu_seconds"] == 900 and row["cpu_per_epoch"] == pytest.approx((3 * 900 + 600) / 11)
+
+
+def test_a_row_without_a_finite_last_nll_has_no_last_numbers(grid):
+    """A row whose runs diverged in their last epoch (NaN NLL) and one of a single epoch: NaN, not an error."""
+    write_run(grid, "real-postln-nowu", "postln", 1, [9.0, float("nan")], [0.0, 0.0])
+    write_run(grid, "real-keel-nowu", "keel", 1, [5.0], [10.0])
+    runs, epochs, _ = C.load([grid], only=["real-*"])
+    summ = C.summary(runs, epochs, C.curves(epochs, "real-preln-nowu")).set_index("run")
+    assert math.isnan(summ.at["real-postln-nowu", "last_nll"]) and math.isnan(summ.at["real-postln-nowu", "last_gain"])
+    assert summ.at["real-keel-nowu", "last_nll"] == 5.0 and math.isnan(summ.at["real-keel-nowu", "last_gain"])
 
 
 def test_a_page_adds_up_with_new_seeds_and_the_command_refuses_bad_input(grid, tmp_path, capsys):

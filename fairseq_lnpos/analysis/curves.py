@@ -166,8 +166,9 @@ def summary(runs, epochs, table):
         full = part[part["seed"].isin(part.loc[part["epoch"] == last_epoch, "seed"])]  # seeds trained to the end
         scored = full.dropna(subset=["valid_nll_loss"])
         sel = full.loc[scored.groupby("seed")["valid_nll_loss"].idxmin()]
-        nll = scored.pivot(index="seed", columns="epoch", values="valid_nll_loss")
-        gain = (nll[last_epoch - 1] - nll[last_epoch]).dropna() if last_epoch - 1 in nll else pd.Series(dtype=float)
+        nll = scored.pivot(index="seed", columns="epoch", values="valid_nll_loss").reindex(
+            columns=[last_epoch - 1, last_epoch])  # a column of NaN where no seed has a finite NLL (diverged)
+        gain = (nll[last_epoch - 1] - nll[last_epoch]).dropna()
         verdicts = table[table["run"] == name].sort_values("epoch")
         good_from = None
         for e, good in zip(verdicts["epoch"][::-1], verdicts["good"][::-1]):
