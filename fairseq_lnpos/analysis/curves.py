@@ -93,20 +93,26 @@ def read_grid(folder, what):
     return runs, {EPOCHS_CSV: epochs, RESIDUAL_CSV: pandas().DataFrame(rows, columns=RESIDUAL_COLUMNS)}
 
 
+def per_connection(residual):
+    """``residual`` (:data:`RESIDUAL_COLUMNS`) as the mean over the stack's layers per run, seed, kind of
+    connection (:data:`CONNECTIONS`, column ``connection``) and logged update."""
+    parts = residual["group"].str.split("/", expand=True)
+    df = residual.assign(connection=parts[0] + "/" + parts[2])
+    df = df[df["connection"].isin(CONNECTIONS)]
+    return df.groupby(["run", "seed", "connection", "update"], sort=False)["ratio"].mean().reset_index()
+
+
 def residual_table(residual):
     """One row per run, kind of connection (:data:`CONNECTIONS`) and seed (seeds may disagree: one escapes
     a plateau, another does not), and per logged update of :data:`RESIDUAL_UPDATES` the mean of
     ||F(x)|| / ||s x|| over the stack's layers."""
     pd = pandas()
-    if residual.empty:
-        return pd.DataFrame()
-    parts = residual["group"].str.split("/", expand=True)
-    df = residual.assign(connection=parts[0] + "/" + parts[2])
-    df = df[df["update"].isin(RESIDUAL_UPDATES) & df["connection"].isin(CONNECTIONS)]
+    df = per_connection(residual) if len(residual) else residual
+    df = df[df["update"].isin(RESIDUAL_UPDATES)]
     if df.empty:
         return pd.DataFrame()
     order = {r: i for i, r in enumerate(dict.fromkeys(residual["run"]))}
-    table = df.pivot_table(index=["run", "connection", "seed"], columns="update", values="ratio", aggfunc="mean")
+    table = df.pivot(index=["run", "connection", "seed"], columns="update", values="ratio")
     return table.reset_index().sort_values(
         ["run", "connection", "seed"], kind="stable",
         key=lambda s: s.map(order) if s.name == "run" else s.map(CONNECTIONS.index) if s.name == "connection" else s
@@ -175,8 +181,7 @@ def summary(runs, epochs, table):
             if good is not True:
                 break
             good_from = e
-        mine = runs[runs["run"] == name]
-        cpu = mine.set_index("seed")["train_cpu_seconds"]
+        cpu = runs[runs["run"] == name].set_index("seed")["train_cpu_seconds"]
         per_seed = part.groupby("seed")["epoch"].max()
         rows.append({"run": name, "seeds": part["seed"].nunique(), "seeds_full": full["seed"].nunique(),
                      "epochs": last_epoch, "cpu_seconds": cpu.reindex(full["seed"].unique()).mean(),
@@ -196,7 +201,7 @@ def _range(mean, lo, hi, fmt):
 
 def residual_markdown(rtable):
     """The page's section on the residual share (none where no run logged it)."""
-    if rtable.empty:
+    if rtable is None or rtable.empty:
         return []
     updates = [u for u in RESIDUAL_UPDATES if u in rtable.columns]
     df = pandas().DataFrame({"row": [f"`{r}`" for r in rtable["run"]], "connection": rtable["connection"],
@@ -249,7 +254,7 @@ def markdown(runs, table, summ, reference, title, code_line, rtable=None):
         "sacreBLEU": [num(v, ".1f") for v in table["sacrebleu_mean"]],
         "length ratio": [num(v, ".2f") for v in table["length_ratio_mean"]],
         "4-gram repetition": [num(v, ".3f") for v in table["repeat_4gram_mean"]]})
-    lines += markdown_table(df) + residual_markdown(pandas().DataFrame() if rtable is None else rtable)
+    lines += markdown_table(df) + residual_markdown(rtable)
     return "\n".join(lines) + "\n"
 
 
@@ -276,12 +281,11 @@ def plot_residual(residual, variants, path, title):
     """The residual share per logged update, a panel per kind of connection (:data:`CONNECTIONS`), a line
     per row and seed (the row's colour, a line style per seed): the mean over the stack's layers."""
     fig, axes = panels(len(CONNECTIONS), 3.4, 3.4, sharey=True)
-    parts = residual["group"].str.split("/", expand=True)
-    df = residual.assign(connection=parts[0] + "/" + parts[2])
+    df = per_connection(residual)
     for ax, connection in zip(axes[0], CONNECTIONS):
         for (name, seed), part in df[df["connection"] == connection].groupby(["run", "seed"], sort=False):
-            mean = part.groupby("update")["ratio"].mean()
-            ax.plot(mean.index, mean.to_numpy(), lw=1, label=f"{name} s{seed}", color=variant_color(variants[name]),
+            part = part.sort_values("update")
+            ax.plot(part["update"], part["ratio"], lw=1, label=f"{name} s{seed}", color=variant_color(variants[name]),
                     linestyle=("-", "--", ":", "-.")[(int(seed) - 1) % 4])
         ax.set_xscale("log")
         ax.set_yscale("log")
