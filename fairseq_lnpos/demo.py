@@ -474,10 +474,20 @@ def run_steps(args, out, runs, core, asked, t0, argv=None):
         from .analysis.publish import publish
         from .analysis.publish import argv_of
 
-        page = publish(args.publish, f"The demo (`{MAKE[args.data]}`)", "\n".join(md[:md.index("Next steps:")]) + "\n",
+        page = publish(args.publish, f"The demo (`{MAKE[args.data]}`)",
+                       "\n".join(md[:md.index("Next steps:")] + [disk_line(out), ""]),
                        runs_table, figures + [out / "summary.json"], argv_of("python -m fairseq_lnpos.demo", argv))
         log(f"results page: {page}")
     return 0
+
+
+def disk_line(out):
+    """What the demo leaves on disk in ``out``, and how much of it is checkpoints."""
+    files = [f for f in Path(out).rglob("*") if f.is_file() and not f.is_symlink()]
+    mb = lambda fs: sum(f.stat().st_size for f in fs) / 1e6  # noqa: E731
+    checkpoints = [f for f in files if f.suffix == ".pt"]
+    return (f"Disk: {mb(files):.0f} MB left in `{Path(out).name}/`, {mb(checkpoints):.0f} MB of it the runs' "
+            f"{len(checkpoints)} checkpoints (`checkpoint_best.pt` and `checkpoint_last.pt`).")
 
 
 def main(argv=None):

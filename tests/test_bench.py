@@ -21,8 +21,11 @@ def bench(*args):
 def test_quick_benchmark_writes_ratios_for_every_arch(toy_data, tmp_path):
     out = tmp_path / "bench.json"
     result = bench("--quick", "--data", toy_data, "--max-tokens", 400, "--out", out,
-                   "--variants", "postln,preln,deepnorm,keel")
+                   "--variants", "postln,preln,deepnorm,keel", "--publish", tmp_path / "page")
     assert result.returncode == 0, result.stderr[-3000:]
+    page = (tmp_path / "page" / "index.md").read_text()
+    assert "- Command: `scripts/bench.sh --quick --data " in page and "| tiny | keel |" in page
+    assert (tmp_path / "page" / "bench.json").read_bytes() == out.read_bytes()
     data = json.loads(out.read_text())
     assert set(data["throughput"]) == {"tiny"}
     for arch in ("postln", "preln", "deepnorm", "keel"):
@@ -172,3 +175,18 @@ def test_fork_server_saving_in_the_summary():
     text = B.summary({"throughput": {}, "grad_norm_overhead": {}, "startup": startup})
     assert ("fork server, 3 runs of 2 updates: fresh processes / forked (the server's 5.0 s start included): "
             "wall time 1.80x, CPU time 1.60x; per run 2.00x [2.00, 2.50]") in text
+
+
+def test_the_results_page_gives_settings_load_table_and_one_item_per_measurement():
+    r = B.throughput_results({"fairseq_postln": [1.0] * 4, "postln": [1.0] * 4},
+                             {n: {"aten_calls": 1, "output_elements": 1, "matmul_flops": 1} for n in ("fairseq_postln", "postln")},
+                             ["postln"], "transformer", min_pairs=4)
+    result = {"data": "/x/synthetic-bin", "steps": 2, "reps": 2, "max_tokens": 400, "device": "cpu", "torch_threads": 2,
+              "cpu_count": 2, "fairseq_args": [], "throughput": {"tiny": r}, "grad_norm_overhead": {},
+              "load_average": {"start": 1.5, "end": 2.25}, "total_seconds": 61.4, "fig3_analysis_seconds": 70.2}
+    md = B.page_markdown(result).split("\n")
+    assert md[0] == ("2 x 2 timed updates per configuration, batches of 400 tokens, data `synthetic-bin`, device cpu, "
+                     "2 torch threads on 2 cores; load (1-minute average) 1.50 at the start, 2.25 at the end; 61 s in all.")
+    assert md[2].startswith("| size | arch |") and md[4].startswith("| tiny | postln | 1.000 | 1.000 [1.000, 1.000] |")
+    assert md[5] == "" and md[6].startswith("- 4 paired updates per configuration: too few")
+    assert md[7:] == ["- Fig. 3 analysis (defaults): 70 s", ""]

@@ -399,3 +399,14 @@ def test_a_rerun_with_other_seeds_says_which_seeds_it_merged(tmp_path, capsys, m
 def test_the_seeds_line(asked, recorded, line):
     summary = {"demo-preln-nowu": {"seed_list": sorted(recorded)}, "demo-keel-nowu": {"seed_list": [7]}}
     assert demo.seeds_line(summary, ["demo-preln-nowu", "demo-postln-nowu"], asked, "G") == line
+
+
+def test_the_disk_line_counts_every_file_and_the_checkpoints(tmp_path):
+    from fairseq_lnpos.demo import disk_line
+
+    (tmp_path / "grid" / "r" / "seed1" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "grid" / "r" / "seed1" / "checkpoints" / "checkpoint_last.pt").write_bytes(b"x" * 3_000_000)
+    (tmp_path / "grid" / "r" / "seed1" / "checkpoints" / "checkpoint_best.pt").write_bytes(b"x" * 2_000_000)
+    (tmp_path / "summary.md").write_bytes(b"x" * 1_600_000)
+    assert disk_line(tmp_path) == (f"Disk: 7 MB left in `{tmp_path.name}/`, 5 MB of it the runs' 2 checkpoints "
+                                   "(`checkpoint_best.pt` and `checkpoint_last.pt`).")

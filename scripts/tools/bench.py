@@ -383,7 +383,8 @@ def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, rep
     extra = list(fairseq_args)
     result = {"data": str(data), "steps": steps, "reps": reps, "cpu_count": os.cpu_count(),
               "torch_threads": torch.get_num_threads(), "device": device, "fairseq_args": extra,
-              "max_tokens": max_tokens, "throughput": {}, "grad_norm_overhead": {}}
+              "max_tokens": max_tokens, "throughput": {}, "grad_norm_overhead": {},
+              "load_average": {"start": os.getloadavg()[0]}}
     t0 = time.time()
     with tempfile.TemporaryDirectory() as save_dir:  # --log-grad-norms writes its JSONL there
         for size in sizes:
@@ -420,6 +421,7 @@ def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, rep
                                         "rerun with --no-analysis")
             result["fig3_analysis_seconds"] = time.perf_counter() - start
     result["total_seconds"] = time.time() - t0
+    result["load_average"]["end"] = os.getloadavg()[0]
     return result
 
 
@@ -470,6 +472,21 @@ def summary(result):
     return "\n".join(lines)
 
 
+def page_markdown(result):
+    """The results page's body: the settings and the machine's load, the table, then one item per
+    further measurement (:func:`summary`'s lines)."""
+    lines = summary(result).split("\n")
+    table = [line for line in lines if line.startswith("|")]
+    load = result.get("load_average", {})
+    settings = (f"{result['steps']} x {result['reps']} timed updates per configuration, batches of "
+                f"{result['max_tokens']} tokens, data `{Path(result['data']).name}`, device {result['device']}, "
+                f"{result['torch_threads']} torch threads on {result['cpu_count']} cores"
+                + (f", fairseq flags `{' '.join(result['fairseq_args'])}`" if result["fairseq_args"] else "")
+                + (f"; load (1-minute average) {load['start']:.2f} at the start, {load['end']:.2f} at the end"
+                   if "end" in load else "") + f"; {result['total_seconds']:.0f} s in all.")
+    return "\n".join([settings, ""] + table + [""] + [f"- {line}" for line in lines if not line.startswith("|")]) + "\n"
+
+
 def parse_args(argv=None):
     p = CommandParser(prog="bench.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", help="binarized data dir (default: the synthetic corpus, generated)")
@@ -492,6 +509,8 @@ def parse_args(argv=None):
                    help="also time N short runs as fresh fairseq-train processes against N forked from the "
                         "grid's fork server (default 0: not measured)")
     p.add_argument("--quick", action="store_true", help="CI mode: tiny size, 2 reps of 2 steps, no analysis")
+    p.add_argument("--publish", metavar="DIR", help="also write the result as a results page into DIR "
+                                                    "(docs/results/NAME: its command, date, machine and code version)")
     args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.steps, args.reps, args.no_analysis = "tiny", 2, 2, True
@@ -504,6 +523,7 @@ def main(argv=None):
     variants = comma_list(args.variants, "--variants", choices=VARIANTS, what="a variant")
     check(args.threads >= 0, "--threads must be at least 0")
     check(args.startup >= 0, "--startup must be at least 0")
+    check(not (args.publish and Path(args.publish).is_file()), f"--publish {args.publish} is a file: give a folder")
     logging.disable(logging.WARNING)  # fairseq's per-model INFO lines would drown the progress
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -521,6 +541,12 @@ def main(argv=None):
     write_json(out, result)
     log(summary(result))
     log(f"written {out}")
+    if args.publish:
+        from fairseq_lnpos.analysis.publish import argv_of, publish
+
+        page = publish(args.publish, "Benchmarks (`scripts/bench.sh`)", page_markdown(result), None, [out],
+                       argv_of("scripts/bench.sh", argv))
+        log(f"results page: {page}")
     return 0
 
 
