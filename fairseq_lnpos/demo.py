@@ -36,6 +36,7 @@ Multi30k) and the best seed of Post-LN without warm-up reaches at most half the 
 The settings are the same for every architecture; with them Post-LN with warm-up and Pre-LN learn
 the task within the 300 updates while Post-LN without warm-up does not (docs/results/demo/index.md).
 """
+import os
 import shlex
 import sys
 import textwrap
@@ -475,7 +476,10 @@ def run_steps(args, out, runs, core, asked, t0, argv=None):
         from .analysis.publish import argv_of
 
         page = publish(args.publish, f"The demo (`{MAKE[args.data]}`)",
-                       "\n".join(md[:md.index("Next steps:")] + [disk_line(out), ""]),
+                       "\n".join(md[:md.index("Next steps:")] + [
+                           f"Wall time: {time.time() - t0:.0f} s from the command's start to this page "
+                           f"(a resumed demo counts only its last part), load (1-minute average) "
+                           f"{os.getloadavg()[0]:.2f} at the end.", "", disk_line(out), ""]),
                        runs_table, figures + [out / "summary.json"], argv_of("python -m fairseq_lnpos.demo", argv))
         log(f"results page: {page}")
     return 0
