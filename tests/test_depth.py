@@ -143,7 +143,7 @@ def depth_map(tmp_path):
 
 
 def cells_of(out, **rules):
-    return S.rows(S.make_cells(runs_frame(out), **rules))
+    return S.make_cells(runs_frame(out), **rules)
 
 
 def test_largest_trainable_depth_by_hand(depth_map):
@@ -169,8 +169,8 @@ def test_gradient_ratios_and_memory_from_the_records(depth_map):
     # updates 1-10 only: encoder 0.5 x 6/L / 1.0, decoder 0.5 / (1.0 x 6/L) for Post-LN
     assert ratio["postln", 48, 1e-3, 1] == pytest.approx((0.5 * 6 / 48, 0.5 / (6 / 48)))
     assert ratio["preln", 24, 3e-4, 2] == pytest.approx((0.5, 0.5))
-    cells = S.rows(S.make_cells(runs))
-    c = next(c for c in cells if (c.variant, c.layers, c.lr) == ("postln", 12, 1e-3))
+    cells = S.make_cells(runs)
+    c = next(c for c in S.rows(cells) if (c.variant, c.layers, c.lr) == ("postln", 12, 1e-3))
     assert (c.peak_rss_mb, c.cuda_peak_mb, c.train_seconds) == (420.0, None, 24.0)
     md = "\n".join(D.markdown(cells))
     assert "| Post-LN | 0.5 / 0.5 | 0.25 / 1 | 0.125 / 2 | 0.0625 / 4 |" in md

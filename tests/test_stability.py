@@ -388,14 +388,12 @@ def test_the_bleu_figure_per_architecture(tmp_path):
         write_run(tmp_path, "postln", 1e-3, 100, seed, final=2.9, bleu=12.0)
     from fairseq_lnpos.analysis.map_figures import bleu_points, plot_bleu
 
-    objs = S.rows(S.make_cells(runs_frame(tmp_path)))
-    points = bleu_points(objs)
+    cells = S.make_cells(runs_frame(tmp_path))
+    points = bleu_points(cells)
     assert points[6][0] == [("postln", 1.0, 0.0, 2.0, False), ("preln", 27.5, 27.0, 28.0, True)]
     assert points[6][100] == [("postln", 12.0, 12.0, 12.0, True)]
-    assert plot_bleu(objs, tmp_path / "bleu.png").read_bytes()[:4] == b"\x89PNG"
-    for c in objs:
-        c.bleu = None
-    assert plot_bleu(objs, tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+    assert plot_bleu(cells, tmp_path / "bleu.png").read_bytes()[:4] == b"\x89PNG"
+    assert plot_bleu(cells.assign(bleu=math.nan), tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
 
 
 def test_a_run_with_an_outcome_but_no_config_is_not_dropped_without_a_word(sweep, capsys):

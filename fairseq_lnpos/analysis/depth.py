@@ -1,30 +1,17 @@
-"""The stability map along depth: how deep each architecture trains (``scripts/stability_map.sh``).
-
-For a map of more than one depth (``scripts/grid.sh sweep --depth-map``):
-
-- the largest good depth per architecture, warm-up and learning rate: the deepest model of the
-  grid whose cell is good against every cell at its depth (:mod:`.verdict`), and the deepest that trains, in OUT/largest_depth.csv and the
-  Markdown, beside the final loss at every depth;
-- OUT/depth_loss.png: final validation loss against depth (log axis), one line per architecture,
-  one panel per warm-up and learning rate, error bars the seeds' min-max; cells that are not good
-  hollow, cells whose every seed diverged or stopped an x at the unigram bits.
-
-For any map whose runs recorded them:
-
-- the first / last layer gradient-norm ratio over the first :data:`GRAD_UPDATES` updates, per
-  encoder and decoder (:func:`grad_ratios`, from ``<save-dir>/grad_norms.jsonl`` of
-  ``--task translation_lnpos --log-grad-norms``): Keel's claim is that Post-LN's gradients vanish
-  towards the input as depth grows, i.e. this ratio falls with depth;
-- peak memory (the resident set of fairseq-train, CUDA's peak on a GPU) and training time
-  (DONE.json).
-"""
+"""The stability map along depth (``scripts/stability_map.sh``). For a map of more than one depth
+(``scripts/grid.sh sweep --depth-map``): the largest good depth per architecture, warm-up and learning
+rate (the deepest cell good against every cell at its depth, :mod:`.verdict`; and the deepest that
+trains) in OUT/largest_depth.csv and the Markdown, and OUT/depth_loss.png (:func:`plot`). For any map
+whose runs recorded them: the first / last layer gradient-norm ratio over the first :data:`GRAD_UPDATES`
+updates (:func:`grad_ratios`; Keel's claim is that Post-LN's gradients vanish towards the input as depth
+grows, i.e. this ratio falls with depth), peak memory and training time (DONE.json)."""
 from pathlib import Path
 
 from ..common import FONT, GRAD_NORMS_JSONL, write_text
 from ..errors import StateError
 from ..experiments.runs import warmup_label
 from ..variants import variant_color
-from .map_common import axis, frame_of, label, lost, missing, nll_text, panels, pivot, save
+from .map_common import axis, label, lost, missing, nll_text, panels, pivot, save
 from .train_curves import read_jsonl
 
 GRAD_UPDATES = 10  # "the first updates": the ratio is summed over updates 1 .. GRAD_UPDATES
@@ -56,17 +43,17 @@ def grad_ratios(save_dir, layers, updates=GRAD_UPDATES):
 # ---------------------------------------------------------------- along depth
 
 LINE = ["variant", "warmup", "lr"]  # a line along depth: one architecture, warm-up and learning rate
+TRAINS = lambda c: c.trains  # noqa: E731
 
 
 def along_depth(cells):
     """Whether the map has more than one depth (its depth sections and figure)."""
-    return len(cells) > 0 and frame_of(cells)["layers"].nunique() > 1
+    return len(cells) > 0 and cells["layers"].nunique() > 1
 
 
 def largest_depth(cells, ok=lambda c: c.good_depth == True):  # noqa: E712  (None: unknown, not good)
     """{(variant, warmup, lr): (the deepest depth whose cell is ``ok`` (default: good) or None,
     [shallower depths that are not])}; {} for a map of one depth."""
-    cells = frame_of(cells)
     if not along_depth(cells):
         return {}
     cells = cells.assign(ok=cells.apply(ok, axis=1).astype(bool))
@@ -80,16 +67,14 @@ def largest_depth(cells, ok=lambda c: c.good_depth == True):  # noqa: E712  (Non
 
 def _fmt_depth(value, deepest):
     top, gaps = value
-    if top is None:
-        return "-"
-    return f"{top}" + (" (deepest run)" if top == deepest else "") + (f" (not {', '.join(map(str, gaps))})" if gaps else "")
+    return "-" if top is None else (f"{top}" + (" (deepest run)" if top == deepest else "")
+                                    + (f" (not {', '.join(map(str, gaps))})" if gaps else ""))
 
 
 def write_csv(cells, path):
     """OUT/largest_depth.csv: one row per architecture, warm-up and learning rate: its depths, the
     largest good depth, the shallower ones not good, the largest that trains."""
-    cells = frame_of(cells)
-    trains = largest_depth(cells, lambda c: c.trains)
+    trains = largest_depth(cells, TRAINS)
     depths = cells.groupby(LINE, sort=False)["layers"].agg(lambda s: " ".join(map(str, sorted(s))))
     t = type(cells)([(label(v), v, w, lr, depths[v, w, lr], top, " ".join(map(str, gaps)), trains[v, w, lr][0])
                      for (v, w, lr), (top, gaps) in largest_depth(cells).items()],
@@ -109,20 +94,18 @@ def _cell_loss(c):
 
 
 def _memory(m):
-    parts = ([f"RSS {m.rss:.0f}"] if not missing(m.rss) else []) + ([f"CUDA {m.cuda:.0f}"] if not missing(m.cuda) else [])
-    return ", ".join(parts + ([f"{m.seconds:.0f} s"] if not missing(m.seconds) else []))
+    return ", ".join(f.format(v) for f, v in (("RSS {:.0f}", m.rss), ("CUDA {:.0f}", m.cuda),
+                                              ("{:.0f} s", m.seconds)) if not missing(v))
 
 
 def markdown(cells):
     """The depth sections of the map's Markdown (none for what the runs did not record)."""
-    cells = frame_of(cells)
     if cells.empty:
         return []
     cells = cells.assign(label=cells["variant"].map(label))
-    lines = []
+    lines, by_depth = [], lambda t: pivot(t, "label", "layers", "text", "architecture \\ layers")  # noqa: E731
     if along_depth(cells):
-        deepest = cells["layers"].max()
-        trains = largest_depth(cells, lambda c: c.trains)
+        deepest, trains = cells["layers"].max(), largest_depth(cells, TRAINS)
         t = type(cells)([(f"{label(v)}, warm-up {warmup_label(w)}", lr, f"{_fmt_depth(top, deepest)} / "
                           f"{_fmt_depth(trains[v, w, lr], deepest)}") for (v, w, lr), top in largest_depth(cells).items()],
                         columns=["label", "lr", "text"])
@@ -130,21 +113,19 @@ def markdown(cells):
                   "The deepest model of the grid whose cell is good against every cell at its depth (the rules above); '(not N)': shallower depths "
                   "that were not good; '-': none. Beside it, after '/', the deepest that trains (the lax rule alone).",
                   ""] + pivot(t, "label", "lr", "text", "architecture", lambda lr: f"lr {lr:g}")
-        text = cells.assign(text=cells.apply(_cell_loss, axis=1))
-        for (w, lr), panel in text.groupby(["warmup", "lr"]):
+        for (w, lr), panel in cells.assign(text=cells.apply(_cell_loss, axis=1)).groupby(["warmup", "lr"]):
             lines += ["", f"### Final validation NLL along depth, warm-up {warmup_label(w)}, lr {lr:g} (bits)", "",
                       "**NLL**: good at its depth; NLL: trains, not good; (NLL): does not train; [min to max] over "
-                      "the seeds; n seeds; ?: the seeds disagree; x: diverged; s: stopped early.", ""]
-            lines += pivot(panel, "label", "layers", "text", "architecture \\ layers")
+                      "the seeds; n seeds; ?: the seeds disagree; x: diverged; s: stopped early.", ""] + by_depth(panel)
     by = cells.groupby(["label", "layers"], sort=False)
     ratios = by[["grad_ratio_encoder", "grad_ratio_decoder"]].median().dropna(how="all").reset_index()
     if len(ratios):
-        ratios["text"] = [f"{e:.3g} / {d:.3g}" for e, d in zip(ratios["grad_ratio_encoder"], ratios["grad_ratio_decoder"])]
         lines += ["", "## Gradient norms along depth: first / last layer", "",
                   f"The first layer's gradient norm over the last layer's (whole layers), summed over updates 1-"
                   f"{GRAD_UPDATES}, encoder / decoder; median over the learning rates, warm-ups and seeds of that "
                   f"architecture and depth. Below 1: gradients shrink towards the input.", ""]
-        lines += pivot(ratios, "label", "layers", "text", "architecture \\ layers")
+        lines += by_depth(ratios.assign(text=[f"{e:.3g} / {d:.3g}" for e, d in zip(ratios["grad_ratio_encoder"],
+                                                                                   ratios["grad_ratio_decoder"])]))
     memory = by.agg(rss=("peak_rss_mb", "max"), cuda=("cuda_peak_mb", "max"), seconds=("train_seconds", "mean"))
     if memory[["rss", "cuda"]].notna().any(axis=None):
         memory = memory.dropna(how="all").reset_index()
@@ -152,8 +133,7 @@ def markdown(cells):
                   "Peak resident set of fairseq-train (MB; its own process, not the data loader's) and CUDA's peak "
                   "(MB, fairseq's per-update torch.cuda.max_memory_allocated) where it ran on a GPU, the largest over "
                   "the learning rates, warm-ups and seeds; and the mean training wall time (s).", ""]
-        lines += pivot(memory.assign(text=[_memory(m) for m in memory.itertuples()]), "label", "layers", "text",
-                       "architecture \\ layers")
+        lines += by_depth(memory.assign(text=[_memory(m) for m in memory.itertuples()]))
     return lines
 
 
@@ -163,8 +143,6 @@ def plot(cells, path):
     """OUT/depth_loss.png: the final NLL against depth, a panel per warm-up and learning rate, a line per
     architecture; filled: good at its depth, hollow: not, x: every seed diverged or stopped (at the
     unigram bits); bars the seeds' min-max."""
-    cells = frame_of(cells)
-    depths = sorted(cells["layers"].unique())
     by_panel = cells.groupby(["warmup", "lr"])
     fig, axes = panels(by_panel.ngroups, max(4.4, 6.4 / by_panel.ngroups), 4.0, sharey=True)
     for ax, ((w, lr), panel) in zip(axes[0], by_panel):
@@ -179,7 +157,8 @@ def plot(cells, path):
             bars = ok[ok["finished"] > 1]
             ax.errorbar(bars["layers"], bars["nll"], yerr=[bars["nll"] - bars["nll_min"], bars["nll_max"] - bars["nll"]],
                         fmt="none", color=color, capsize=2, lw=1)
-        axis(ax, f"warm-up {warmup_label(w)}, lr {lr:g}", "layers (encoder = decoder)", depths, base=2)
+        axis(ax, f"warm-up {warmup_label(w)}, lr {lr:g}", "layers (encoder = decoder)", sorted(cells["layers"].unique()),
+             base=2)
     axes[0][0].set_ylabel("final validation NLL (bits per token)", fontsize=FONT)
     save(fig, path, "Final validation NLL against depth, per architecture: filled = good at its depth, hollow = not "
                     "good,\nx = diverged or stopped (at the unigram bits); bars = the seeds' min-max",

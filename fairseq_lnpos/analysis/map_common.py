@@ -1,24 +1,11 @@
-"""What the reports share: the cells of a map as a frame in the registry's order, a cell's words,
-Markdown tables and the figures' setup (stability.py, depth.py, map_figures.py, report.py)."""
+"""What the map reports share (stability.py, depth.py, map_figures.py, report.py): the registry's order,
+a cell's words, Markdown tables and the figures' setup."""
 import math
 
 from ..common import FONT, legend_right, write_figure
 from ..variants import VARIANTS
 
 RANK = {v: i for i, v in enumerate(VARIANTS)}  # architectures in the registry's order (Post-LN, Pre-LN, ...)
-# the cells' numbers (stability.make_cells); None in a cell's object is NaN in the frame
-NUMBERS = ("nll", "nll_min", "nll_max", "bleu", "bleu_min", "bleu_max", "unigram_bits", "grad_ratio_encoder",
-           "grad_ratio_decoder", "peak_rss_mb", "cuda_peak_mb", "train_seconds")
-
-
-def frame_of(cells):
-    """A map's cells as a DataFrame: ``cells`` itself, or the objects of ``stability.rows``."""
-    import pandas as pd
-
-    if isinstance(cells, pd.DataFrame):
-        return cells
-    df = pd.DataFrame([vars(c) for c in cells])
-    return df.astype({c: float for c in NUMBERS if c in df})
 
 
 def ordered(df, *by):
@@ -52,10 +39,9 @@ def lost(c):
 def markdown_table(df):
     """``df`` as Markdown lines, its columns the header, every cell as text ('|' written '/'). Unlike
     DataFrame.to_markdown, columns are not padded: a line of a table can be found by its text."""
-    cells = [["" if missing(v) else str(v).replace("|", "/") for v in row]
-             for row in df.itertuples(index=False)]
     return (["| " + " | ".join(map(str, df.columns)) + " |", "|---" * len(df.columns) + "|"]
-            + ["| " + " | ".join(row) + " |" for row in cells])
+            + ["| " + " | ".join("" if missing(v) else str(v).replace("|", "/") for v in row) + " |"
+               for row in df.itertuples(index=False)])
 
 
 def pivot(df, index, columns, values, corner, col_fmt=str):
@@ -95,15 +81,12 @@ def axis(ax, title, xlabel, log_ticks=None, base=10):
     ax.grid(alpha=0.3)
 
 
-LEGEND_INCHES = 2.0  # the width a legend right of the axes takes
-
-
 def save(fig, path, title=None, legend_from=None):
     """Title, lay out, write (dpi 90, :func:`~fairseq_lnpos.common.write_figure`) and close a figure of
-    the map; with ``legend_from`` (axes) the legend of its lines right of all axes."""
+    the map; with ``legend_from`` (axes) the legend of its lines right of all axes, in 2 inches."""
     if title:
         fig.suptitle(title, fontsize=FONT)
-    right = 1 - LEGEND_INCHES / fig.get_figwidth() if legend_from is not None else 1
+    right = 1 - 2.0 / fig.get_figwidth() if legend_from is not None else 1
     fig.tight_layout(rect=(0, 0, right, 1))
     if legend_from is not None:
         legend_right(fig, legend_from, right)

@@ -1,7 +1,6 @@
-"""The stability map's figures (``scripts/stability_map.sh``, :mod:`.stability`), views of its cells
-(a DataFrame, or the objects of ``stability.rows``): the heatmaps per architecture and depth, the
-overview of every architecture, the test BLEU, the loss against the learning rate with the seeds'
-min-max, and the LR sensitivity against depth."""
+"""The stability map's figures (``scripts/stability_map.sh``), views of its cells (the DataFrame of
+:func:`.stability.make_cells`): heatmaps per architecture and depth, the overview of every architecture,
+test BLEU, the loss against the learning rate and the LR sensitivity against depth."""
 import math
 
 import numpy as np
@@ -9,7 +8,7 @@ import numpy as np
 from ..common import FONT
 from ..experiments.runs import warmup_label
 from ..variants import variant_color
-from .map_common import RANK, axis, frame_of, label, missing, num, ordered, panels, pyplot, save
+from .map_common import RANK, axis, label, missing, num, ordered, panels, pyplot, save
 
 VERDICT_MARK = {"good": "G", "poor": "p", "no-train": "-", "NA": "·"}
 KEY = ("The mark: G good against its architecture's cells (white frame), + also against every cell at that "
@@ -69,7 +68,6 @@ def _range(cells):
 
 def plot_heatmaps(cells, path):
     """One panel per (depth, architecture): rows warm-up, columns learning rate."""
-    cells = frame_of(cells)
     variants, depths = list(dict.fromkeys(ordered(cells, "variant")["variant"])), sorted(cells["layers"].unique())
     fig, axes = pyplot().subplots(len(depths), len(variants), squeeze=False,
                                   figsize=(3.6 * len(variants), 3.0 * len(depths)))
@@ -92,7 +90,6 @@ def plot_heatmaps(cells, path):
 def plot_overview(cells, path):
     """OUT/stability_overview.png: every architecture in one heatmap per depth (rows architecture,
     columns warm-up x learning rate): the mean final loss, its verdict mark and n."""
-    cells = frame_of(cells)
     depths = sorted(cells["layers"].unique())
     cols = cells[["warmup", "lr"]].drop_duplicates()
     fig, axes = pyplot().subplots(1, len(depths), squeeze=False, figsize=(
@@ -111,7 +108,6 @@ def bleu_points(cells):
     """{layers: {warmup: [(variant, mean, min, max, good)]}}: the test tok BLEU (last scored epoch) of
     the cells that have one, per depth and warm-up, architectures in registry order, the learning
     rate of each architecture's best-BLEU cell of that warm-up."""
-    cells = frame_of(cells)
     scored = cells[cells["bleu"].notna()]
     best = ordered(scored.loc[scored.groupby(["layers", "warmup", "variant"])["bleu"].idxmax()], "layers", "warmup",
                    "variant")
@@ -155,7 +151,6 @@ def plot_bleu(cells, path):
 def plot_loss_vs_lr(cells, path):
     """OUT/loss_vs_lr.png: the final loss against the learning rate, one line per architecture, one
     panel per depth and warm-up, error bars the seeds' min-max."""
-    cells = frame_of(cells)
     done = ordered(cells[cells["nll"].notna()], "variant", "lr")
     by_panel = done.groupby(["layers", "warmup"])
     fig, axes = panels(by_panel.ngroups, 5.2, 4.2, sharey=True)

@@ -2,21 +2,15 @@
 
     scripts/stability_map.sh OUT [--trains F] [--margin BITS] [--alpha A] [--no-figures]
                                  [--allow-mixed-code] [--publish DIR]
-    scripts/stability_map.sh --runs-csv runs.csv ...   (a published map, re-judged)
+    scripts/stability_map.sh --runs-csv runs.csv --out-dir DIR ...   (a published map, re-judged)
 
-Reads every run folder ``OUT/NAME/seedS/`` the grid writes into the table of every run
-(:func:`~.frame.runs_frame`); the runs of one cell (architecture, depth, warm-up, learning rate) are
-its seeds. The map's axes are its only differences: runs that differ in another setting, a cell with
-the same seed twice, and runs of different model code (unless --allow-mixed-code) are refused.
-Each cell: its seeds' outcomes, the mean, spread and range of the final validation NLL (bits, no
-label smoothing), test BLEU where scored, and the verdicts of :mod:`.verdict` (trains; good against
-its own architecture's cells, good against every cell at its depth).
-
-Writes into OUT: runs.csv (one row per run: every setting, outcome, number and provenance),
-cells.csv (one row per cell), stability.md (printed too) and, unless --no-figures,
-stability_overview.png, stability_heatmaps.png, loss_vs_lr.png, bleu.png (where scored),
-sensitivity_vs_depth.png and, for more than one depth, depth_loss.png and largest_depth.csv.
-``--publish DIR`` writes the same as a results page (:mod:`.publish`).
+The runs of OUT/NAME/seedS/ (:func:`~.frame.runs_frame`) that share architecture, depth, warm-up and
+learning rate are one cell, its seeds; runs that differ in another setting, a cell with a seed twice
+and runs of different model code (unless --allow-mixed-code) are refused. Each cell: its seeds'
+outcomes, the final validation NLL's mean, spread and range (bits, no label smoothing), test BLEU
+where scored, and the verdicts of :mod:`.verdict`. Writes into OUT: runs.csv (a row per run),
+cells.csv (a row per cell), stability.md (printed too) and, unless --no-figures, the figures of
+:mod:`.map_figures` and :mod:`.depth`; ``--publish DIR`` also writes a results page (:mod:`.publish`).
 """
 import math
 import sys
@@ -25,12 +19,11 @@ from types import SimpleNamespace
 
 from ..common import write_text
 from ..cli import CommandParser
-from ..errors import LnposError, run_main
+from ..errors import check, run_main
 from ..experiments.runs import warmup_label
-from ..variants import VARIANTS
 from . import depth, verdict as V
 from .frame import COUNTED, check_model_code, check_one_experiment, read_runs_csv, runs_frame, write_runs_csv
-from .map_common import lost, nll_text, num, ordered, pivot
+from .map_common import label, lost, nll_text, num, ordered, pivot
 from .map_figures import cell_mark
 from .publish import argv_of
 
@@ -40,8 +33,6 @@ SENSITIVITY = ("LR sensitivity (after Wortsman et al. 2023, \"Small-scale proxie
                "the best final NLL on the grid, per architecture, depth and warm-up; a run that diverged or was "
                "stopped counts as the unigram bits; seeds are averaged per learning rate. 0: every learning rate "
                "of the grid reached the best.")
-
-
 # how a cell sums up its seeds' runs, in the order of cells.csv (after ``seeds``, before the finished seeds' NLL)
 OVER_SEEDS = {"diverged": "sum", "stopped": "sum", "finished": "sum", "seeds_train": "sum", "unigram_bits": "mean",
               "initial_loss": "mean", "grad_ratio_encoder": "mean", "grad_ratio_decoder": "mean", "peak_rss_mb": "max",
@@ -53,62 +44,56 @@ def order(frame):
     return ordered(frame, *KEYS).reset_index(drop=True)
 
 
+def counted(runs):
+    """The runs a cell counts: finished, diverged or stopped early."""
+    return runs[runs["outcome"].isin(COUNTED)]
+
+
 def make_cells(runs, trains=V.DEFAULT_TRAINS, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
-    """The cells of the runs that finished, diverged or were stopped early (a DataFrame, one row per
-    cell) with their seeds' statistics and verdicts (:mod:`.verdict`)."""
-    counted = runs[runs["outcome"].isin(COUNTED)]
-    counted = counted.assign(diverged=counted["outcome"] == "diverged", stopped=counted["outcome"] == "stopped early",
-                             finished=counted["outcome"] == "finished")
-    counted = counted.assign(seeds_train=counted["finished"] & (counted["nll_ratio"] <= trains))
-    cells = counted.groupby(KEYS).agg(seeds=("seed", "size"), **{c: (c, f) for c, f in OVER_SEEDS.items()})
-    stats = counted[counted["finished"]].groupby(KEYS).agg(
-        nll=("final_valid_nll", "mean"), nll_var=("final_valid_nll", "var"), nll_min=("final_valid_nll", "min"),
-        nll_max=("final_valid_nll", "max"), loss=("final_valid_loss", "mean"), bleu=("bleu_tok", "mean"),
-        bleu_min=("bleu_tok", "min"), bleu_max=("bleu_tok", "max"))
-    cells = cells.join(stats).reset_index()
+    """The cells of the counted runs (a DataFrame, a row per cell) with their seeds' statistics and
+    verdicts (:mod:`.verdict`); ``verdict`` in a word against its own architecture."""
+    import numpy as np
+    import pandas as pd
+
+    runs = counted(runs)
+    runs = runs.assign(diverged=runs["outcome"] == "diverged", stopped=runs["outcome"] == "stopped early",
+                       finished=runs["outcome"] == "finished")
+    runs = runs.assign(seeds_train=runs["finished"] & (runs["nll_ratio"] <= trains))
+    cells = runs.groupby(KEYS).agg(seeds=("seed", "size"), **{c: (c, f) for c, f in OVER_SEEDS.items()})
+    nll, bleu = "final_valid_nll", "bleu_tok"
+    cells = cells.join(runs[runs["finished"]].groupby(KEYS).agg(
+        nll=(nll, "mean"), nll_var=(nll, "var"), nll_min=(nll, "min"), nll_max=(nll, "max"),
+        loss=("final_valid_loss", "mean"), bleu=(bleu, "mean"), bleu_min=(bleu, "min"), bleu_max=(bleu, "max"))
+    ).reset_index()
     cells["nll_sd"] = cells["nll_var"] ** 0.5
     cells["trains"] = (cells["finished"] == cells["seeds"]) & (cells["nll"] <= trains * cells["unigram_bits"])
     cells["disagree"] = (cells["seeds_train"] > 0) & (cells["seeds_train"] < cells["seeds"])
     trained = cells[cells["trains"]]
     prior = V.variance_prior(trained["nll_var"].fillna(0), trained["finished"] - 1)
     for family, keys in V.FAMILIES.items():
-        cells[f"good_{family}"] = None
-        cells[f"gap_{family}"] = math.nan
-        for _, idx in trained.groupby(list(keys) if len(keys) > 1 else keys[0]).groups.items():
-            fam = cells.loc[idx]
-            verdicts = V.good(fam["nll"].to_numpy(), fam["nll_var"].to_numpy(), fam["finished"].to_numpy(),
-                              prior, margin, alpha, lone=True)
-            for i, g in zip(idx, verdicts):
-                cells.at[i, f"good_{family}"] = g
-            cells.loc[idx, f"gap_{family}"] = fam["nll"] - fam["nll"].min()
-        cells.loc[~cells["trains"], f"good_{family}"] = False
-    cells["verdict"] = [_verdict(c) for c in cells.itertuples()]
+        by = trained.groupby(list(keys))
+        good = {i: g for _, f in by for i, g in zip(f.index, V.good(
+            f["nll"].to_numpy(), f["nll_var"].to_numpy(), f["finished"].to_numpy(), prior, margin, alpha, lone=True))}
+        cells[f"good_{family}"] = pd.Series([good.get(i, False) for i in cells.index], cells.index, dtype=object)
+        cells[f"gap_{family}"] = trained["nll"] - by["nll"].transform("min")
+    own, lost_all = cells["good_own"], cells["diverged"] + cells["stopped"] == cells["seeds"]
+    cells["verdict"] = np.select([cells["diverged"] == cells["seeds"], lost_all, ~cells["trains"], own.isna(),
+                                  own == True], ["diverged", "stopped", "no-train", "NA", "good"], "poor")  # noqa: E712
     cells.attrs["prior"] = prior
     return order(cells)
 
 
-def _verdict(c):
-    """A cell's verdict against its own architecture, in a word."""
-    if c.diverged == c.seeds:
-        return "diverged"
-    if c.stopped + c.diverged == c.seeds:
-        return "stopped"
-    if not c.trains:
-        return "no-train"
-    return "NA" if c.good_own is None else "good" if c.good_own else "poor"
-
-
 def rows(cells):
-    """The cells as objects with attributes (None for a missing number), as the figures read them."""
+    """The cells as objects with attributes (None for a missing number), as the tables read them."""
     return [SimpleNamespace(**{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()})
             for r in cells.to_dict("records")]
 
 
 def lr_sensitivity(runs):
     """{(variant, layers, warmup): the LR sensitivity over the learning rates run (:data:`SENSITIVITY`)}."""
-    counted = runs[runs["outcome"].isin(COUNTED)]
-    final = counted["final_valid_nll"].where(counted["outcome"] == "finished", counted["unigram_bits"])
-    by_lr = counted.assign(final=final, clipped=final.clip(upper=counted["unigram_bits"])).groupby(KEYS)[
+    runs = counted(runs)
+    final = runs["final_valid_nll"].where(runs["outcome"] == "finished", runs["unigram_bits"])
+    by_lr = runs.assign(final=final, clipped=final.clip(upper=runs["unigram_bits"])).groupby(KEYS)[
         ["final", "clipped"]].mean()
     per = by_lr.groupby(["variant", "layers", "warmup"])
     return {k: float(v) for k, v in (per["clipped"].mean() - per["final"].min()).dropna().items()}
@@ -132,15 +117,13 @@ def _texts(cells, fmt):
 
 def overview_table(cells):
     """One table per depth: rows architecture, columns warm-up and learning rate."""
-    lines = []
-    columns = sorted(set(zip(cells["warmup"], cells["lr"])))
+    lines, columns = [], sorted(set(zip(cells["warmup"], cells["lr"])))
     names = {i: f"wu {warmup_label(w)}, lr {lr:g}" for i, (w, lr) in enumerate(columns)}
     for d, at in cells.groupby("layers"):
-        at = _texts(at, cell_mark).assign(architecture=at["variant"].map(lambda v: VARIANTS[v].label),
+        at = _texts(at, cell_mark).assign(architecture=at["variant"].map(label),
                                           column=[columns.index(k) for k in zip(at["warmup"], at["lr"])])
-        present = {i: names[i] for i in sorted(set(at["column"]))}
         lines += [f"## Overview, {d} layers: final validation NLL (bits), mean n seeds, verdict", ""]
-        lines += pivot(at, "architecture", "column", "text", "architecture", col_fmt=present.get) + [""]
+        lines += pivot(at, "architecture", "column", "text", "architecture", col_fmt=names.get) + [""]
     return lines
 
 
@@ -154,24 +137,22 @@ def largest_lr(cells, column):
 def _arch_table(values, fmt, cells):
     """{(variant, layers, warmup): value} as a table: a row per architecture and depth, a column per
     warm-up, then the architecture's best NLL and the best at that depth (cells that train)."""
-    warmups = sorted({w for _, _, w in values})
-    trained = cells[cells["trains"]]
-    own = trained.groupby(["variant", "layers"])["nll"].min()
-    at_depth = trained.groupby("layers")["nll"].min()
+    warmups, trained = sorted({w for _, _, w in values}), cells[cells["trains"]]
+    own, at_depth = trained.groupby(["variant", "layers"])["nll"].min(), trained.groupby("layers")["nll"].min()
     lines = ["| architecture | layers | " + " | ".join(f"warm-up {warmup_label(w)}" for w in warmups)
              + " | its best NLL | best at this depth |", "|---|---|" + "---|" * (len(warmups) + 2)]
     for v, layers in dict.fromkeys((v, l) for v, l, _ in values):
         row = [fmt(values[v, layers, w]) if (v, layers, w) in values else "" for w in warmups]
-        lines.append(f"| {VARIANTS[v].label} | {layers} | " + " | ".join(row)
+        lines.append(f"| {label(v)} | {layers} | " + " | ".join(row)
                      + f" | {num(own.get((v, layers)))} | {num(at_depth.get(layers))} |")
     return lines
 
 
 def cost_line(runs):
     """The training time of the counted runs: CPU seconds where recorded, and wall seconds."""
-    counted = runs[runs["outcome"].isin(COUNTED)]
-    cpu = counted["train_cpu_seconds"].dropna()
-    text = f"Training time of the {len(counted)} counted runs: {counted['train_seconds'].sum():.0f} s wall (summed over runs)"
+    runs = counted(runs)
+    cpu = runs["train_cpu_seconds"].dropna()
+    text = f"Training time of the {len(runs)} counted runs: {runs['train_seconds'].sum():.0f} s wall (summed over runs)"
     if len(cpu):
         text += f"; CPU time recorded by {len(cpu)} of them: {cpu.sum():.0f} s, {cpu.mean():.1f} s a run"
     return text + "."
@@ -196,7 +177,7 @@ def markdown(title, runs, cells, rules, code_line):
               "'trains'; x diverged, s stopped early.", ""]
     for (variant, layers), g in cells.groupby(["variant", "layers"], sort=False):
         g = _texts(g, cell_text).assign(wu=g["warmup"].map(warmup_label))
-        lines += [f"## {VARIANTS[variant].label}, {layers} layers: final validation NLL (bits)", ""]
+        lines += [f"## {label(variant)}, {layers} layers: final validation NLL (bits)", ""]
         lines += pivot(g, "wu", "lr", "text", "warm-up \\ lr", col_fmt=lambda lr: f"{lr:g}") + [""]
     lines += ["## Largest good learning rate per warm-up", "",
               "The largest learning rate whose cell is good against its own architecture's cells at that depth; "
@@ -255,33 +236,29 @@ def _main(argv):
     for name, value, ok, want in (("--trains", args.trains, 0 < args.trains <= 1, "a number in (0, 1]"),
                                   ("--margin", args.margin, args.margin >= 0, "a number of bits of at least 0"),
                                   ("--alpha", args.alpha, 0 < args.alpha < 1, "a number in (0, 1)")):
-        if not (math.isfinite(value) and ok):
-            raise LnposError(f"{name} {value}: give {want}")
-    if (args.out is None) == (args.runs_csv is None):
-        raise LnposError("give a sweep's folder OUT, or --runs-csv FILE with --out-dir DIR (one of the two)")
+        check(math.isfinite(value) and ok, f"{name} {value}: give {want}")
+    check((args.out is None) != (args.runs_csv is None),
+          "give a sweep's folder OUT, or --runs-csv FILE with --out-dir DIR (one of the two)")
     if args.runs_csv:
-        if not args.out_dir:
-            raise LnposError("--runs-csv needs --out-dir DIR: where to write the map")
+        check(args.out_dir, "--runs-csv needs --out-dir DIR: where to write the map")
         runs, out, title = read_runs_csv(args.runs_csv), Path(args.out_dir), args.runs_csv
         out.mkdir(parents=True, exist_ok=True)
     else:
         out = Path(args.out)
         runs, title = runs_frame(out, "the output folder of a sweep (OUT/NAME/seedS/)"), str(out)
     check_one_experiment(title, runs)
-    code_line = check_model_code(runs, args.allow_mixed_code)
-    rules = (args.trains, args.margin, args.alpha)
+    code_line, rules = check_model_code(runs, args.allow_mixed_code), (args.trains, args.margin, args.alpha)
     cells = make_cells(runs, *rules)
     md = markdown(title, runs, cells, rules, code_line)
     written = write_map(out, runs, cells, md, not args.no_figures)
     if args.publish:
         from .publish import publish
 
-        page = publish(args.publish, f"Stability map: {Path(title).name}", md, runs, written, argv_of("stability_map.sh", argv))
-        written.append(page)
+        written.append(publish(args.publish, f"Stability map: {Path(title).name}", md, runs, written,
+                               argv_of("stability_map.sh", argv)))
     print(md, end="")
-    if cells.empty:
-        raise LnposError(f"{title}: no run finished, diverged or was stopped early, so there is no map "
-                         f"(the runs are listed in {out / 'stability.md'}): run or resume the sweep first")
+    check(not cells.empty, f"{title}: no run finished, diverged or was stopped early, so there is no map "
+                           f"(the runs are listed in {out / 'stability.md'}): run or resume the sweep first")
     return 0
 
 
