@@ -1,14 +1,9 @@
-"""Aggregating seeds: one estimator for every map and table of the project.
-
-A cell (or a table row) run with n seeds is reported as n, the mean, the range (min to max) and a
-95 % confidence interval of the mean, Student's t: mean +- t(0.975, n-1) * s / sqrt(n), with s the
-sample standard deviation (n-1 in the denominator), clipped to the metric's range where it has one
-(BLEU: 0 to 100). With one seed there is no interval ("1 seed"); with two, t(0.975, 1) = 12.7 makes
-the interval say nothing a reader can use, so none is given ("no interval from 2 seeds"); from three
-seeds on it is printed.
-"""
+"""Aggregating seeds: one estimator for every map and table of the project (:data:`ESTIMATOR`). A
+cell or table row of n seeds: n, the mean, min to max and a 95 % CI of the mean, Student's t on the
+sample standard deviation, clipped to the metric's range (BLEU: 0 to 100). With two seeds t(0.975, 1)
+= 12.7 makes the interval say nothing a reader can use: it is printed from three seeds on."""
 import math
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 ESTIMATOR = ("n seeds; mean; min to max; 95 % CI of the mean: mean +- t(0.975, n-1) s/sqrt(n) (Student's t, "
              "s the sample standard deviation), clipped to the metric's range; no CI for one or two seeds")
@@ -36,13 +31,11 @@ class Spread:
         or ``mean (1 seed)``."""
         if self.n == 1:
             return f"{self.mean:{fmt}} (1 seed)"
-        if self.n == 2:
-            return f"{self.mean:{fmt}} ({self.min:{fmt}} to {self.max:{fmt}}, n=2; no interval from 2 seeds)"
-        return (f"{self.mean:{fmt}} ({self.min:{fmt}} to {self.max:{fmt}}, CI {self.ci_low:{fmt}} to {self.ci_high:{fmt}}, "
-                f"n={self.n})")
+        ci = "n=2; no interval from 2 seeds" if self.n == 2 else f"CI {self.ci_low:{fmt}} to {self.ci_high:{fmt}}, n={self.n}"
+        return f"{self.mean:{fmt}} ({self.min:{fmt}} to {self.max:{fmt}}, {ci})"
 
     def as_dict(self):
-        return dict(zip(STATS, (self.n, self.mean, self.min, self.max, self.sd, self.ci_low, self.ci_high)))
+        return dict(zip(STATS, astuple(self)))
 
 
 def over_seeds(frame, by, metrics):

@@ -1,36 +1,23 @@
-"""The maps' verdicts, stated once: on the validation NLL, each cell with its own variance, the
-number of cells and the choice of the best accounted for.
+"""The maps' verdicts, stated once: on the final validation NLL in bits (fairseq's ``valid_nll_loss``,
+without the label smoothing that adds about 1.3 bits to every cell), each cell (architecture, depth,
+warm-up, learning rate; its runs are its seeds) with its own variance, the number of cells and the
+choice of the best accounted for.
 
-The quantity is the final validation NLL in bits (fairseq's ``valid_nll_loss``: no label smoothing,
-which would add a constant of about 1.3 bits to every cell). A cell is one configuration
-(architecture, depth, warm-up, learning rate); its runs are its seeds.
-
-- **trains**: every seed of the cell ran to its end (none diverged or was stopped early) and the mean
-  NLL is at most ``trains`` (default :data:`DEFAULT_TRAINS`) times the unigram bits of the corpus
-  (:func:`~fairseq_lnpos.data.unigram.unigram_bits`: what a model that ignores source and context
-  reaches), so that one threshold means the same on every corpus.
-- **poor**: a cell that trains is poor when it is worse than some other cell of its family by more
-  than the practical ``margin`` (bits), with the error rate controlled over the whole family:
-  for every ordered pair (i, j) of the family's cells that train, the one-sided hypothesis
-  mu_i - mu_j <= margin is tested with Welch's t (each cell with its own variance, below), and the k (k - 1) tests
-  are corrected by Holm's step-down procedure at level ``alpha``; cell i is poor when one of its
-  hypotheses is rejected. No best cell is selected before testing, so the selection needs no
-  correction: when every cell of a family has the same mean, the chance that any cell is called
-  poor is at most ``alpha`` (:func:`false_poor_rate` checks it by simulation).
-- **each cell's variance**: its own sample variance, moderated towards a prior estimated from the
-  spread of the variances of the map's cells that train (Smyth 2004, "Linear models and empirical
-  Bayes methods for assessing differential expression", the limma estimator without covariates:
-  (d0 s0^2 + d_i s_i^2) / (d0 + d_i) on d0 + d_i degrees of freedom, at most the pooled df), but never
-  below its own: a cell whose seeds spread widely keeps its spread, one whose two or three seeds
-  happen to agree borrows the map's. A one-seed cell gets the prior (no prior: it is not compared,
-  its "good" is unknown, NA). Simulated (tests/test_verdict.py), identical cells are called poor in
-  at most 5 % of maps of 6 x 3, 19 x 3 and 23 x 2 seeds; the rates, also for cells whose spreads
-  differ, are published by ``python -m fairseq_lnpos.analysis.verdict --publish DIR``: where the
-  spreads differ much, two seeds are not enough to hold 5 %; run three where a verdict matters.
-- **good** = trains and not poor. Two families, two named verdicts: ``good_own`` among the cells of
-  the same architecture and depth (does this architecture need its warm-up or a smaller learning rate),
-  ``good_depth`` among every cell at that depth (is it as good as the best of any architecture there).
-- **seeds disagree**: some seeds of a cell train on their own and some do not.
+- **trains**: every seed ran to its end (none diverged or was stopped early) and the mean NLL is at
+  most ``trains`` times the corpus's unigram bits (:func:`~fairseq_lnpos.data.unigram.unigram_bits`,
+  what a model that ignores source and context reaches): one threshold for every corpus.
+- **poor**: worse than some other cell of its family that trains by more than ``margin`` bits: for
+  every ordered pair (i, j) the one-sided hypothesis mu_i - mu_j <= margin is tested with Welch's t,
+  the k (k - 1) tests Holm-corrected at ``alpha``. No best cell is selected before testing, so when
+  every cell has the same mean some cell is called poor at most ``alpha`` of the time.
+- **each cell's variance**: its sample variance moderated towards a prior estimated from the variances
+  of the map's cells that train (Smyth 2004, limma's estimator without covariates: (d0 s0^2 + d_i s_i^2)
+  / (d0 + d_i) on d0 + d_i df, at most the pooled df), never below its own; a one-seed cell gets the
+  prior (no prior: not compared, NA). Simulated (tests/test_verdict.py, ``python -m
+  fairseq_lnpos.analysis.verdict --publish DIR``), identical cells are called poor in at most 5 % of
+  maps of 6 x 3, 19 x 3 and 23 x 2 seeds; where the spreads differ much two seeds do not hold 5 %.
+- **good** = trains and not poor: ``good_own`` among the cells of the same architecture and depth,
+  ``good_depth`` among every cell at that depth. **seeds disagree**: some seeds train, some do not.
 """
 import math
 import sys
@@ -38,7 +25,7 @@ import sys
 import numpy as np
 
 from ..cli import CommandParser
-from ..errors import LnposError, run_main
+from ..errors import check, run_main
 
 # "trains": the final NLL at most this fraction of the unigram bits. On the demo's per-seed data
 # (docs/results/demo/runs.csv: unigram bits 6.26) the runs that learn end at 0.02-0.14 of it and
@@ -47,7 +34,6 @@ DEFAULT_TRAINS = 0.5
 DEFAULT_MARGIN = 0.1
 DEFAULT_ALPHA = 0.05
 FAMILIES = {"own": ("variant", "layers"), "depth": ("layers",)}
-FAMILY_WORDS = {"own": "the cells of the same architecture and depth", "depth": "every cell at that depth"}
 
 
 def describe(trains=DEFAULT_TRAINS, margin=DEFAULT_MARGIN, alpha=DEFAULT_ALPHA, prior=None):
@@ -61,28 +47,21 @@ def describe(trains=DEFAULT_TRAINS, margin=DEFAULT_MARGIN, alpha=DEFAULT_ALPHA, 
             f"(--trains). Poor: worse than another cell of its family by more than {margin:g} bit (--margin), "
             f"Welch's t (each cell its own variance, moderated but never below it), every ordered pair of the family tested, Holm-corrected at "
             f"{alpha:g} (--alpha): identical cells are called poor at most {alpha:.0%} of the time. Good: trains "
-            f"and not poor; good (own): against {FAMILY_WORDS['own']}; good (depth): against "
-            f"{FAMILY_WORDS['depth']}. '?': the seeds disagree on 'trains'; NA: one seed and no prior, not compared.{p}")
+            f"and not poor; good (own): against the cells of the same architecture and depth; good (depth): against "
+            f"every cell at that depth. '?': the seeds disagree on 'trains'; NA: one seed and no prior, not compared.{p}")
 
 
 # ---------------------------------------------------------------- the cells' variances
 
 def _trigamma_inverse(y):
-    """x with trigamma(x) = y (y > 0), by Newton's method as limma's trigammaInverse."""
+    """x with trigamma(x) = y (y > 0), as limma's trigammaInverse: Newton's method on 1 / trigamma."""
+    from scipy.optimize import newton
     from scipy.special import polygamma
 
-    if y > 1e7:
-        return 1 / math.sqrt(y)
-    if y < 1e-6:
-        return 1 / y
-    x = 0.5 + 1 / y
-    for _ in range(50):
-        tri = float(polygamma(1, x))
-        dif = tri * (1 - tri / y) / float(polygamma(2, x))
-        x += dif
-        if -dif / x < 1e-8:
-            break
-    return x
+    if y > 1e7 or y < 1e-6:
+        return 1 / math.sqrt(y) if y > 1e7 else 1 / y
+    return float(newton(lambda x: 1 / polygamma(1, x) - 1 / y, 0.5 + 1 / y, rtol=1e-10,
+                        fprime=lambda x: -polygamma(2, x) / polygamma(1, x) ** 2))
 
 
 def variance_prior(variances, dfs):
@@ -138,22 +117,17 @@ def pair_pvalues(means, variances, ns, dfs, margin):
         p = student.sf(diff / np.sqrt(se2), np.minimum(df, 1e12))
     p = np.where(se2 > 0, p, np.where(diff > 0, 0.0, 1.0))
     bad = ~np.isfinite(a) | (d == 0)
-    p[bad, :] = np.nan
-    p[:, bad] = np.nan
+    p[bad, :] = p[:, bad] = np.nan
     np.fill_diagonal(p, np.nan)
     return p
 
 
 def holm_rejects(p, alpha):
     """The Holm step-down rejections of the finite p-values of ``p`` (same shape, booleans)."""
-    flat = p.ravel()
-    idx = [i for i in np.argsort(flat, kind="stable") if math.isfinite(flat[i])]
-    rejected = np.zeros(flat.shape, bool)
-    m = len(idx)
-    for r, i in enumerate(idx):
-        if flat[i] > alpha / (m - r):
-            break
-        rejected[i] = True
+    flat, rejected = p.ravel(), np.zeros(p.size, bool)
+    idx = np.argsort(flat, kind="stable")
+    idx = idx[np.isfinite(flat[idx])]
+    rejected[idx] = np.cumprod(flat[idx] <= alpha / (len(idx) - np.arange(len(idx)))).astype(bool)
     return rejected.reshape(p.shape)
 
 
@@ -197,8 +171,7 @@ def false_poor_rate(cells, seeds, sims=2000, margin=0.0, alpha=DEFAULT_ALPHA, sd
     """The share of ``sims`` simulated families of ``cells`` identical cells of ``seeds`` seeds each
     (normal, standard deviation ``sd``; each cell's own sd drawn log-normally with ``sd_spread`` in
     log units) in which some cell is called poor, the variances' prior estimated from the family."""
-    rng = np.random.default_rng(seed)
-    hits = 0
+    rng, hits = np.random.default_rng(seed), 0
     for _ in range(sims):
         sds = sd * np.exp(sd_spread * rng.standard_normal(cells))
         x = rng.standard_normal((cells, seeds)) * sds[:, None]
@@ -215,8 +188,7 @@ SHAPES = ((6, 3), (19, 3), (23, 2), (6, 2))
 
 def check_table(sims=4000, spreads=(0.0, 0.5, 1.0)):
     """The false "poor" rates of :func:`false_poor_rate` at margin 0 for the maps' shapes, as Markdown."""
-    head = "| cells x seeds | " + " | ".join(f"sd spread {s:g}" for s in spreads) + " |"
-    lines = [head, "|---" * (len(spreads) + 1) + "|"]
+    lines = ["| cells x seeds | " + " | ".join(f"sd spread {s:g}" for s in spreads) + " |", "|---" * (len(spreads) + 1) + "|"]
     for cells, seeds in SHAPES:
         rates = [false_poor_rate(cells, seeds, sims=sims, sd_spread=s) for s in spreads]
         lines.append(f"| {cells} x {seeds} | " + " | ".join(f"{r:.1%}" for r in rates) + " |")
@@ -229,8 +201,7 @@ def _main(argv):
     p.add_argument("--sims", type=int, default=4000, help="maps simulated per shape (default: %(default)s)")
     p.add_argument("--publish", metavar="DIR", help="also write the table as a results page into DIR")
     args = p.parse_args(argv)
-    if args.sims < 100:
-        raise LnposError(f"--sims {args.sims}: give at least 100")
+    check(args.sims >= 100, f"--sims {args.sims}: give at least 100")
     md = "\n".join(["# The verdict's error rate, simulated", "",
                      f"Identical cells (the same mean), each cell's standard deviation 0.1 bit times exp(spread x N(0, 1)); "
                      f"margin 0, alpha {DEFAULT_ALPHA:g}; {args.sims} simulated maps per entry; the share of maps in which "

@@ -2,17 +2,18 @@
 
     scripts/make_table.sh OUT_DIR [--no-figures]
 
-Writes OUT_DIR/runs.csv (the table of every run, :mod:`~fairseq_lnpos.analysis.frame`: one row per run
-and seed with every setting, outcome, number and provenance), OUT_DIR/results.md (a row per run and seed, then a row per run over its seeds: n, mean,
-min-max and 95 % CI, :mod:`~fairseq_lnpos.analysis.seeds`), OUT_DIR/results.csv (per seed),
-OUT_DIR/results_by_run.csv (over seeds: a row per run and metric) and OUT_DIR/fig_<figure>.png (one per `figure`
-group of runs.py, and fig_all.png with every run when there are several groups: BLEU and
-validation loss per epoch, one column per optimizer, warm-up as line styles). "best" is the best epoch on the test set, as the paper's per-epoch curves show it;
-"selected" is the scored epoch of lowest validation NLL, chosen without the test set.
-A results.md or results.csv this command did not write (results.md without its first line
-:data:`MD_MARKER`, results.csv without its header) is never overwritten: it is an error.
+Writes into OUT_DIR: runs.csv (the table of every run, :mod:`~fairseq_lnpos.analysis.frame`), results.md
+(a row per run and seed, then a row per run over its seeds: n, mean, min-max and 95 % CI,
+:mod:`~fairseq_lnpos.analysis.seeds`), results.csv (per seed), results_by_run.csv (over seeds: a row per
+run and metric) and fig_<figure>.png per `figure` group of runs.py (and fig_all.png for several groups):
+BLEU and validation loss per epoch, a column per optimizer, warm-up as line styles. "best" is the best
+epoch on the test set, as the paper's per-epoch curves show it; "selected" the scored epoch of lowest
+validation NLL, chosen without the test set. A results.md or results.csv this command did not write
+(results.md without its first line :data:`MD_MARKER`, results.csv without its header) is never
+overwritten: it is an error.
 """
 import sys
+from itertools import product
 from pathlib import Path
 
 from ..analysis.frame import pandas, scores, tables, write_runs_csv
@@ -20,7 +21,7 @@ from ..analysis.map_common import markdown_table, missing, pyplot
 from ..analysis.seeds import ESTIMATOR, Spread, over_seeds as seeds_over_seeds
 from ..cli import CommandParser
 from ..common import FONT, integer_ticks, legend_right, plain_name, refuse_folder, write_figure, write_text
-from ..errors import LnposError, StateError, run_main
+from ..errors import StateError, check, run_main
 from . import runs as R
 from ..variants import VARIANTS, arch_names, variant_color
 from .migrate import EARLIER_CSV_HEADERS
@@ -53,13 +54,11 @@ RUN_FIELDS = ("optimizer", "lr", "warmup", "schedule", "paper_bleu", "paper_vali
 
 
 def collect(run_dirs):
-    """One dict per run folder of ``run_dirs`` (from :class:`~.rundir.RunRecord`), in the order of the run table:
-    the run's fields (:data:`RUN_FIELDS`), its scored epochs (:func:`~fairseq_lnpos.analysis.frame.scores`),
-    ``curve`` (its epoch records) and ``record``.
-
-    A row's ``status`` is its outcome in words (the column users see), ``outcome`` the
-    :class:`~.records.Outcome`'s value. A run folder with a file that cannot be read gives a row with
-    status ``unreadable: ...`` (the path and what to do) and ``unreadable`` set; nothing is skipped silently."""
+    """One dict per run folder of ``run_dirs`` (:class:`~.rundir.RunRecord`), in the order of the run table:
+    the run's fields (:data:`RUN_FIELDS`), its scores (:func:`~fairseq_lnpos.analysis.frame.scores`),
+    ``curve`` (its epoch records), ``record``, ``status`` (its outcome in words) and ``outcome`` (the
+    :class:`~.records.Outcome`'s value). A folder with a file that cannot be read gives a row with status
+    ``unreadable: ...`` (the path and what to do) and ``unreadable`` set; nothing is skipped silently."""
     order = {r.name: i for i, r in enumerate(R.RUNS)}
     rows = []
     for rd in run_dirs:
@@ -143,16 +142,13 @@ LINESTYLES = {"none": "-", "500": "--", "4000": ":"}
 def figures(rows, out_dir):
     """fig_<figure>.png per figure group of the rows with a curve (and fig_all.png for several): test BLEU
     and validation loss per epoch, a column per optimizer; returns the paths written."""
-    plt = pyplot()
-    written = []
-    groups = sorted({r["figure"] for r in rows})
+    plt, written, groups = pyplot(), [], sorted({r["figure"] for r in rows})
     for fig_name in groups + (["all"] if len(groups) > 1 else []):
         group = [r for r in rows if fig_name in ("all", r["figure"]) and r["curve"]]
         if not group:
             continue
-        opts = sorted({r["optimizer"] for r in group})
+        opts, seeds, markers = sorted({r["optimizer"] for r in group}), sorted({int(r["seed"]) for r in group}), {}
         fig, axes = plt.subplots(2, len(opts), figsize=(5 * len(opts) + 4, 7.5), squeeze=False)
-        markers, seeds = {}, sorted({int(r["seed"]) for r in group})
         for r in group:  # colour: the variant; line style: the warm-up; marker: the learning rate
             warm = R.warmup_label(r["warmup"])
             label = (f"{VARIANTS[r['ln']].label} lr {r['lr']:g} warm-up {warm}"
@@ -167,15 +163,14 @@ def figures(rows, out_dir):
         on = (f"data {', '.join(sorted({r['dataset'] for r in group}))}; size "
               f"{', '.join(sorted({names.get(r['arch'], (None, r['arch']))[1] for r in group}))}; "
               f"seeds {', '.join(map(str, seeds))}")
-        for col, opt in enumerate(opts):
-            for row, (what, ylabel) in enumerate((("test BLEU", f"test {TOK_LABEL}"),
-                                                  ("validation loss", "validation loss (bits per token)"))):
-                ax = axes[row][col]
-                ax.set_title(f"{fig_name}: {what} per LayerNorm placement, {opt}\n{on}", fontsize=FONT + 1)
-                ax.set_ylabel(ylabel, fontsize=FONT)
-                ax.set_xlabel("epoch", fontsize=FONT)
-                integer_ticks(ax.xaxis)
-                ax.grid(alpha=0.3)
+        for (col, opt), (row, (what, ylabel)) in product(enumerate(opts), enumerate(
+                (("test BLEU", f"test {TOK_LABEL}"), ("validation loss", "validation loss (bits per token)")))):
+            ax = axes[row][col]
+            ax.set_title(f"{fig_name}: {what} per LayerNorm placement, {opt}\n{on}", fontsize=FONT + 1)
+            ax.set_ylabel(ylabel, fontsize=FONT)
+            ax.set_xlabel("epoch", fontsize=FONT)
+            integer_ticks(ax.xaxis)
+            ax.grid(alpha=0.3)
         fig.subplots_adjust(left=0.08, bottom=0.08, top=0.93, hspace=0.4, wspace=0.25)
         legend_right(fig, axes.flat, 1 - 3.8 / fig.get_figwidth())
         written.append(write_figure(fig, Path(out_dir) / f"fig_{plain_name(fig_name, 'figure')}.png", dpi=100))
@@ -192,15 +187,12 @@ def _check_ours(path, first_line):
     try:
         with open(path, encoding="utf-8") as f:
             line = f.readline().rstrip("\n")
-        ours = line == first_line
     except (OSError, UnicodeDecodeError):
-        ours = False
-    if not ours:
-        if line in EARLIER_CSV_HEADERS:
-            raise LnposError(f"{path} was written by an earlier version of make_table.sh: run `scripts/grid.sh migrate "
-                             f"{path.parent}` once, then make_table.sh again; nothing was written")
-        raise LnposError(f"{path} was not written by make_table.sh, so it is not replaced: move it away, then "
-                         f"run make_table.sh again; nothing was written")
+        line = None
+    check(line == first_line or line not in EARLIER_CSV_HEADERS, f"{path} was written by an earlier version of "
+          f"make_table.sh: run `scripts/grid.sh migrate {path.parent}` once, then make_table.sh again; nothing was written")
+    check(line == first_line, f"{path} was not written by make_table.sh, so it is not replaced: move it away, then "
+                              f"run make_table.sh again; nothing was written")
 
 
 def make_table(out_dir, with_figures=True, skip_unreadable=False):
