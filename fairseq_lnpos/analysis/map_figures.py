@@ -36,15 +36,18 @@ def heat_text(c):
     return text
 
 
-def _heatmap(fig, ax, cells, rows, cols, text, vmin, vmax):
-    """One panel: ``cells`` on a grid of ``rows`` x ``cols`` (functions of a cell giving its row and its
-    column), the mean NLL as colour, ``text`` of each cell, a white frame where it is good against its
-    architecture, an orange one where its seeds disagree, red hatching where some seed diverged."""
+def _heatmap(fig, ax, panel, cells, rows, cols, text, row_label, col_label, col_size=FONT):
+    """One panel: the cells of ``panel`` on a grid of ``rows`` x ``cols`` (functions of a cell giving its row
+    and its column; the ticks named by ``row_label`` and ``col_label``), the mean NLL as colour on the
+    range of ``cells``, ``text`` of each cell, a white frame where it is good against its architecture,
+    an orange one where its seeds disagree, red hatching where some seed diverged."""
     from matplotlib.patches import Rectangle
 
-    r_keys, c_keys = sorted({rows(c) for c in cells.itertuples()}), sorted({cols(c) for c in cells.itertuples()})
+    finite = cells["nll"].dropna()
+    vmin, vmax = (finite.min(), finite.max()) if len(finite) else (0, 1)
+    r_keys, c_keys = sorted({rows(c) for c in panel.itertuples()}), sorted({cols(c) for c in panel.itertuples()})
     loss = np.full((len(r_keys), len(c_keys)), math.nan)
-    for c in cells.itertuples():
+    for c in panel.itertuples():
         r, k = r_keys.index(rows(c)), c_keys.index(cols(c))
         loss[r, k] = c.nll
         if c.good_own == True:  # noqa: E712
@@ -56,14 +59,8 @@ def _heatmap(fig, ax, cells, rows, cols, text, vmin, vmax):
         dark = not math.isnan(c.nll) and (c.nll - vmin) > 0.6 * (vmax - vmin)  # viridis_r: dark at high loss
         ax.text(k, r, text(c), ha="center", va="center", fontsize=6, color="white" if dark else "black")
     fig.colorbar(ax.imshow(loss, cmap="viridis_r", vmin=vmin, vmax=vmax, aspect="auto"), ax=ax, fraction=0.046)
-    ax.set_xticks(range(len(c_keys)))
-    ax.set_yticks(range(len(r_keys)))
-    return r_keys, c_keys
-
-
-def _range(cells):
-    finite = cells["nll"].dropna()
-    return (finite.min(), finite.max()) if len(finite) else (0, 1)
+    ax.set_xticks(range(len(c_keys)), [col_label(k) for k in c_keys], fontsize=col_size)
+    ax.set_yticks(range(len(r_keys)), [row_label(k) for k in r_keys], fontsize=FONT)
 
 
 def plot_heatmaps(cells, path):
@@ -73,10 +70,8 @@ def plot_heatmaps(cells, path):
                                   figsize=(3.6 * len(variants), 3.0 * len(depths)))
     for (v, layers), panel in cells.groupby(["variant", "layers"]):
         ax = axes[depths.index(layers)][variants.index(v)]
-        warmups, lrs = _heatmap(fig, ax, panel, lambda c: c.warmup, lambda c: c.lr, heat_text, *_range(cells))
+        _heatmap(fig, ax, panel, cells, lambda c: c.warmup, lambda c: c.lr, heat_text, warmup_label, "{:g}".format)
         ax.set_title(f"{label(v)}, {layers} layers", fontsize=FONT)
-        ax.set_xticklabels([f"{lr:g}" for lr in lrs], fontsize=FONT)
-        ax.set_yticklabels([warmup_label(w) for w in warmups], fontsize=FONT)
         ax.set_xlabel("learning rate (peak)", fontsize=FONT)
         ax.set_ylabel("warm-up (updates)", fontsize=FONT)
     for ax in axes.flat:
@@ -90,15 +85,12 @@ def plot_heatmaps(cells, path):
 def plot_overview(cells, path):
     """OUT/stability_overview.png: every architecture in one heatmap per depth (rows architecture,
     columns warm-up x learning rate): the mean final loss, its verdict mark and n."""
-    depths = sorted(cells["layers"].unique())
-    cols = cells[["warmup", "lr"]].drop_duplicates()
+    depths, cols = sorted(cells["layers"].unique()), cells[["warmup", "lr"]].drop_duplicates()
     fig, axes = pyplot().subplots(1, len(depths), squeeze=False, figsize=(
         max(5.0, 1.05 * len(cols) + 2.2) * len(depths), 0.36 * cells["variant"].nunique() + 1.6))
     for ax, (d, panel) in zip(axes[0], cells.groupby("layers")):
-        variants, wl = _heatmap(fig, ax, panel, lambda c: (RANK[c.variant], c.variant), lambda c: (c.warmup, c.lr), cell_mark,
-                                *_range(cells))
-        ax.set_xticklabels([f"wu {warmup_label(w)}\nlr {lr:g}" for w, lr in wl], fontsize=7)
-        ax.set_yticklabels([label(v) for _, v in variants], fontsize=FONT)
+        _heatmap(fig, ax, panel, cells, lambda c: (RANK[c.variant], c.variant), lambda c: (c.warmup, c.lr), cell_mark,
+                 lambda k: label(k[1]), lambda k: f"wu {warmup_label(k[0])}\nlr {k[1]:g}", col_size=7)
         ax.set_title(f"{d} layers", fontsize=FONT)
     save(fig, path, "Final validation NLL (bits), mean over seeds; n seeds\n" + KEY)
     return path
@@ -112,10 +104,9 @@ def bleu_points(cells):
     best = ordered(scored.loc[scored.groupby(["layers", "warmup", "variant"])["bleu"].idxmax()], "layers", "warmup",
                    "variant")
     out = {}
-    for c in best.itertuples():
-        out.setdefault(int(c.layers), {}).setdefault(int(c.warmup), []).append(
-            (c.variant, c.bleu, c.bleu if missing(c.bleu_min) else c.bleu_min,
-             c.bleu if missing(c.bleu_max) else c.bleu_max, c.good_own == True))  # noqa: E712
+    for c in best.assign(bleu_min=best["bleu_min"].fillna(best["bleu"]), bleu_max=best["bleu_max"].fillna(best["bleu"]),
+                         good=best["good_own"] == True).itertuples():  # noqa: E712
+        out.setdefault(int(c.layers), {}).setdefault(int(c.warmup), []).append((c.variant, c.bleu, c.bleu_min, c.bleu_max, c.good))
     return out
 
 
@@ -137,8 +128,7 @@ def plot_bleu(cells, path):
             for yy, p in zip(y, pts):
                 ax.plot(p[1], yy, "o", ms=5, color=color, mfc=color if p[4] else "white")
             ax.plot([], [], "o", color=color, label=f"warm-up {warmup_label(warmup)}")
-        ax.set_yticks(range(len(variants)))
-        ax.set_yticklabels([label(v) for v in variants], fontsize=FONT)
+        ax.set_yticks(range(len(variants)), [label(v) for v in variants], fontsize=FONT)
         ax.invert_yaxis()
         ax.set_xlabel("test tok BLEU (last scored epoch)", fontsize=FONT)
         ax.set_title(f"{layers} layers", fontsize=FONT)
