@@ -614,3 +614,105 @@ def test_grid_without_a_command_lists_the_commands(capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert all(c in err for c in ("list", "run", "sweep", "slurm", "status")), err
+
+
+def _recorded_run(tmp_path, done=None, **fields):
+    """A run folder as the grid leaves it (config.json, DONE.json ``done``, TRAINED), without training."""
+    from fairseq_lnpos.experiments.rundir import RunDir
+    from fairseq_lnpos.launch import config_hash
+
+    run = R.Run(name="r", dataset="multi30k_cpu", ln="preln", optimizer="adam", lr=1e-3, **{"max_epoch": 2, **fields})
+    config = {"run": run.as_dict(), "seed": 1, "data": "d", "arch": "a"}
+    rd = RunDir(tmp_path / "r" / "seed1")
+    rd.claim(config, config_hash(config))
+    if done is not None:
+        rd.write_done(done)
+    rd.mark_trained()
+    return rd, run, config
+
+
+def _more(run, config, **fields):
+    from dataclasses import replace
+
+    from fairseq_lnpos.launch import config_hash
+
+    new = dict(config, run=replace(run, **fields).as_dict())
+    return new, config_hash(new)
+
+
+def test_extend_reopens_a_finished_run_for_more_epochs_and_keeps_its_record(tmp_path):
+    from fairseq_lnpos.experiments.records import DoneRecord, Outcome
+
+    done = DoneRecord(outcome=Outcome.FINISHED, epochs=(1, 2), updates=20, train_cpu_seconds=5.0,
+                      provenance={"model_code": "m1"}, unigram_bits=6.0)
+    rd, run, config = _recorded_run(tmp_path, done)
+    old_hash = rd.config()["hash"]
+    assert rd.extend(config, old_hash, "m1") is None  # the same config: nothing to extend
+    new, new_hash = _more(run, config, max_epoch=4)
+    assert rd.extend(new, new_hash, "m1", write=False) == 2 and rd.config()["hash"] == old_hash  # a check only
+    assert rd.extend(new, new_hash, "m1") == 2
+    assert rd.config()["hash"] == new_hash and rd.config()["run"]["max_epoch"] == 4
+    assert rd.done() is None and not rd.trained  # the grid resumes it
+    history = json.loads(rd.extended_path.read_text())
+    assert [(h["hash"], h["max_epoch"], h["done"]["epochs"]) for h in history] == [(old_hash, 2, [1, 2])]
+
+
+@pytest.mark.parametrize("done, fields, model_code, message", [
+    (None, {"lr": 2e-3}, "m1", "its config differs in run.lr: use another --out"),
+    (None, {"max_epoch": 4, "lr": 2e-3}, "m1", "its config differs in run.lr, run.max_epoch: use another --out"),
+    (None, {"max_epoch": 1}, "m1", "it has 2 epochs already, more than --max-epoch 1: give --max-epoch 2 or more"),
+    ("diverged", {"max_epoch": 4}, "m1", "it diverged at update 7: more epochs would not continue it; give --max-epoch 2"),
+    ("finished", {"max_epoch": 4}, "m2", "its epochs were trained by other model code (m1, now m2)"),
+])
+def test_extend_refuses_what_would_not_continue_the_same_run_and_changes_nothing(tmp_path, done, fields, model_code,
+                                                                                   message):
+    from fairseq_lnpos.errors import LnposError
+    from fairseq_lnpos.experiments.records import DoneRecord, Outcome
+
+    record = done and DoneRecord(outcome=Outcome(done), diverged_at=7 if done == "diverged" else None, epochs=(1, 2),
+                                 provenance={"model_code": "m1"}, unigram_bits=6.0)
+    rd, run, config = _recorded_run(tmp_path, record)
+    before = {p.name: p.read_bytes() for p in rd.path.iterdir() if p.is_file()}
+    new, new_hash = _more(run, config, **fields)
+    with pytest.raises(LnposError, match=r"--extend continues a finished run for more epochs only, and ") as e:
+        rd.extend(new, new_hash, model_code)
+    assert message in str(e.value)
+    assert {p.name: p.read_bytes() for p in rd.path.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"max_update": 300}, "its budget also sets max_update 300"),
+    ({"schedule": "linear"}, "its budget also sets its learning-rate schedule (linear)"),
+    ({"average_last": 3}, "its budget also sets which checkpoints are averaged (average_last 3)"),
+])
+def test_extend_refuses_a_run_whose_budget_is_more_than_its_epochs(tmp_path, fields, message):
+    from fairseq_lnpos.errors import LnposError
+
+    rd, run, config = _recorded_run(tmp_path, None, **fields)
+    new, new_hash = _more(run, config, max_epoch=3)
+    with pytest.raises(LnposError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        rd.extend(new, new_hash, "m1")
+
+
+@pytest.mark.slow
+def test_extend_continues_a_finished_run_and_scores_only_its_new_epoch(uninterrupted, data, tmp_path):
+    out = tmp_path / "grid"
+    shutil.copytree(uninterrupted[0], out)
+    good = out / GOOD / "seed1"
+    before = {e: (good / "eval" / f"epoch{e}.json").read_bytes() for e in (1, 2)}
+    done_before = json.loads((good / "DONE.json").read_text())
+    # without --extend a run of 3 epochs is another config; with it the diverged run is refused first
+    assert "was made with a different config" in sh(GRID, *ARGS, "--data", data, "--out", out, "--max-epoch", "3").stderr
+    refused = sh(GRID, *ARGS, "--data", data, "--out", out, "--max-epoch", "3", "--extend")
+    assert refused.returncode == 2 and "it diverged at update" in refused.stderr
+    assert json.loads((good / "DONE.json").read_text()) == done_before  # nothing changed
+    run = sh(GRID, *ARGS[:2], GOOD, *ARGS[3:-2], "--data", data, "--out", out, "--max-epoch", "3", "--extend")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"{GOOD} seed 1: continues from epoch 2 to 3" in run.stdout
+    done = json.loads((good / "DONE.json").read_text())
+    assert done["status"] == "finished" and done["epochs"] == [1, 2, 3] and done["updates"] > done_before["updates"]
+    assert done["train_cpu_seconds"] > done_before["train_cpu_seconds"]  # both launches of fairseq-train
+    assert {e: (good / "eval" / f"epoch{e}.json").read_bytes() for e in (1, 2)} == before  # scored once
+    assert json.loads((good / "eval" / "epoch3.json").read_text())["num_updates"] == done["updates"]
+    assert json.loads((good / "extended.json").read_text())[0]["done"] == done_before
+    assert (good / "train.log").read_text().count("# grid: ") == 2

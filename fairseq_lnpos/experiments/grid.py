@@ -90,12 +90,26 @@ def print_dry_run(jobs, manifests):
         print()
 
 
+def extend(jobs, write=True):
+    """``--extend``: reopen the runs whose recorded config differs only in fewer epochs; every run is
+    checked before the first is changed."""
+    model_code = provenance.model_code_hash()
+    for j in jobs:
+        j.dir.extend(j.config(), j.config_hash(), model_code, write=False)
+    for j in jobs:
+        was = j.dir.extend(j.config(), j.config_hash(), model_code, write=write)
+        if was is not None:
+            print(f"{j.label}: {'continues' if write else 'would continue'} from epoch {was} to {j.run.max_epoch}")
+
+
 def run_grid(opts, runs):
     """Train and score ``runs`` (Run rows) with the grid's options; returns the exit status."""
     slots = plan_slots(opts, opts.dry_run)
     if opts.fp16 and not opts.dry_run:
         need_cuda(1, "--fp16")
     jobs, manifests = make_jobs(opts, runs, opts.dry_run)
+    if getattr(opts, "extend", False):
+        extend(jobs, write=not opts.dry_run)
     for j in jobs:
         config, done = j.dir.check(), j.dir.done()  # every state file of the run: a bad one stops the grid before it starts
         if config is None and done is not None and done.outcome.final:  # would be skipped, and no reader takes it

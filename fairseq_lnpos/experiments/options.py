@@ -130,6 +130,9 @@ class RunFields(Options):
 @dataclass
 class RunOptions(RunFields, Selection):
     """``grid.sh run``: train and score the selected runs."""
+    extend: bool = option(
+        False, "continue the finished runs whose config differs only in more epochs (--max-epoch) from their "
+               "last checkpoint; their scored epochs stay (rundir.RunDir.extend)")
 
 
 def run_parser(prog="grid.sh run"):

@@ -7,6 +7,8 @@
     eval/epochN.hyp   the hypotheses that were scored
     eval/average.json the average of the last N epoch checkpoints (--average-last N) scored, and .hyp
     TRAINED           fairseq-train finished
+    extended.json     a run continued for more epochs (``grid.sh run --extend``): the outcome records
+                      it had before, with their config hash and epochs
     DONE.json         written last, the outcome (records.py): finished, diverged at update N, stopped
                       early at update N: WHY (early_stop.py), or failed: WHY, in "status" as words and
                       in "outcome", "reason", "diverged_at", "stopped_at" (folders of earlier versions:
@@ -195,6 +197,7 @@ class RunDir:
         self.save_dir = self.path / "checkpoints"
         self.eval_dir = self.path / "eval"
         self.lock_path = self.path / ".lock"
+        self.extended_path = self.path / "extended.json"
 
     def __repr__(self):
         return f"RunDir({str(self.path)!r})"
@@ -227,6 +230,53 @@ class RunDir:
                              f"was going on?): {self._redo()}")
         self.eval_dir.mkdir(exist_ok=True)
         write_json(self.config_path, {"hash": config_hash, **config})
+
+    def extend(self, config, config_hash, model_code, write=True):
+        """Reopen this run for more epochs (``grid.sh run --extend``) when ``config`` differs from the
+        recorded one only in a larger ``run.max_epoch``: its outcome record moves to extended.json (a
+        list, oldest first, each with the config hash and epochs it had), config.json takes ``config``
+        and TRAINED goes, so the grid resumes it from checkpoint_last.pt and scores the new epochs.
+        Returns the epochs it had, or None when there is nothing to extend (no run yet, or the same
+        config); raises, changing nothing, where more epochs would not continue the same run.
+        ``write=False`` only checks."""
+        old = self.config()
+        if old is None or old["hash"] == config_hash:
+            return None
+        new = config_from_json({"hash": config_hash, **config}, self.config_path)
+        changed = sorted({k for k in {**old, **new} if k not in ("hash", "run") and old.get(k) != new.get(k)}
+                         | {f"run.{k}" for k in new["run"] if old["run"].get(k) != new["run"][k]})
+        was, more = old["run"]["max_epoch"], new["run"]["max_epoch"]
+        refuse = f"{self.path}: --extend continues a finished run for more epochs only, and "
+        if changed != ["run.max_epoch"]:
+            raise LnposError(refuse + f"its config differs in {', '.join(changed)}: use another --out")
+        if more < was:
+            raise LnposError(refuse + f"it has {was} epochs already, more than --max-epoch {more}: give "
+                                      f"--max-epoch {was} or more")
+        run = new["run"]
+        if run["max_update"] or run["schedule"] == "linear" or run["average_last"]:
+            raise LnposError(refuse + "its budget also sets " + (
+                f"max_update {run['max_update']}" if run["max_update"] else "its learning-rate schedule (linear)"
+                if run["schedule"] == "linear" else f"which checkpoints are averaged (average_last {run['average_last']})")
+                + ", which more epochs would change: run it again in another --out")
+        done = self.done()
+        if done is not None and done.outcome in (Outcome.DIVERGED, Outcome.STOPPED):
+            raise LnposError(refuse + f"it {done.text}: more epochs would not continue it; give --max-epoch {was}")
+        trained_by = ((done.provenance or {}) if done else {}).get("model_code")
+        if trained_by and trained_by != model_code:
+            raise LnposError(refuse + f"its epochs were trained by other model code ({trained_by}, now "
+                                      f"{model_code}): one run would mix two models; use another --out")
+        if write:
+            fd = self.lock()
+            try:
+                history = read_json(self.extended_path) if self.extended_path.exists() else []
+                write_json(self.extended_path, history + [{"hash": old["hash"], "max_epoch": was,
+                                                           "done": done and done.to_json()}])
+                write_json(self.config_path, {"hash": config_hash, **config})
+                self.done_path.unlink(missing_ok=True)
+                self.trained_path.unlink(missing_ok=True)
+            finally:
+                os.close(fd)
+        return was
 
     def check_intact(self, config_hash):
         """The folder still holds this run (its config.json and train.log): not removed or replaced
