@@ -343,8 +343,8 @@ def test_every_architecture_on_real_text_plan(tmp_path, capsys):
     blocks = [b.splitlines() for b in capsys.readouterr().out.strip().split("\n\n")]
     runs = [re.match(r"# \[\d+/\d+\] (\S+) seed (\d)", b[0]).groups() for b in blocks]
     want = [f"real-{v}-nowu" for v in VARIANTS] + [f"real-{v}-wu100" for v in ("postln", "preln", "deepnorm", "b2t")] \
-        + ["real-postln-wu500", "real-postln-wu1000", "real-postln-wu500-lr5e-4", "real-deepnorm-nowu-lr5e-4",
-           "real-b2t-nowu-lr5e-4"]
+        + ["real-postln-wu500", "real-postln-wu1000", "real-postln-wu500-lr5e-4", "real-preln-nowu-lr5e-4",
+           "real-deepnorm-nowu-lr5e-4", "real-b2t-nowu-lr5e-4"]
     assert sorted(runs) == sorted((r, s) for r in want for s in "12") and len(runs) == 2 * len(want)
     generic = set()
     for (name, seed), block in zip(runs, blocks):
