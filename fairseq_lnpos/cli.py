@@ -86,8 +86,10 @@ def to_argv(opts, cls, skip=()):
     that ``opts`` holds at another value than ``cls``'s default, except those named in ``skip``."""
     argv = []
     for f in fields(cls):
+        if not f.metadata or f.metadata["positional"] or f.name in skip:
+            continue
         value = getattr(opts, f.name)
-        if not f.metadata or f.metadata["positional"] or f.name in skip or value == f.default:
+        if value == f.default:
             continue
         action = _action(f)
         if action in ("store_true", "store_false"):

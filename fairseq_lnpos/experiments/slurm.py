@@ -41,6 +41,7 @@ from .rundir import tasks_text
 
 # options of `grid.sh run` a task does not take from the command line: set per task or by the allocation
 PER_TASK = {"only", "dry_run", "out", "seeds", "fairseq_args", "gpus", "runs_per_gpu", "jobs", "gpus_per_run"}
+RUN_ONLY = {"extend"}  # options of `grid.sh run` that `grid.sh slurm` does not offer
 PORT_BASE, PORT_SPAN = 20000, 20000
 REQUEUES = 100  # time limits a task requeues itself after (submitit's max_num_timeout); preemptions are not counted
 ROOT = Path(__file__).resolve().parents[2]  # where the package the tasks import lies
@@ -63,7 +64,7 @@ def check_options(opts):
 
 def passthrough(opts):
     """The argv of the run options that every task takes unchanged (those not at their default)."""
-    return to_argv(opts, RunOptions, skip=PER_TASK)
+    return to_argv(opts, RunOptions, skip=PER_TASK | RUN_ONLY)
 
 
 def task_fairseq_args(opts, run, seed):
