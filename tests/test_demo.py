@@ -2,6 +2,7 @@
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -126,9 +127,13 @@ def test_quick_demo_writes_table_and_figures_and_resumes(tmp_path):
     assert first.stdout.splitlines()[0].startswith("[demo] expected time: about")
     # nothing of fairseq's, torch's or matplotlib's start-up on the terminal
     assert "UserWarning" not in first.stderr and "DEBUG:" not in first.stderr and "INFO:" not in first.stderr
-    # a finished demo re-runs without training or evaluating anything again
-    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    # a finished demo re-runs without training or evaluating anything again; its results page says
+    # how long the command took and what the demo leaves on disk
+    again = subprocess.run(cmd + ["--publish", str(tmp_path / "page")], cwd=REPO, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
+    page = (tmp_path / "page" / "index.md").read_text()
+    assert re.search(r"^Wall time: \d+ s from the command's start to this page", page, re.M)
+    assert re.search(r"^Disk: \d+ MB left in `demo-out/`, \d+ MB of it the runs' 8 checkpoints", page, re.M)
     assert "training (new)" not in again.stdout and "tok BLEU" in again.stdout
     with open(out / "results.csv", newline="") as f:
         assert list(csv.DictReader(f)) == rows
