@@ -68,8 +68,9 @@ LEARNED = {"synthetic": LEARNED_BLEU, "multi30k_cpu": 5.0}
 def learned_bleu(need):
     """The tok BLEU every seed of a control must reach, by the dataset of the rows ``need``."""
     return LEARNED.get(BY_NAME[need[1]].dataset, LEARNED_BLEU) if need[1] in BY_NAME else LEARNED_BLEU
-# measured wall time of the default demo from an empty folder ("The demo", "Real text on a CPU" of
-# `git show 36640e8:docs/results.md`)
+# the default demo's wall time from an empty folder as measured on two 2-core machines: 862 s on the
+# results page docs/results/demo, about 7 and 28 minutes on a faster one ("The demo", "Real text on a
+# CPU" of `git show 36640e8:docs/results.md`); the real-text demo's grid estimated about an hour here
 EXPECTED = {"synthetic": "7 to 15 minutes on 2 cores, depending on the CPU (docs/results/demo)",
             "multi30k": "30 minutes to over an hour on 2 cores, depending on the CPU, the data's preparation included "
                         "(12 s from --orig)"}
