@@ -3,6 +3,7 @@ known answers on hand-made timings, and its quick mode writes exact work counts.
 import json
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -45,6 +46,13 @@ def test_quick_benchmark_writes_ratios_for_every_arch(toy_data, tmp_path):
     assert set(data["grad_norm_overhead"]) == {"interval_1", "interval_100"}
     hook = {k: v["hook_percent"] for k, v in data["grad_norm_overhead"].items()}
     assert hook["interval_1"] > 0 and hook["interval_100"] == 0  # 4 updates: never a 100th
+    # --log-diagnostics on every update and as the real-text studies log: the 4 timed updates (2 to 5)
+    # are diagnosed in both settings, reported without a verdict
+    diagnostics = data["diagnostics_overhead"]
+    assert set(diagnostics) == {"interval_1", "first_20_interval_50"}
+    assert all(r["time_ratio"]["n"] == r["logged_updates"] == r["timed_updates"] == 4 and r["inside_percent"] > 0
+               and "verdict" not in r for r in diagnostics.values())
+    assert "- --log-diagnostics --diagnostics-first 20 --diagnostics-interval 50: " in page
     assert "| tiny | keel |" in result.stdout
     # --cpu-autocast-bf16 against float32, Post-LN and Pre-LN, on 1024-token batches; emulated where
     # the CPU has no bfloat16 instructions
@@ -190,3 +198,136 @@ def test_the_results_page_gives_settings_load_table_and_one_item_per_measurement
     assert md[2].startswith("| size | arch |") and md[4].startswith("| tiny | postln | 1.000 | 1.000 [1.000, 1.000] |")
     assert md[5] == "" and md[6].startswith("- 4 paired updates per configuration: too few")
     assert md[7:] == ["- Fig. 3 analysis (defaults): 70 s", ""]
+
+
+def test_diagnostics_overhead_on_hand_made_timings():
+    seconds = {"off": [1.0, 2.0, 1.0, 2.0],
+               "diagnostics_interval_1": [1.5, 3.0, 1.5, 3.0],             # 1.5 times every update
+               "diagnostics_first_20_interval_50": [1.0, 2.0, 1.2, 2.4]}   # ratios 1, 1, 1.2, 1.2
+    inside = {"diagnostics_interval_1": 2.7, "diagnostics_first_20_interval_50": 0.66}
+    logged = {"diagnostics_interval_1": 4, "diagnostics_first_20_interval_50": 2}
+    r = B.diagnostics_overhead_results(seconds, inside, logged)
+    every, study = r["interval_1"], r["first_20_interval_50"]
+    assert every["flags"] == "--log-diagnostics --diagnostics-interval 1"
+    assert study["flags"] == "--log-diagnostics --diagnostics-first 20 --diagnostics-interval 50"
+    assert every["time_ratio"]["median"] == pytest.approx(1.5)
+    assert every["time_ratio"]["ci95"] == pytest.approx([1.5, 1.5])
+    assert every["overhead_percent"] == pytest.approx(50.0)
+    assert study["time_ratio"]["median"] == pytest.approx(1.1)
+    assert study["overhead_percent_ci95"] == pytest.approx([0, 20])
+    # the share of the time with the diagnostics spent inside them: 2.7 s of 9 s, 0.66 s of 6.6 s
+    assert every["inside_percent"] == pytest.approx(30.0) and study["inside_percent"] == pytest.approx(10.0)
+    assert (study["logged_updates"], study["timed_updates"]) == (2, 4)
+    assert not {"target_percent", "verdict"} & set(every)  # no target: reported, not judged
+    text = B.summary({"throughput": {}, "grad_norm_overhead": {}, "diagnostics_overhead": r})
+    assert ("--log-diagnostics --diagnostics-interval 1: +50.0 % time [+50.0, +50.0] (time with / without 1.500; "
+            "no target); 4 of 4 timed updates diagnosed; inside the diagnostics' own work: 30.00 % of the time") in text
+    assert "4 paired updates per configuration: too few" in text
+
+
+def test_the_results_page_of_the_overheads_alone_has_no_table():
+    r = B.diagnostics_overhead_results({"off": [1.0] * 4, "diagnostics_interval_1": [1.2] * 4,
+                                        "diagnostics_first_20_interval_50": [1.0] * 4},
+                                       {"diagnostics_interval_1": 0.8, "diagnostics_first_20_interval_50": 0.0},
+                                       {"diagnostics_interval_1": 4, "diagnostics_first_20_interval_50": 4})
+    result = {"data": "/x/synthetic-bin", "steps": 2, "reps": 2, "max_tokens": 400, "device": "cpu", "torch_threads": 2,
+              "cpu_count": 2, "fairseq_args": [], "throughput": {}, "grad_norm_overhead": {}, "diagnostics_overhead": r,
+              "total_seconds": 30.0}
+    md = B.page_markdown(result).split("\n")
+    assert md[0].startswith("2 x 2 timed updates per configuration") and md[1] == ""
+    assert md[2].startswith("- --log-diagnostics --diagnostics-interval 1: +20.0 % time [+20.0, +20.0] (time with / "
+                            "without 1.200; no target); 4 of 4 timed updates diagnosed; inside the diagnostics' own "
+                            "work: 16.67 % of the time")
+    assert md[3].startswith("- --log-diagnostics --diagnostics-first 20 --diagnostics-interval 50: +0.0 % time")
+    assert not any(line.startswith("|") for line in md)
+
+
+class _Clock:
+    """A stand-in for the time module: each reading of perf_counter is one second after the last."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        self.now += 1.0
+        return self.now
+
+    def time(self):
+        return self.now
+
+
+class _Trainer:
+    """A trainer whose task logs on every update: the diagnostics (0.25 s of their own per update, as
+    ``Diagnostics.overhead`` sums it) or the grad-norm logger."""
+
+    def __init__(self, extra):
+        diagnostics = gradnorm = None
+        if "--log-diagnostics" in extra:
+            diagnostics = types.SimpleNamespace(overhead=0.0, write=lambda rec: None)
+        if "--log-grad-norms" in extra:
+            gradnorm = types.SimpleNamespace(measure=lambda: None, record=lambda norms: None)
+        self.task = types.SimpleNamespace(diagnostics=diagnostics, grad_norm_logger=gradnorm)
+
+    def train_step(self, samples):
+        if self.task.diagnostics:
+            self.task.diagnostics.overhead = 0.25
+            self.task.diagnostics.write({})
+        if self.task.grad_norm_logger:
+            self.task.grad_norm_logger.record(self.task.grad_norm_logger.measure())
+
+
+def test_the_seconds_inside_the_logging_are_those_of_the_timed_updates(monkeypatch, tmp_path):
+    monkeypatch.setattr(B, "time", _Clock())
+    monkeypatch.setattr(B, "make_trainer",
+                        lambda data, arch, extra, *args: (_Trainer(extra), iter([{"ntokens": 8}] * 3)))
+    monkeypatch.setattr(B, "work_counts", lambda trainer, batch: trainer.train_step([batch]) or {})  # a 6th update
+    configs = {"off": ("a", []), "diag": ("a", ["--log-diagnostics"]), "gnorm": ("a", ["--log-grad-norms"])}
+    seconds, inside, _, logged = B.measure(configs, "d", 2, 2, lambda msg: None, 8, "cpu", tmp_path)
+    # 4 timed updates of the 6 (the first warms up, the last counts the work): in each, the task's own
+    # 0.25 s and the 1 s that writing the record took on this clock; the grad-norm hook's two calls, 1 s each
+    assert inside == {"off": 0.0, "diag": 4 * 1.25, "gnorm": 4 * 2.0}
+    assert logged == {"off": 0, "diag": 4, "gnorm": 4}
+    assert seconds["diag"] == [3.0] * 4 and seconds["off"] == [1.0] * 4
+
+
+def test_no_throughput_and_no_overhead_leave_their_measurements_out(monkeypatch, tmp_path, capsys):
+    calls = []
+
+    def measure(configs, data, steps, reps, log, max_tokens, device, save_dir, prepare=None):
+        calls.append(configs)
+        work = {"aten_calls": 1, "output_elements": 1, "matmul_flops": 1}
+        return ({n: [2.0 if n.startswith("diagnostics") else 1.0] * steps * reps for n in configs},
+                {n: 0.0 for n in configs}, {n: dict(work) for n in configs}, {n: steps * reps for n in configs})
+
+    monkeypatch.setattr(B, "measure", measure)
+    monkeypatch.setattr(B.logging, "disable", lambda level: None)  # main's, process-wide
+    data = tmp_path / "bin"
+    data.mkdir()
+    (data / "dict.de.txt").write_text("")
+
+    def bench_json(*flags):
+        calls.clear()
+        out = tmp_path / "bench.json"
+        assert B.main(["--data", str(data), "--out", str(out), "--sizes", "tiny", "--no-autocast", "--no-analysis",
+                       "--steps", "2", "--reps", "2", *flags]) == 0
+        return json.loads(out.read_text())
+
+    result = bench_json("--no-throughput")
+    assert [set(c) for c in calls] == [{"off", "interval_1", "interval_100", "diagnostics_interval_1",
+                                        "diagnostics_first_20_interval_50"}]
+    task = ["--task", "translation_lnpos"]
+    assert calls[0]["off"] == ("transformer_preln_tiny", task)
+    assert calls[0]["diagnostics_first_20_interval_50"] == ("transformer_preln_tiny", task + [
+        "--log-diagnostics", "--diagnostics-first", "20", "--diagnostics-interval", "50"])
+    assert result["throughput"] == {} and set(result["grad_norm_overhead"]) == {"interval_1", "interval_100"}
+    assert result["diagnostics_overhead"]["interval_1"]["time_ratio"]["median"] == 2.0
+    result = bench_json("--no-overhead", "--variants", "preln")
+    assert [set(c) for c in calls] == [{"fairseq_postln", "fairseq_preln", "preln"}]
+    assert result["grad_norm_overhead"] == result["diagnostics_overhead"] == {}
+    assert set(result["throughput"]) == {"tiny"}
+    result = bench_json("--no-throughput", "--no-overhead")
+    assert calls == [] and result["throughput"] == result["diagnostics_overhead"] == {}
+    with pytest.raises(SystemExit):
+        B.parse_args(["--help"])
+    assert "--no-overhead skip measuring the overheads of --log-grad-norms and of --log-diagnostics" in \
+        " ".join(capsys.readouterr().out.split())

@@ -6,6 +6,10 @@
   ``--encoder-normalize-before --decoder-normalize-before``, every other variant against Post-LN);
 * the overhead of ``--log-grad-norms`` at intervals 1 and 100, as a ratio to the same run
   without it, and as the time spent inside the hook itself;
+* the overhead of the task's ``--log-diagnostics`` (:mod:`fairseq_lnpos.diagnostics`) on every
+  update and as the real-text studies log (the first 20 updates, then every 50th), measured the same
+  way against the same run without it, and the share of the time spent inside the diagnostics' own
+  work; reported without a target;
 * bfloat16 autocast on the CPU (``--cpu-autocast-bf16``, :mod:`fairseq_lnpos.precision`): per-update
   time in float32 over time under autocast, Post-LN and Pre-LN at every size, on batches of
   Multi30k's CPU size (1024 tokens). On a CPU without bfloat16 instructions, where the option is
@@ -45,6 +49,11 @@ from fairseq_lnpos.variants import SIZES, THROUGHPUT_TARGETS, TINY, VARIANTS, ar
 
 # --log-grad-norms: time with / time without, minus 1, at most this (percent)
 OVERHEAD_TARGETS = {"interval_1": 5.0, "interval_100": 1.0}
+# --log-diagnostics, timed in two settings against the same run without it: every update, and as the
+# real-text studies log (docs/results/README.md: the first 20 updates, then every 50th). No target: the
+# diagnostics are an instrument a study switches on, and what they cost is reported, not judged
+DIAGNOSTICS_SETTINGS = {"interval_1": ("--diagnostics-interval", "1"),
+                        "first_20_interval_50": ("--diagnostics-first", "20", "--diagnostics-interval", "50")}
 DEFAULT_SIZES = ("tiny", "iwslt_de_en")
 # fewer paired updates than this give no verdict: the bootstrap interval of the median of a few
 # ratios spans about their whole range, so one update slowed by another process (a ratio of 10 on a
@@ -93,21 +102,45 @@ def make_trainer(data, arch, extra=(), max_tokens=2048, device="cpu", save_dir=N
 
 
 def _time_hook(trainer, spent):
-    """Add the seconds spent in ``--log-grad-norms``' own work (norms, logging) to ``spent[0]``."""
+    """Add the seconds spent in ``--log-grad-norms``' own work (norms, logging) to ``spent[0]`` and
+    count the logged updates in ``spent[1]``."""
     logger = getattr(trainer.task, "grad_norm_logger", None)
     if logger is None:
         return
     for name in ("measure", "record"):
         inner = getattr(logger, name)
 
-        def timed(*args, _inner=inner, **kwargs):
+        def timed(*args, _inner=inner, _logged=int(name == "record"), **kwargs):
             start = time.perf_counter()
             try:
                 return _inner(*args, **kwargs)
             finally:
                 spent[0] += time.perf_counter() - start
+                spent[1] += _logged
 
         setattr(logger, name, timed)
+
+
+def _time_diagnostics(trainer, spent):
+    """Add the seconds spent in ``--log-diagnostics``' own work to ``spent[0]`` and count the logged
+    updates in ``spent[1]``. The task's :class:`~fairseq_lnpos.diagnostics.Diagnostics`
+    (``task.diagnostics``) sums its own seconds of a logged update in ``overhead`` (the forward
+    hooks, the weights' copy before the step, the record) and starts again from 0 at the next
+    logged update: they are read when it writes the record, and the writing is timed too."""
+    diagnostics = getattr(trainer.task, "diagnostics", None)
+    if diagnostics is None:
+        return
+    inner = diagnostics.write
+
+    def write(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spent[0] += diagnostics.overhead + time.perf_counter() - start
+            spent[1] += 1
+
+    diagnostics.write = write
 
 
 def measure(configs, data, steps, reps, log, max_tokens, device, save_dir, prepare=None):
@@ -115,8 +148,9 @@ def measure(configs, data, steps, reps, log, max_tokens, device, save_dir, prepa
     batches ``reps`` times, the configurations taking turns at every update. ``prepare``: name ->
     a function called with that configuration's trainer once it is built.
 
-    Returns (name -> seconds of each timed update, name -> seconds inside the grad-norm hook,
-    name -> work counts of one update)."""
+    Returns (name -> seconds of each timed update, name -> seconds inside the grad-norm hook or the
+    diagnostics, name -> work counts of one update, name -> how many timed updates they logged).
+    The update that counts the work comes after the timed ones: the second and last leave it out."""
     import torch
 
     built, hook = {}, {}
@@ -127,8 +161,9 @@ def measure(configs, data, steps, reps, log, max_tokens, device, save_dir, prepa
         batches = list(islice(itr, steps + 1))
         check(len(batches) == steps + 1, f"{data} has fewer than {steps + 1} training batches: use --steps")
         trainer.train_step([batches[0]])  # lazy optimizer state, allocator warm-up: not timed
-        hook[name] = [0.0]
+        hook[name] = [0.0, 0]
         _time_hook(trainer, hook[name])
+        _time_diagnostics(trainer, hook[name])
         built[name] = (trainer, batches[1:])
     names = list(built)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -154,8 +189,9 @@ def measure(configs, data, steps, reps, log, max_tokens, device, save_dir, prepa
                             for n, v in seconds.items()))
     finally:
         gc.enable()
+    inside, logged = {n: h[0] for n, h in hook.items()}, {n: h[1] for n, h in hook.items()}
     work = {name: work_counts(trainer, batches[0]) for name, (trainer, batches) in built.items()}
-    return seconds, {n: h[0] for n, h in hook.items()}, work
+    return seconds, inside, work, logged
 
 
 def work_counts(trainer, batch):
@@ -254,6 +290,26 @@ def overhead_results(seconds, hook, min_pairs=MIN_PAIRS):
     return out
 
 
+def diagnostics_overhead_results(seconds, inside, logged):
+    """``--log-diagnostics`` in each of :data:`DIAGNOSTICS_SETTINGS` (configuration
+    ``diagnostics_<setting>``) against the same model without it ("off"), without a verdict;
+    ``inside``: configuration name -> seconds spent inside the diagnostics' own work, ``logged``: ->
+    how many of its timed updates were diagnosed (a sparse setting's median ratio is that of the
+    updates not diagnosed; its share inside depends on how many of the timed updates were)."""
+    out = {}
+    for k, flags in DIAGNOSTICS_SETTINGS.items():
+        name = f"diagnostics_{k}"
+        r = paired(seconds[name], seconds["off"])  # time with / time without
+        out[k] = {
+            "flags": " ".join(["--log-diagnostics", *flags]), "time_ratio": r,
+            "overhead_percent": 100 * (r["median"] - 1), "overhead_percent_ci95": [100 * (c - 1) for c in r["ci95"]],
+            "logged_updates": logged[name], "timed_updates": len(seconds[name]),
+            # the share of the time with the diagnostics spent in their own work
+            "inside_percent": 100 * inside[name] / sum(seconds[name]),
+        }
+    return out
+
+
 def autocast_results(seconds, variants, target=None, min_pairs=MIN_PAIRS):
     """Per variant: its per-update times in float32 (``seconds[v + "_float32"]``) paired with those
     under bfloat16 autocast (``seconds[v + "_bf16"]``) on the same batches: the speed-up, and the
@@ -294,7 +350,7 @@ def measure_autocast(data, sizes, steps, reps, log, save_dir, extra=()):
                 prepare[f"{v}_bf16"] = switch_on
         where = "CPU: " + ", ".join(found) if found else "emulated: no bfloat16 instructions on this CPU"
         log(f"bf16 autocast at size {size} ({where}; {reps} reps x {steps} updates)")
-        secs, _, _ = measure(configs, data, steps, reps, log, AUTOCAST_MAX_TOKENS, "cpu", save_dir, prepare)
+        secs, *_ = measure(configs, data, steps, reps, log, AUTOCAST_MAX_TOKENS, "cpu", save_dir, prepare)
         out["sizes"][size] = autocast_results(secs, AUTOCAST_VARIANTS, AUTOCAST_TARGETS.get(size))
     return out
 
@@ -365,9 +421,11 @@ def check_choices(kind, given, known):
 
 
 def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, reps=5, max_tokens=2048,
-              device="cpu", fairseq_args=(), analysis=True, log=print, overhead=True, autocast=True, startup=0):
-    """Measure throughput of every variant at every size against fairseq's own model, the
-    ``--log-grad-norms`` overhead (at the first size), with ``autocast`` (on the CPU) the speed-up
+              device="cpu", fairseq_args=(), analysis=True, log=print, overhead=True, autocast=True, startup=0,
+              throughput=True):
+    """Measure, with ``throughput``, throughput of every variant at every size against fairseq's own
+    model; with ``overhead``, the overheads of ``--log-grad-norms`` and ``--log-diagnostics`` (the
+    Pre-LN model of the first size, one shared run without either); with ``autocast`` (on the CPU) the speed-up
     of bfloat16 autocast at every size and, with ``analysis``, the wall time of the Fig. 3
     analysis; with ``startup`` N > 0, what the fork server saves on N short runs
     (:func:`measure_startup`). Returns the result as a dict (what :func:`summary` prints)."""
@@ -383,11 +441,11 @@ def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, rep
     extra = list(fairseq_args)
     result = {"data": str(data), "steps": steps, "reps": reps, "cpu_count": os.cpu_count(),
               "torch_threads": torch.get_num_threads(), "device": device, "fairseq_args": extra,
-              "max_tokens": max_tokens, "throughput": {}, "grad_norm_overhead": {},
+              "max_tokens": max_tokens, "throughput": {}, "grad_norm_overhead": {}, "diagnostics_overhead": {},
               "load_average": {"start": os.getloadavg()[0]}}
     t0 = time.time()
-    with tempfile.TemporaryDirectory() as save_dir:  # --log-grad-norms writes its JSONL there
-        for size in sizes:
+    with tempfile.TemporaryDirectory() as save_dir:  # the logging options write their JSONL there
+        for size in sizes if throughput else ():
             fairseq_arch, size_flags = fairseq_size(size)
             configs = {"fairseq_postln": (fairseq_arch, size_flags + extra)}  # every variant's second reference
             for v in variants:
@@ -395,17 +453,20 @@ def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, rep
                 configs[base] = (fairseq_arch, size_flags + flags + extra)
                 configs[v] = (arch_name(v, size), extra)
             log(f"throughput at size {size} ({len(configs)} configurations, {reps} reps x {steps} updates)")
-            secs, _, work = measure(configs, data, steps, reps, log, max_tokens, device, save_dir)
+            secs, _, work, _ = measure(configs, data, steps, reps, log, max_tokens, device, save_dir)
             result["throughput"][size] = throughput_results(secs, work, variants, fairseq_arch)
         if overhead:
             arch = arch_name("preln", sizes[0])
-            log(f"--log-grad-norms overhead ({arch})")
+            log(f"--log-grad-norms and --log-diagnostics overhead ({arch})")
             task = ["--task", "translation_lnpos", *extra]
-            secs, hook, _ = measure(
-                {"off": (arch, task), "interval_1": (arch, task + ["--log-grad-norms", "--grad-norm-interval", "1"]),
-                 "interval_100": (arch, task + ["--log-grad-norms", "--grad-norm-interval", "100"])},
-                data, steps, reps, log, max_tokens, device, save_dir)
-            result["grad_norm_overhead"] = overhead_results(secs, hook)
+            configs = {"off": (arch, task),
+                       "interval_1": (arch, task + ["--log-grad-norms", "--grad-norm-interval", "1"]),
+                       "interval_100": (arch, task + ["--log-grad-norms", "--grad-norm-interval", "100"])}
+            for k, flags in DIAGNOSTICS_SETTINGS.items():
+                configs[f"diagnostics_{k}"] = (arch, task + ["--log-diagnostics", *flags])
+            secs, inside, _, logged = measure(configs, data, steps, reps, log, max_tokens, device, save_dir)
+            result["grad_norm_overhead"] = overhead_results(secs, inside)
+            result["diagnostics_overhead"] = diagnostics_overhead_results(secs, inside, logged)
         if autocast and device == "cpu":
             result["autocast"] = measure_autocast(data, sizes, steps, reps, log, save_dir, extra)
     if startup:
@@ -426,9 +487,10 @@ def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, rep
 
 
 def summary(result):
-    lines = ["| size | arch | s/update | ratio to fairseq (same placement): median [95 % CI] | target | verdict "
-             "| ratio to fairseq Post-LN | aten calls | elements written | matmul FLOPs |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [] if not result["throughput"] else [  # none with --no-throughput
+        "| size | arch | s/update | ratio to fairseq (same placement): median [95 % CI] | target | verdict "
+        "| ratio to fairseq Post-LN | aten calls | elements written | matmul FLOPs |",
+        "|---|---|---|---|---|---|---|---|---|---|"]
     for size, archs in result["throughput"].items():
         for v, r in archs.items():
             w = r["work_ratio"]
@@ -442,6 +504,13 @@ def summary(result):
         lines.append(f"--log-grad-norms {k.replace('_', ' ')}: {r['overhead_percent']:+.1f} % time "
                      f"[{lo:+.1f}, {hi:+.1f}] (target <= {r['target_percent']:g} %: {r['verdict']}); "
                      f"inside the hook: {r['hook_percent']:.2f} %")
+    diagnostics = result.get("diagnostics_overhead", {})
+    for r in diagnostics.values():
+        lo, hi = r["overhead_percent_ci95"]
+        lines.append(f"{r['flags']}: {r['overhead_percent']:+.1f} % time [{lo:+.1f}, {hi:+.1f}] (time with / "
+                     f"without {r['time_ratio']['median']:.3f}; no target); {r['logged_updates']} of "
+                     f"{r['timed_updates']} timed updates diagnosed; inside the diagnostics' own work: "
+                     f"{r['inside_percent']:.2f} % of the time")
     ac = result.get("autocast")
     if ac:
         where = "emulated: this CPU has no bfloat16 instructions" if ac["emulated"] else \
@@ -453,7 +522,7 @@ def summary(result):
                              f"({r['seconds_per_update_float32']:.3f} / {r['seconds_per_update_bf16']:.3f} s/update)"
                              + (f" (target >= {r['target']:g}: {r['verdict']})" if "target" in r else ""))
     few = min([r["n"] for archs in result["throughput"].values() for r in archs.values()]
-              + [r["time_ratio"]["n"] for r in result["grad_norm_overhead"].values()]
+              + [r["time_ratio"]["n"] for r in [*result["grad_norm_overhead"].values(), *diagnostics.values()]]
               + [r["n"] for archs in (ac or {}).get("sizes", {}).values() for r in archs.values()], default=MIN_PAIRS)
     if few < MIN_PAIRS:
         lines.append(f"{few} paired updates per configuration: too few for the intervals to say anything (with so "
@@ -484,7 +553,8 @@ def page_markdown(result):
                 + (f", fairseq flags `{' '.join(result['fairseq_args'])}`" if result["fairseq_args"] else "")
                 + (f"; load (1-minute average) {load['start']:.2f} at the start, {load['end']:.2f} at the end"
                    if "end" in load else "") + f"; {result['total_seconds']:.0f} s in all.")
-    return "\n".join([settings, ""] + table + [""] + [f"- {line}" for line in lines if not line.startswith("|")]) + "\n"
+    return "\n".join([settings, ""] + (table + [""] if table else [])
+                     + [f"- {line}" for line in lines if not line.startswith("|")]) + "\n"
 
 
 def parse_args(argv=None):
@@ -501,8 +571,10 @@ def parse_args(argv=None):
                    help="cuda: fairseq's GPU training (fp32; add flags with --fairseq-args)")
     p.add_argument("--fairseq-args", default="", action="flags", help="extra fairseq-train flags for every configuration, e.g. --fp16")
     p.add_argument("--no-analysis", action="store_true", help="skip timing the Fig. 3 analysis")
+    p.add_argument("--no-throughput", action="store_true",
+                   help="skip measuring each architecture's throughput against fairseq's model")
     p.add_argument("--no-overhead", action="store_true",
-                   help="skip measuring --log-grad-norms' overhead (throughput only)")
+                   help="skip measuring the overheads of --log-grad-norms and of --log-diagnostics (both)")
     p.add_argument("--no-autocast", action="store_true",
                    help="skip measuring --cpu-autocast-bf16 against float32 (CPU only)")
     p.add_argument("--startup", type=int, default=0, metavar="N",
@@ -537,7 +609,8 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     result = benchmark(data, sizes, variants, args.steps, args.reps, args.max_tokens, args.device,
                        args.fairseq_args.split(), not args.no_analysis, log, overhead=not args.no_overhead,
-                       autocast=not args.no_autocast, startup=args.startup)
+                       autocast=not args.no_autocast, startup=args.startup,
+                       throughput=not args.no_throughput)
     write_json(out, result)
     log(summary(result))
     log(f"written {out}")
