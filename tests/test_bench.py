@@ -8,6 +8,7 @@ import types
 import pytest
 
 from conftest import REPO, build_model, same_state, tool, toy_data  # noqa: F401
+from fairseq_lnpos.errors import LnposError
 from fairseq_lnpos.variants import VARIANTS, arch_name
 
 B = tool("bench")  # scripts/tools/bench.py
@@ -325,8 +326,9 @@ def test_no_throughput_and_no_overhead_leave_their_measurements_out(monkeypatch,
     assert [set(c) for c in calls] == [{"fairseq_postln", "fairseq_preln", "preln"}]
     assert result["grad_norm_overhead"] == result["diagnostics_overhead"] == {}
     assert set(result["throughput"]) == {"tiny"}
-    result = bench_json("--no-throughput", "--no-overhead")
-    assert calls == [] and result["throughput"] == result["diagnostics_overhead"] == {}
+    with pytest.raises(LnposError, match="nothing to measure: every measurement is turned off"):
+        bench_json("--no-throughput", "--no-overhead")  # and --no-autocast --no-analysis, no --startup
+    assert calls == []
     with pytest.raises(SystemExit):
         B.parse_args(["--help"])
     assert "--no-overhead skip measuring the overheads of --log-grad-norms and of --log-diagnostics" in \

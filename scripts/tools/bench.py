@@ -595,6 +595,9 @@ def main(argv=None):
     variants = comma_list(args.variants, "--variants", choices=VARIANTS, what="a variant")
     check(args.threads >= 0, "--threads must be at least 0")
     check(args.startup >= 0, "--startup must be at least 0")
+    check(not (args.no_throughput and args.no_overhead and (args.no_autocast or args.device != "cpu")
+               and args.no_analysis and not args.startup),
+          "nothing to measure: every measurement is turned off; drop one of the --no-* flags or give --startup N")
     check(not (args.publish and Path(args.publish).is_file()), f"--publish {args.publish} is a file: give a folder")
     logging.disable(logging.WARNING)  # fairseq's per-model INFO lines would drown the progress
     out = Path(args.out)
