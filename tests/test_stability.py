@@ -211,6 +211,26 @@ def test_main_writes_the_map_and_its_runs_csv_round_trips(sweep, tmp_path, capsy
     assert (tmp_path / "again" / "cells.csv").read_text() == (sweep / "cells.csv").read_text()
 
 
+def test_seeds_run_apart_add_up_into_one_map(sweep, tmp_path, capsys):
+    """A map split over days: the second seeds in another folder, the first published; each run once."""
+    assert S.main([str(sweep), "--no-figures"]) == 0
+    later = tmp_path / "later"
+    for d in sorted(sweep.glob("*/seed2")):
+        later.joinpath(d.parent.name).mkdir(parents=True)
+        d.rename(later / d.parent.name / "seed2")
+    assert S.main([str(sweep), "--no-figures", "--out-dir", str(tmp_path / "first")]) == 0
+    assert S.main([str(tmp_path / "first" / "runs.csv"), str(later), "--no-figures",
+                   "--out-dir", str(tmp_path / "both")]) == 0
+    md = capsys.readouterr().out
+    assert (tmp_path / "both" / "cells.csv").read_text() == (sweep / "cells.csv").read_text()
+    assert f"# Stability map of {tmp_path / 'first' / 'runs.csv'} + {later}" in md
+    assert S.main([str(tmp_path / "first" / "runs.csv"), str(sweep), "--no-figures", "--out-dir", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "seed 1 is in" in err and "give each run once" in err
+    assert S.main([str(later), str(sweep), "--no-figures"]) == 2
+    assert "several sources needs --out-dir DIR" in capsys.readouterr().err
+
+
 def test_the_map_is_published_as_a_results_page(sweep, tmp_path, capsys):
     page = tmp_path / "docs" / "results" / "map"
     assert S.main([str(sweep), "--no-figures", "--publish", str(page)]) == 0
@@ -255,7 +275,7 @@ def test_a_map_where_nothing_counts_says_so_and_exits_2(tmp_path, capsys):
     (["--trains", "0"], "--trains 0.0: give a number in (0, 1]"),
     (["--margin", "-1"], "--margin -1.0: give a number of bits of at least 0"),
     (["--alpha", "nan"], "--alpha nan: give a number in (0, 1)"),
-    (["--runs-csv", "x.csv"], "--runs-csv needs --out-dir DIR"),
+    (["--runs-csv", "x.csv"], "x.csv: a runs.csv needs --out-dir DIR: where to write the map"),
 ])
 def test_bad_numbers_are_one_line_errors(sweep, capsys, args, message):
     assert S.main(([] if "--runs-csv" in args else [str(sweep)]) + args) == 2

@@ -181,12 +181,12 @@ def gather(sources, page_tables, what="the output folder of a sweep or grid (OUT
     so seeds trained on other machines or days add up with new run folders. Any other source is a
     folder of run folders, read by ``read`` (the study's reader: (runs, {file name: table})) where
     given, else a folder or a runs.csv whose runs alone are read. A run (name and seed) given twice is
-    refused."""
+    refused. With no ``page_tables`` every source is a folder of run folders or a runs.csv."""
     pd = pandas()
     names = list(page_tables)
     frames, tables = [], {name: [] for name in names}
     for s in map(Path, sources):
-        if (s / names[0]).is_file():
+        if names and (s / names[0]).is_file():
             for name, columns in page_tables.items():
                 if name != names[0] and not (s / name).is_file():
                     continue

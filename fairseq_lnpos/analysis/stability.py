@@ -3,8 +3,10 @@
     scripts/stability_map.sh OUT [--trains F] [--margin BITS] [--alpha A] [--no-figures]
                                  [--allow-mixed-code] [--publish DIR]
     scripts/stability_map.sh --runs-csv runs.csv --out-dir DIR ...   (a published map, re-judged)
+    scripts/stability_map.sh OUT_A docs/results/NAME/runs.csv ... --out-dir DIR   (seeds run on other days, added)
 
-The runs of OUT/NAME/seedS/ (:func:`~.frame.runs_frame`) that share architecture, depth, warm-up and
+The runs of OUT/NAME/seedS/ (:func:`~.frame.runs_frame`; several sweep folders and published runs.csv add
+up, each run once: :func:`~.frame.gather`) that share architecture, depth, warm-up and
 learning rate are one cell, its seeds; runs that differ in another setting, a cell with a seed twice
 and runs of different model code (unless --allow-mixed-code) are refused. Each cell: its seeds'
 outcomes, the final validation NLL's mean, spread and range (bits, no label smoothing), test BLEU
@@ -22,7 +24,7 @@ from ..cli import CommandParser
 from ..errors import check, run_main
 from ..experiments.runs import warmup_label
 from . import depth, verdict as V
-from .frame import COUNTED, check_model_code, check_one_experiment, read_runs_csv, runs_frame, write_runs_csv
+from .frame import GATHERED, COUNTED, check_model_code, check_one_experiment, gather, runs_frame, write_runs_csv
 from .map_common import label, lost, nll_text, num, ordered, pivot
 from .map_figures import cell_mark
 from .publish import argv_of
@@ -218,10 +220,12 @@ def write_map(out, runs, cells, md, figures=True):
 
 def _main(argv):
     p = CommandParser(prog="stability_map.sh", description=__doc__.split("\n\n")[0])
-    p.add_argument("out", nargs="?", help="the output folder of a sweep (OUT/NAME/seedS/ run folders)")
-    p.add_argument("--runs-csv", help="judge a published runs.csv instead of run folders (writes beside nothing: "
-                                      "give --publish or --out-dir)")
-    p.add_argument("--out-dir", help="with --runs-csv: where to write the map's files")
+    p.add_argument("sources", nargs="*", metavar="OUT",
+                   help="the output folder of a sweep (OUT/NAME/seedS/ run folders) or a published runs.csv; "
+                        "several add up into one map (e.g. seeds run on other days), each run given once")
+    p.add_argument("--runs-csv", action="append", default=[],
+                   help="a published runs.csv to judge (the same as giving it as OUT; may be repeated)")
+    p.add_argument("--out-dir", help="where to write the map's files (default: OUT when it is the one source given)")
     p.add_argument("--trains", type=float, default=V.DEFAULT_TRAINS,
                    help="trains: the final validation NLL at most this times the corpus's unigram bits (default: %(default)s)")
     p.add_argument("--margin", type=float, default=V.DEFAULT_MARGIN,
@@ -237,15 +241,18 @@ def _main(argv):
                                   ("--margin", args.margin, args.margin >= 0, "a number of bits of at least 0"),
                                   ("--alpha", args.alpha, 0 < args.alpha < 1, "a number in (0, 1)")):
         check(math.isfinite(value) and ok, f"{name} {value}: give {want}")
-    check((args.out is None) != (args.runs_csv is None),
-          "give a sweep's folder OUT, or --runs-csv FILE with --out-dir DIR (one of the two)")
-    if args.runs_csv:
-        check(args.out_dir, "--runs-csv needs --out-dir DIR: where to write the map")
-        runs, out, title = read_runs_csv(args.runs_csv), Path(args.out_dir), args.runs_csv
-        out.mkdir(parents=True, exist_ok=True)
+    sources, what = args.sources + args.runs_csv, "the output folder of a sweep (OUT/NAME/seedS/)"
+    check(sources, "give a sweep's folder OUT, or a published runs.csv with --out-dir DIR")
+    one_folder = len(sources) == 1 and not args.runs_csv and not Path(sources[0]).is_file()
+    check(args.out_dir or one_folder, f"{' and '.join(sources)}: " + ("a runs.csv" if len(sources) == 1 else "several sources")
+          + " needs --out-dir DIR: where to write the map")
+    title = " + ".join(sources)
+    if one_folder:
+        runs = runs_frame(Path(sources[0]), what)
     else:
-        out = Path(args.out)
-        runs, title = runs_frame(out, "the output folder of a sweep (OUT/NAME/seedS/)"), str(out)
+        runs = gather(sources, {}, what)[0].drop(columns=list(GATHERED))
+    out = Path(args.out_dir or sources[0])
+    out.mkdir(parents=True, exist_ok=True)
     check_one_experiment(title, runs)
     code_line, rules = check_model_code(runs, args.allow_mixed_code), (args.trains, args.margin, args.alpha)
     cells = make_cells(runs, *rules)
@@ -254,7 +261,7 @@ def _main(argv):
     if args.publish:
         from .publish import publish
 
-        written.append(publish(args.publish, f"Stability map: {Path(title).name}", md, runs, written,
+        written.append(publish(args.publish, "Stability map: " + " + ".join(Path(x).parent.name if Path(x).is_file() else Path(x).name for x in sources), md, runs, written,
                                argv_of("stability_map.sh", argv)))
     print(md, end="")
     check(not cells.empty, f"{title}: no run finished, diverged or was stopped early, so there is no map "
