@@ -231,6 +231,21 @@ def test_seeds_run_apart_add_up_into_one_map(sweep, tmp_path, capsys):
     assert "several sources needs --out-dir DIR" in capsys.readouterr().err
 
 
+def test_one_corpus_in_two_folders_is_one_map_and_two_corpora_are_refused(tmp_path, capsys):
+    """The data folder may differ between machines; the corpus, told by its unigram bits, may not."""
+    runs = [write_run(tmp_path / "a", "preln", 1e-3, 0, 1, final=1.3), write_run(tmp_path / "b", "preln", 1e-3, 0, 2, final=1.4)]
+    for d, data in zip(runs, ("/one/bin", "/other/bin")):
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**cfg, "data": data}))
+    assert S.main([str(tmp_path / "a"), str(tmp_path / "b"), "--no-figures", "--out-dir", str(tmp_path / "m")]) == 0
+    assert "| none | 1.350 [1.30 to 1.40] n2" in capsys.readouterr().out
+    write_run(tmp_path / "c", "preln", 1e-3, 0, 3, final=1.2, unigram=8.1)
+    assert S.main([str(tmp_path / "a"), str(tmp_path / "c"), "--no-figures", "--out-dir", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "trained on different corpora (unigram bits 9.60000 in" in err
+    assert "8.10000 in" in err and "map one corpus at a time" in err
+
+
 def test_the_map_is_published_as_a_results_page(sweep, tmp_path, capsys):
     page = tmp_path / "docs" / "results" / "map"
     assert S.main([str(sweep), "--no-figures", "--publish", str(page)]) == 0

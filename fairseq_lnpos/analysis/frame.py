@@ -218,13 +218,20 @@ def gather(sources, page_tables, what="the output folder of a sweep or grid (OUT
 
 def check_one_experiment(out, runs):
     """A map compares runs along its axes only: refuse ``runs`` that differ in another setting, and
-    cells whose seeds are not distinct runs (the same seed twice: a copied folder)."""
+    cells whose seeds are not distinct runs (the same seed twice: a copied folder). The corpus is the
+    same where its unigram bits are (its folder may differ: runs of another machine or day)."""
     if runs.empty:
         return
+    bits = runs.dropna(subset=["unigram_bits"])
+    if bits["unigram_bits"].round(5).nunique() > 1:
+        a, b = bits.iloc[0], bits[bits["unigram_bits"].round(5) != round(bits["unigram_bits"].iloc[0], 5)].iloc[0]
+        raise LnposError(f"{out}: its runs were trained on different corpora (unigram bits {a['unigram_bits']:.5f} in "
+                         f"{a['path']}, {b['unigram_bits']:.5f} in {b['path']}): map one corpus at a time")
     first = json.loads(runs["settings"].iloc[0])
     for _, r in runs.iterrows():
         other = json.loads(r["settings"])
-        differ = sorted(k for k in first.keys() | other.keys() if first.get(k, "(absent)") != other.get(k, "(absent)"))
+        differ = sorted(k for k in first.keys() | other.keys()
+                        if k != "data" and first.get(k, "(absent)") != other.get(k, "(absent)"))
         if differ:
             k = differ[0]
             raise LnposError(
