@@ -70,10 +70,10 @@ def learned_bleu(need):
     return LEARNED.get(BY_NAME[need[1]].dataset, LEARNED_BLEU) if need[1] in BY_NAME else LEARNED_BLEU
 # the default demo's wall time from an empty folder as measured on two 2-core machines: 862 s on the
 # results page docs/results/demo, about 7 and 28 minutes on a faster one ("The demo", "Real text on a
-# CPU" of `git show 36640e8:docs/results.md`); the real-text demo's grid estimated about an hour here
+# CPU" of `git show 36640e8:docs/results.md`); the real-text demo's 4260 s on docs/results/demo-real
 EXPECTED = {"synthetic": "7 to 15 minutes on 2 cores, depending on the CPU (docs/results/demo)",
-            "multi30k": "30 minutes to over an hour on 2 cores, depending on the CPU, the data's preparation included "
-                        "(12 s from --orig)"}
+            "multi30k": "30 to 75 minutes on 2 cores, depending on the CPU (docs/results/demo-real), the data's "
+                        "preparation included (12 s from --orig)"}
 EXPECTED_QUICK = "about 1.5 minutes on 2 cores"
 WIDTH = 100  # the summary's prose lines
 MAKE = {"synthetic": "make demo", "multi30k": "make demo-real"}  # --data: the command a user types
