@@ -273,8 +273,19 @@ def test_a_copied_seed_folder_is_refused(tmp_path, capsys):
     shutil.copytree(d, d.parent / "seed2")  # config.json still says seed 1
     assert S.main([str(tmp_path), "--no-figures"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "2 run folders hold the same cell and seed" in err and "move the copies away" in err
+    assert err.count("\n") == 1 and "hold the same run (preln-L6-lr0.001-w0 seed 1)" in err and "move the copies away" in err
 
+
+
+def test_one_cell_and_seed_under_two_run_names_is_refused(tmp_path, capsys):
+    d = write_run(tmp_path, "preln", 1e-3, 0, 1, final=1.3)
+    shutil.copytree(d.parent, tmp_path / "preln-again")  # another name, the same architecture, lr, warm-up, seed
+    cfg = json.loads((tmp_path / "preln-again" / "seed1" / "config.json").read_text())
+    cfg["run"]["name"] = "preln-again"
+    (tmp_path / "preln-again" / "seed1" / "config.json").write_text(json.dumps(cfg))
+    assert S.main([str(tmp_path), "--no-figures"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "2 run folders hold the same cell and seed" in err and "move the copies away" in err
 
 def test_a_map_where_nothing_counts_says_so_and_exits_2(tmp_path, capsys):
     write_run(tmp_path, "preln", 1e-3, 0, 1, status="failed: fairseq-train exited 1")
@@ -340,7 +351,7 @@ def test_entry_point_exit_2_for_a_done_json_cut_short(sweep):
 
 def test_bad_folders_are_one_line_errors(tmp_path, capsys):
     assert S.main([str(tmp_path / "nowhere")]) == 2
-    assert f"{tmp_path / 'nowhere'} is not a folder: give the output folder of a sweep" in capsys.readouterr().err
+    assert f"{tmp_path / 'nowhere'}: no such folder or file: give the output folder of a sweep" in capsys.readouterr().err
     assert S.main([str(tmp_path)]) == 2
     assert f"no runs in {tmp_path} (no NAME/seedS/ with config.json): give the output folder" in capsys.readouterr().err
     d = write_run(tmp_path, "postln", 1e-3, 0, 1, final=4.0)

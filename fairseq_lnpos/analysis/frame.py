@@ -210,6 +210,9 @@ def gather(sources, page_tables, what="the output folder of a sweep or grid (OUT
     twice = runs[runs.duplicated(["run", "seed"], keep=False)].sort_values(["run", "seed", "source"])
     if not twice.empty:
         a, b = twice.iloc[0], twice.iloc[1]
+        if a["source"] == b["source"]:  # a copied run folder
+            raise LnposError(f"{a['path']} and {b['path']} hold the same run ({a['run']} seed {a['seed']}): a run's "
+                             f"seeds must be distinct runs; move the copies away")
         raise LnposError(f"{a['run']} seed {a['seed']} is in {a['source']} and in {b['source']}: give each run once "
                          f"(leave out the page, or move the run folder away)")
     return runs, {name: (pd.concat([t for t in parts if len(t)], ignore_index=True) if any(len(t) for t in parts)

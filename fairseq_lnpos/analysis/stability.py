@@ -5,8 +5,8 @@
     scripts/stability_map.sh --runs-csv runs.csv --out-dir DIR ...   (a published map, re-judged)
     scripts/stability_map.sh OUT_A docs/results/NAME/runs.csv ... --out-dir DIR   (seeds run on other days, added)
 
-The runs of OUT/NAME/seedS/ (:func:`~.frame.runs_frame`; several sweep folders and published runs.csv add
-up, each run once: :func:`~.frame.gather`) that share architecture, depth, warm-up and
+The runs of OUT/NAME/seedS/ (:func:`~.frame.gather`: several sweep folders and published runs.csv add
+up, each run once) that share architecture, depth, warm-up and
 learning rate are one cell, its seeds; runs that differ in another setting, a cell with a seed twice
 and runs of different model code (unless --allow-mixed-code) are refused. Each cell: its seeds'
 outcomes, the final validation NLL's mean, spread and range (bits, no label smoothing), test BLEU
@@ -24,7 +24,7 @@ from ..cli import CommandParser
 from ..errors import check, run_main
 from ..experiments.runs import warmup_label
 from . import depth, verdict as V
-from .frame import GATHERED, COUNTED, check_model_code, check_one_experiment, gather, runs_frame, write_runs_csv
+from .frame import GATHERED, COUNTED, check_model_code, check_one_experiment, gather, write_runs_csv
 from .map_common import label, lost, nll_text, num, ordered, pivot
 from .map_figures import cell_mark
 from .publish import argv_of
@@ -218,6 +218,12 @@ def write_map(out, runs, cells, md, figures=True):
     return [p for p in written if p]
 
 
+def _source_name(source):
+    """How a page's title names a source: a sweep folder by its name, a published runs.csv by its page's."""
+    path = Path(source)
+    return path.parent.name if path.is_file() else path.name
+
+
 def _main(argv):
     p = CommandParser(prog="stability_map.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("sources", nargs="*", metavar="OUT",
@@ -247,10 +253,7 @@ def _main(argv):
     check(args.out_dir or one_folder, f"{' and '.join(sources)}: " + ("a runs.csv" if len(sources) == 1 else "several sources")
           + " needs --out-dir DIR: where to write the map")
     title = " + ".join(sources)
-    if one_folder:
-        runs = runs_frame(Path(sources[0]), what)
-    else:
-        runs = gather(sources, {}, what)[0].drop(columns=list(GATHERED))
+    runs = gather(sources, {}, what)[0].drop(columns=list(GATHERED))
     out = Path(args.out_dir or sources[0])
     out.mkdir(parents=True, exist_ok=True)
     check_one_experiment(title, runs)
@@ -261,8 +264,8 @@ def _main(argv):
     if args.publish:
         from .publish import publish
 
-        written.append(publish(args.publish, "Stability map: " + " + ".join(Path(x).parent.name if Path(x).is_file() else Path(x).name for x in sources), md, runs, written,
-                               argv_of("stability_map.sh", argv)))
+        written.append(publish(args.publish, "Stability map: " + " + ".join(map(_source_name, sources)), md, runs,
+                               written, argv_of("stability_map.sh", argv)))
     print(md, end="")
     check(not cells.empty, f"{title}: no run finished, diverged or was stopped early, so there is no map "
                            f"(the runs are listed in {out / 'stability.md'}): run or resume the sweep first")
