@@ -138,10 +138,22 @@ def test_a_page_adds_up_with_new_seeds_and_the_command_refuses_bad_input(grid, t
     assert "| `real-postln-wu500` | encoder/self_attn | 2 | 0.3 | 3 | 15 |" in md  # the residual share of seed 2
     # runs.csv is the per-seed table alone, also when its runs came from a page (no column saying from where)
     assert (tmp_path / "both" / "runs.csv").read_text().split("\n", 1)[0] == ",".join(RUN_COLUMNS)
+    # --only chooses before the check that each run is given once: beside the page, a folder with seed 3 of
+    # every row and copies of the page's other rows; only real-postln-wu500 is asked for, given once
+    mixed = tmp_path / "mixed"
+    shutil.copytree(new, mixed)
+    for run in old.iterdir():
+        if run.name != "real-postln-wu500":
+            shutil.copytree(run, mixed / run.name, dirs_exist_ok=True)
+    assert C.main([str(tmp_path / "page"), str(mixed), "--only", "real-postln-wu500", "--out-dir", str(tmp_path / "one")]) == 0
+    assert C.main([str(grid), "--only", "real-postln-wu500", "--out-dir", str(tmp_path / "one-all")]) == 0
+    assert (tmp_path / "one" / "curves.csv").read_text() == (tmp_path / "one-all" / "curves.csv").read_text()
+    assert "| `real-postln-wu500` | 3 | 3 |" in (tmp_path / "one" / "curves.md").read_text()
     capsys.readouterr()
     for argv, words in (([str(grid), "--only", "iwslt-*"], "no run finished"),
                         ([str(grid), "--reference", "real-nope"], "--reference real-nope: not among the runs"),
                         ([str(tmp_path / "page"), str(grid)], "give each run once"),
+                        ([str(tmp_path / "page"), str(tmp_path / "mixed")], "give each run once"),
                         ([str(tmp_path / "missing")], "no such folder")):
         assert C.main(argv + ["--out-dir", str(tmp_path / "r")]) != 0
         err = capsys.readouterr().err.strip().splitlines()

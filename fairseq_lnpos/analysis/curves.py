@@ -5,20 +5,20 @@ and per epoch its difference from a reference row and the lab's verdict among th
         [--title T] [--out-dir D] [--publish DIR]
 
 ``OUT``: grid folders (``OUT/NAME/seedS/``), or pages this command published (their runs.csv and
-epochs.csv: seeds trained elsewhere add up; a run given twice is refused). ``--only``: run names or
-globs (default: every run that finished, diverged or stopped). Per row (a run of the run table) and
-scored epoch: the seeds, the mean and range of the validation NLL (bits, no label smoothing), tok
-BLEU, sacreBLEU, and the hypotheses' length ratio and 4-gram repetition (:mod:`~fairseq_lnpos.experiments.evaluate`);
-the row's mean NLL minus the reference row's (``--reference``, default the first row whose variant is
-Pre-LN, else the first row) with Welch's 95 % interval; and the maps' verdict
-(:mod:`.verdict`) with that epoch's rows as one family: *poor* = worse than another row by more than the
-margin (Welch, each row with its own variance moderated by the family's, Holm over every ordered pair),
-else *good*. Per row: the epoch of lowest validation NLL of each seed (chosen without the test set)
-and its tok BLEU, and the first epoch from which the row is good at every later epoch. Where runs
-wrote ``--log-diagnostics`` (``diagnostics.jsonl``), each row's residual share ||F(x)|| / ||s x||
-(:mod:`fairseq_lnpos.diagnostics`: what the sublayers add to the stream over what the skip path
-carries) per kind of connection and seed, mean over the stack's layers, at the logged updates of
-:data:`RESIDUAL_UPDATES`.
+epochs.csv: seeds trained elsewhere add up; a run given twice is refused). ``--only``: run names or globs
+(default: every run that finished, diverged or stopped), chosen before that check: a run left out may be
+in several sources. Per row (a run of the run table) and scored epoch: the seeds, the mean and range of
+the validation NLL (bits, no label smoothing), tok BLEU, sacreBLEU, and the hypotheses' length ratio and
+4-gram repetition (:mod:`~fairseq_lnpos.experiments.evaluate`); the row's mean NLL minus the reference
+row's (``--reference``, default the first row whose variant is Pre-LN, else the first row) with Welch's
+95 % interval; and the maps' verdict (:mod:`.verdict`) with that epoch's rows as one family: *poor* =
+worse than another row by more than the margin (Welch, each row with its own variance moderated by the
+family's, Holm over every ordered pair), else *good*. Per row: the epoch of lowest validation NLL of each
+seed (chosen without the test set) and its tok BLEU, and the first epoch from which the row is good at
+every later epoch. Where runs wrote ``--log-diagnostics`` (``diagnostics.jsonl``), each row's residual
+share ||F(x)|| / ||s x|| (:mod:`fairseq_lnpos.diagnostics`: what the sublayers add to the stream over what
+the skip path carries) per kind of connection and seed, mean over the stack's layers, at the logged
+updates of :data:`RESIDUAL_UPDATES`.
 
 Writes into ``--out-dir`` (default ``curves-report``): runs.csv, epochs.csv (one row per run, seed and
 epoch: the per-seed data), curves.csv (one row per run and epoch), curves.md (printed too) and
@@ -56,13 +56,12 @@ def load(sources, only=None, allow_mixed=False):
     seed, logged update and residual connection (:data:`RESIDUAL_COLUMNS`)."""
     pd = pandas()
     what = "the output folder of a grid (OUT/NAME/seedS/)"
+    selected = (lambda n: any(fnmatch.fnmatchcase(n, g) for g in only)) if only else None
     runs, tables = gather(sources, {EPOCHS_CSV: EPOCH_COLUMNS, RESIDUAL_CSV: RESIDUAL_COLUMNS}, what,
-                          read=lambda folder: read_grid(folder, what))
+                          read=lambda folder: read_grid(folder, what), keep=selected)
     epochs, residual = tables[EPOCHS_CSV], tables[RESIDUAL_CSV]
     for c in METRICS.keys() | {"epoch", "num_updates", "seed", "train_loss", "valid_loss"}:
         epochs[c] = pd.to_numeric(epochs[c])
-    if only:
-        runs = runs[runs["run"].map(lambda n: any(fnmatch.fnmatchcase(n, g) for g in only))]
     runs = runs[runs["outcome"].isin(COUNTED)].reset_index(drop=True)
     if runs.empty:
         raise LnposError(f"{', '.join(map(str, sources))}: no run finished, diverged or stopped"

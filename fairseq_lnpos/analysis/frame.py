@@ -173,7 +173,7 @@ def read_runs(source, what="the output folder of a sweep or grid (OUT/NAME/seedS
 GATHERED = ("source", "page")  # the columns gather adds: where a run was read from (a page or not), not its data
 
 
-def gather(sources, page_tables, what="the output folder of a sweep or grid (OUT/NAME/seedS/)", read=None):
+def gather(sources, page_tables, what="the output folder of a sweep or grid (OUT/NAME/seedS/)", read=None, keep=None):
     """(the table of every run in ``sources`` with the columns :data:`GATHERED`, {file name: table} of
     the per-run data the study reads beyond runs.csv). ``page_tables`` is {file name: columns} of those
     tables as the study's pages keep them: a source holding the first is a results page the study
@@ -181,7 +181,9 @@ def gather(sources, page_tables, what="the output folder of a sweep or grid (OUT
     so seeds trained on other machines or days add up with new run folders. Any other source is a
     folder of run folders, read by ``read`` (the study's reader: (runs, {file name: table})) where
     given, else a folder or a runs.csv whose runs alone are read. A run (name and seed) given twice is
-    refused. With no ``page_tables`` every source is a folder of run folders or a runs.csv."""
+    refused. With no ``page_tables`` every source is a folder of run folders or a runs.csv. ``keep`` (a
+    run name -> bool), where given, selects the runs before that check: a run left out may be in
+    several sources."""
     pd = pandas()
     names = list(page_tables)
     frames, tables = [], {name: [] for name in names}
@@ -207,6 +209,8 @@ def gather(sources, page_tables, what="the output folder of a sweep or grid (OUT
         else:
             frames.append(read_runs(s, what).assign(source=str(s), page=False))
     runs = pd.concat(frames, ignore_index=True)
+    if keep is not None:
+        runs = runs[runs["run"].map(keep).astype(bool)].reset_index(drop=True)
     twice = runs[runs.duplicated(["run", "seed"], keep=False)].sort_values(["run", "seed", "source"])
     if not twice.empty:
         a, b = twice.iloc[0], twice.iloc[1]
