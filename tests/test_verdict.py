@@ -72,3 +72,12 @@ def test_the_rule_is_stated_with_its_numbers():
     text = V.describe(0.5, 0.1, 0.05, (0.0004, math.inf, 12))
     assert "at most 0.5 x the corpus's unigram bits" in text and "by more than 0.1 bit" in text
     assert "Holm-corrected at 0.05" in text and "s0 = 0.02 bit on d0 = inf df (pooled df 12)" in text
+
+
+def test_the_difference_of_seeds_equal_to_the_logged_digits_is_quiet_and_finite():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # scipy's precision warning would be printed to the user
+        d, low, high = V.difference([4.229, 4.214], [5.225, 5.225])
+    assert d == pytest.approx(-1.0035) and low < d < high and math.isfinite(low) and math.isfinite(high)

@@ -21,6 +21,7 @@ choice of the best accounted for.
 """
 import math
 import sys
+import warnings
 
 import numpy as np
 
@@ -152,7 +153,9 @@ def difference(x, ref):
         return math.nan, math.nan, math.nan
     if len(x) < 2 or len(ref) < 2:
         return x.mean() - ref.mean(), math.nan, math.nan
-    ci = ttest_ind(x, ref, equal_var=False).confidence_interval(0.95)
+    with warnings.catch_warnings():  # seeds equal to the logged digits: scipy warns of its moments' precision
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ci = ttest_ind(x, ref, equal_var=False).confidence_interval(0.95)
     return x.mean() - ref.mean(), ci.low, ci.high
 
 
