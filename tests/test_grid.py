@@ -378,6 +378,10 @@ def test_eta_from_the_training_pace(tmp_path):
     epochs = [job("running", 30, 1, (60.0, 30), max_epoch=3), job("pending", max_epoch=3)]
     grid.progress = epochs  # 30 updates an epoch: 60 + 90 updates left at 2 s each on 2 slots: 150 s
     assert grid.eta() == fmt_time(150)
+    middle = job("running", 80, 2, (160.0, 80), max_epoch=3)  # epochs 1 and 2 saved at 30 and 60 updates
+    middle.log_state = NS(saved={1: 30, 2: 60})
+    grid.progress = [middle]  # 30 updates an epoch, not 80 / 2: 10 updates left at 2 s each on 2 slots
+    assert grid.eta() == fmt_time(10)
     grid.progress = [job("running", 30, 0, (60.0, 30), max_epoch=3)]  # no epoch ended yet: unknown
     assert grid.eta() == "?"
     grid.progress = [job("running", 0, 0, (12.0, 0), max_update=200)]  # fairseq still starting: unknown

@@ -72,10 +72,11 @@ def test_progress_lines_fit_the_terminal_and_the_log_has_them_in_full(tmp_path, 
     from fairseq_lnpos.experiments.scheduler import TERMINAL_WIDTH, Grid, Phase
 
     def job(i, name):
-        return NS(phase=Phase.RUNNING, label=f"{name} seed 1", updates=150, epoch=2, loss=4.21, pace=None,
+        return NS(phase=Phase.RUNNING, label=f"{name} seed 1", updates=150, epoch=1, loss=4.21, pace=None,
                   job=NS(index=i, run=NS(max_update=0, max_epoch=3)))
 
-    jobs = [job(i, f"multi30k-preln_rmsnorm-adam-lr5e-4-nowu-{i}") for i in range(1, 8)]  # 7 on one GPU
+    # 7 on one GPU, each with one epoch saved: the second in progress
+    jobs = [job(i, f"multi30k-preln_rmsnorm-adam-lr5e-4-nowu-{i}") for i in range(1, 8)]
     grid = Grid([], options.RunOptions(out=str(tmp_path)), [None] * 7)
     grid.progress = jobs
     msg = f"{jobs[0].label}: training (new), log {tmp_path}/multi30k-preln_rmsnorm-adam-lr5e-4-nowu/seed1/train.log"

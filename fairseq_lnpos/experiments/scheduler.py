@@ -201,11 +201,12 @@ class Grid:
             for p in self.progress:
                 if p.phase is Phase.RUNNING:
                     run = p.job.run
+                    epoch = min(p.epoch + 1, run.max_epoch or p.epoch + 1)  # the one in progress (p.epoch: saved)
                     budget = f"update {p.updates}/{run.max_update}" if run.max_update else \
-                        f"epoch {p.epoch}/{run.max_epoch}, update {p.updates}"
+                        f"epoch {epoch}/{run.max_epoch}, update {p.updates}"
                     parts.append(f"run {p.job.index}/{n} {p.label}: {budget}" + (f", loss {p.loss}" if p.loss else ""))
                     brief.append(f"#{p.job.index} " + (f"upd {p.updates}/{run.max_update}" if run.max_update else
-                                                       f"ep {p.epoch}/{run.max_epoch} upd {p.updates}")
+                                                       f"ep {epoch}/{run.max_epoch} upd {p.updates}")
                                  + (f" loss {p.loss}" if p.loss else ""))
             queued = sum(e.pending for e in self.evaluators.values())
             tail = ([f"eval queue {queued}"] if queued else []) + [f"ETA {self.eta()}"]
@@ -231,8 +232,10 @@ class Grid:
         if not paces:
             return "?"
         per_update = sum(t for t, _ in paces) / sum(u for _, u in paces)
-        seen = [(p.updates, p.epoch) for p in self.progress if p.epoch]
-        per_epoch = sum(u for u, _ in seen) / sum(e for _, e in seen) if seen else None  # updates in an epoch
+        # updates in an epoch: at the last saved epoch's end (a run in the middle of the next one would count more)
+        seen = [((p.log_state.saved.get(p.epoch, p.updates) if getattr(p, "log_state", None) else p.updates), p.epoch)
+                for p in self.progress if p.epoch]
+        per_epoch = sum(u for u, _ in seen) / sum(e for _, e in seen) if seen else None
         left = 0.0
         for p in self.progress:
             if p.phase in (Phase.PENDING, Phase.RUNNING):
