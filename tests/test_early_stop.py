@@ -104,14 +104,14 @@ def test_the_sweep_stops_a_stalled_run_and_records_it(tmp_path, monkeypatch, cap
     if flag:
         assert done["status"] == done["outcome"] == "finished" and done["stopped_at"] is None and "reason" not in done
     else:
-        assert done["status"] == ("stopped early at update 120: training loss stalled at 6.50 bits (0.72 x its first "
-                                  "9.00; +0.00 over the last 20 updates) at 60% of the budget")
-        assert done["stopped_at"] == 120 and "stopped early at update 120" in capsys.readouterr().out
+        assert done["status"] == ("stopped early at update 60: training loss stalled at 6.50 bits (0.72 x its first "
+                                  "9.00; +0.00 over the last 20 updates) at 30% of the budget")  # the default rule
+        assert done["stopped_at"] == 60 and "stopped early at update 60" in capsys.readouterr().out
         assert done["outcome"] == "stopped early" and done["reason"].startswith("training loss stalled at 6.50 bits")
         assert "# fairseq-train ran" in (run / "train.log").read_text()
         again = G.main(["sweep", "--archs", "postln", "--lr", "1e-3", "--warmup", "1", "--layers", "2", "--seeds", "1",
                         "--max-update", "200", "--data", str(data), "--out", str(out)])
-        assert again == 0 and "already stopped early at update 120" in capsys.readouterr().out  # never redone
+        assert again == 0 and "already stopped early at update 60" in capsys.readouterr().out  # never redone
 
 
 def _run_with_log(out, variant, lr, seed, curve, final, initial=9.0):
@@ -142,14 +142,15 @@ def test_the_replay_reports_stops_fractions_false_stops_and_time_saved(tmp_path,
     rows = [row for row in rows if row[0].seed == 1]
     assert sorted((r.variant, r.lr, how) for r, how, _, _ in rows) == [
         ("postln", 3e-4, "good"), ("postln", 1e-3, "trains"), ("postln", 3e-3, "not trained"), ("preln", 1e-3, "good")]
-    res = R.replay(rows, StopRule())  # from 60 %: the stall stops at update 120, the plateau has broken by then
+    late = StopRule(after=0.6, ratio=0.7)
+    res = R.replay(rows, late)  # from 60 %: the stall stops at update 120, the plateau has broken by then
     assert (res["stopped"], res["not_trained"], res["fraction_median"]) == (1, 1, 0.6)
     assert (res["false_good"], res["false_trains"], res["saved"], res["seconds"]) == ([], [], pytest.approx(40.0), 400.0)
-    chosen, lines = R.choose(rows, StopRule())
+    chosen, lines = R.choose(rows, late)
     assert (chosen.after, chosen.ratio) == (0.3, 0.6) and len(lines) == 2 + 15  # stops the stall earliest, no good run
-    early = R.replay(rows, StopRule(after=0.3))  # from 30 %: the plateau is stopped too
+    early = R.replay(rows, StopRule(after=0.3, ratio=0.7))  # from 30 %: the plateau is stopped too
     assert [r.lr for r, _ in early["false_trains"]] == [1e-3] and early["false_good"] == []
-    assert R.main([str(tmp_path), "--after", "0.3"]) == 0
+    assert R.main([str(tmp_path), "--after", "0.3", "--ratio", "0.7"]) == 0
     out = capsys.readouterr().out
     assert "stopped: 1 of 1 not trained (100%), at a median 30% of the budget" in out
     assert R.main([str(tmp_path), "--scan", "--score-on", str(tmp_path), "--publish", str(tmp_path / "page")]) == 0
@@ -191,4 +192,19 @@ def test_a_run_budgeted_in_epochs_is_replayed_over_the_updates_it_ran(tmp_path):
     (d / "train.log").write_text("".join(T % (loss, u) + "\n" for u, loss in flat()[:100]))
     ((r, how, losses, budget),) = R.outcomes(tmp_path)
     assert (how, budget, len(losses)) == ("not trained", 100, 100)
-    assert R.replay([(r, how, losses, budget)], StopRule())["fraction_median"] == 0.6
+    assert R.replay([(r, how, losses, budget)], StopRule(after=0.6))["fraction_median"] == 0.6
+
+
+def test_the_default_rule_is_the_one_the_published_replay_chose_and_scored_held_out():
+    """The grid's default is the rule docs/results/early-stopping chose on one map and scored on others
+    (no false stop there); republishing that page with another choice fails here until the default follows."""
+    import re
+    from pathlib import Path
+
+    from fairseq_lnpos.experiments.early_stop import DEFAULT_RULE
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "results" / "early-stopping" / "index.md").read_text()
+    after, ratio = map(float, re.search(r"^chosen on \S+: after ([\d.]+), ratio ([\d.]+)$", page, re.M).groups())
+    assert (DEFAULT_RULE.after, DEFAULT_RULE.ratio) == (after, ratio)
+    held_out = re.findall(r"^false stops: (\d+) of runs that end good, (\d+) of runs that train", page, re.M)
+    assert len(held_out) == 5 and all(a == b == "0" for a, b in held_out)  # the choice and the four held out

@@ -3,19 +3,20 @@
 A run is stopped at update u, and recorded as ``stopped early at update u: WHY`` (its own outcome,
 never "finished"), when its training loss has stalled well above what a run that trains reaches:
 
-- u is at least :attr:`StopRule.after` of the budget (``--max-update``), so that slow starters and
-  the plateau a Post-LN run may cross late are not judged (Post-LN without warm-up at lr 1e-3 sat
-  at 6.6-6.9 bits until update 110 of 200, then fell to 5.5);
+- u is at least :attr:`StopRule.after` of the budget (``--max-update``), so that slow starters are
+  not judged before they could have started;
 - the mean training loss of the last ``window`` updates is above :attr:`StopRule.ratio` times the
-  first logged loss (a run that trains ends at 0.17-0.49 of it on the generated corpus, a stalled
-  one at 0.68-0.79, docs/grid.md), and
+  first logged loss, and
 - it fell by less than :attr:`StopRule.progress` times the first loss from the ``window`` updates
   before (a stalled run no longer moves; a slow one still does).
 
 A run that diverges is stopped by the grid's other rules (a non-finite loss; ``--patience``). The
-defaults were calibrated on full-length runs of the all-architecture map and are scored on maps they
-were not chosen on (docs/results/early-stopping/index.md): ``python scripts/tools/early_stop_replay.py OUT`` replays the rule over a folder
-of runs made without it and reports what it would have stopped, when, and what it would have saved.
+defaults (``after`` 0.3, ``ratio`` 0.6) are the rule that ``python scripts/tools/early_stop_replay.py
+--scan`` chose on the full-length runs of one all-architecture map and scored on 388 runs of four
+other sweeps it was not chosen on, with no stop of a run that went on to train
+(docs/results/early-stopping/index.md; tests/test_early_stop.py holds the two together). The same
+command replays any rule over a folder of runs made without it and reports what it would have
+stopped, when, and what it would have saved.
 """
 import math
 from dataclasses import dataclass
@@ -23,8 +24,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class StopRule:
-    after: float = 0.6      # no run is judged before this fraction of its budget
-    ratio: float = 0.7      # stalled: the recent mean training loss above ratio x the first loss ...
+    after: float = 0.3      # no run is judged before this fraction of its budget
+    ratio: float = 0.6      # stalled: the recent mean training loss above ratio x the first loss ...
     progress: float = 0.02  # ... that fell by less than progress x the first loss over the last window
     window: float = 0.1     # the window, a fraction of the budget (at least 5 updates)
 
