@@ -6,13 +6,13 @@
     scripts/stability_map.sh OUT_A docs/results/NAME/runs.csv ... --out-dir DIR   (seeds run on other days, added)
 
 The runs of OUT/NAME/seedS/ (:func:`~.frame.gather`: several sweep folders and published runs.csv add
-up, each run once) that share architecture, depth, warm-up and
-learning rate are one cell, its seeds; runs that differ in another setting, a cell with a seed twice
-and runs of different model code (unless --allow-mixed-code) are refused. Each cell: its seeds'
-outcomes, the final validation NLL's mean, spread and range (bits, no label smoothing), test BLEU
-where scored, and the verdicts of :mod:`.verdict`. Writes into OUT: runs.csv (a row per run),
-cells.csv (a row per cell), stability.md (printed too) and, unless --no-figures, the figures of
-:mod:`.map_figures` and :mod:`.depth`; ``--publish DIR`` also writes a results page (:mod:`.publish`).
+up, each run once) that share architecture, depth, warm-up and learning rate are one cell, its seeds;
+runs that differ in another setting, a cell with a seed twice and runs of different model code (unless
+--allow-mixed-code) are refused. Each cell: its seeds' outcomes, the final validation NLL's mean, spread
+and range (bits, no label smoothing), test BLEU where scored, and the verdicts of :mod:`.verdict`.
+Writes into OUT: runs.csv (a row per run), cells.csv (a row per cell), stability.md (printed too) and,
+unless --no-figures, the figures of :mod:`.map_figures` and :mod:`.depth`; ``--publish DIR`` also writes
+a results page (:mod:`.publish`).
 """
 import math
 import sys
