@@ -366,7 +366,7 @@ def test_eta_from_the_training_pace(tmp_path):
     from fairseq_lnpos.experiments.scheduler import Grid, Phase
 
     def job(phase, updates=0, epoch=0, pace=None, max_update=None, max_epoch=None):
-        return NS(phase=Phase(phase), updates=updates, epoch=epoch, pace=pace,
+        return NS(phase=Phase(phase), updates=updates, epoch=epoch, pace=pace, log_state=None,
                   job=NS(run=NS(max_update=max_update, max_epoch=max_epoch)))
 
     sweep = [job("done", 200, 0, (100.0, 200), max_update=200), job("running", 50, 0, (20.0, 50), max_update=200),

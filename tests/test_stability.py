@@ -276,7 +276,6 @@ def test_a_copied_seed_folder_is_refused(tmp_path, capsys):
     assert err.count("\n") == 1 and "hold the same run (preln-L6-lr0.001-w0 seed 1)" in err and "move the copies away" in err
 
 
-
 def test_one_cell_and_seed_under_two_run_names_is_refused(tmp_path, capsys):
     d = write_run(tmp_path, "preln", 1e-3, 0, 1, final=1.3)
     shutil.copytree(d.parent, tmp_path / "preln-again")  # another name, the same architecture, lr, warm-up, seed

@@ -233,7 +233,7 @@ class Grid:
             return "?"
         per_update = sum(t for t, _ in paces) / sum(u for _, u in paces)
         # updates in an epoch: at the last saved epoch's end (a run in the middle of the next one would count more)
-        seen = [((p.log_state.saved.get(p.epoch, p.updates) if getattr(p, "log_state", None) else p.updates), p.epoch)
+        seen = [(p.log_state.saved.get(p.epoch, p.updates) if p.log_state else p.updates, p.epoch)
                 for p in self.progress if p.epoch]
         per_epoch = sum(u for u, _ in seen) / sum(e for _, e in seen) if seen else None
         left = 0.0
