@@ -186,6 +186,23 @@ def test_fork_server_saving_in_the_summary():
             "wall time 1.80x, CPU time 1.60x; per run 2.00x [2.00, 2.50]") in text
 
 
+def test_sweep_cells_saving_on_its_own_page():
+    every = [{"cpu_seconds": c, "validations": 3, "final_valid_nll": 3.878} for c in (41.6, 40.0)]
+    last = [{"cpu_seconds": c, "validations": 1, "final_valid_nll": 3.878} for c in (40.0, 40.0)]
+    cells = {"runs": 2, "arms": {"every_epoch": every, "last_update": last}, "cpu_ratio": 81.6 / 80.0,
+             "per_run": B.paired([41.6, 40.0], [40.0, 40.0]), "same_final_nll": True}
+    result = {"data": "/x/synthetic-bin", "steps": 20, "reps": 5, "max_tokens": 2048, "device": "cpu",
+              "torch_threads": 2, "cpu_count": 2, "fairseq_args": [], "throughput": {}, "grad_norm_overhead": {},
+              "diagnostics_overhead": {}, "sweep_cells": cells, "total_seconds": 170.0}
+    md = B.page_markdown(result).split("\n")
+    assert md[0] == "device cpu, 2 torch threads on 2 cores; 170 s in all."  # no timed updates, no batches
+    assert md[2] == ("- sweep cells (the all-architecture map's, Post-LN lr 1e-3), 2 runs of each: validated at every "
+                     "epoch's end (3 validations) / at the last update only (1): CPU time 1.020x; per run 1.020x "
+                     "[1.000, 1.040]; final validation NLL the same in every pair")
+    cells["same_final_nll"] = False
+    assert B.summary(result).endswith("final validation NLL DIFFERS")
+
+
 def test_the_results_page_gives_settings_load_table_and_one_item_per_measurement():
     r = B.throughput_results({"fairseq_postln": [1.0] * 4, "postln": [1.0] * 4},
                              {n: {"aten_calls": 1, "output_elements": 1, "matmul_flops": 1} for n in ("fairseq_postln", "postln")},

@@ -131,6 +131,32 @@ def test_sweep_dry_run_names_and_budget(capsys, tmp_path):
         "sweep-preln-L12-lr0.003-wu1", "preln", 3e-3, 0, 12, 10)
 
 
+def test_a_sweep_validates_at_its_last_update_only_unless_asked(tmp_path):
+    """A map reads a cell's last validation only: fairseq validates at --max-update, not at the epoch
+    ends before it; the config (and its hash) is that of a cell validated every epoch.
+    --validate-each-epoch and --bleu validate every epoch; grid.sh run never skips one."""
+    from dataclasses import replace
+
+    from fairseq_lnpos.experiments.options import RunOptions, SweepOptions
+    from fairseq_lnpos.experiments.plan import make_jobs
+
+    def job(*flags):
+        ns = G.build_parser().parse_args(["sweep", "--archs", "postln", "--lr", "1e-3", "--warmup", "1", "--layers", "2",
+                                    "--max-update", "30", "--seeds", "1", "--out", str(tmp_path / "s"), *flags])
+        opts = SweepOptions.from_namespace(ns)
+        (j,), _ = make_jobs(opts, S.sweep_runs(opts), dry_run=True)
+        return j
+
+    def validate_after(j):
+        cmd = j.train_cmd()
+        return cmd[cmd.index("--validate-after-updates") + 1] if "--validate-after-updates" in cmd else None
+
+    final_only, each, bleu = job(), job("--validate-each-epoch"), job("--bleu")
+    assert validate_after(final_only) == "30" and validate_after(each) is None and validate_after(bleu) is None
+    assert final_only.config_hash() == each.config_hash() and final_only.config() == each.config()
+    assert validate_after(replace(final_only, opts=RunOptions(no_bleu=True))) is None
+
+
 def test_sweep_help_states_the_sweeps_own_defaults(capsys):
     with pytest.raises(SystemExit):
         G.main(["sweep", "--help"])
@@ -190,6 +216,11 @@ def test_an_interrupted_sweep_resumes_and_records_divergence(tmp_path):
             assert d["status"].startswith("diverged") and d["diverged_at"] < 30, (name, d)
         else:
             assert d["status"] == "finished" and d["final_valid_loss"] < d["initial_loss"], (name, d)
+            # epochs of 8 updates, each saved to resume from, validated at update 30 only
+            state = LogState.of((out / name / "seed1" / "train.log").read_text())
+            assert sorted(state.saved) == [1, 2, 3] and len(state.valid) == 1, (name, state.valid)
+            assert state.valid[4]["valid_num_updates"] == "30" and d["final_valid_nll"] == float(
+                state.valid[4]["valid_nll_loss"])
     smap = subprocess.run([str(repo / "scripts" / "stability_map.sh"), str(out), "--no-figures"],
                           capture_output=True, text=True, env=env)
     assert smap.returncode == 0 and "4 runs: 2 finished, 2 diverged" in smap.stdout, smap.stderr

@@ -208,11 +208,26 @@ class Job:
             optim=[*optimizer_args(r), "--clip-norm", str(r.clip_norm), *schedule_args(r, total_updates)],
             label_smoothing=r.label_smoothing, budget=["--update-freq", str(update_freq), *budget_args(r)],
             seed=self.seed, save_dir=self.save_dir, log_format="json", log_interval=o.log_interval)]
+        cmd += self.unread_work_args()
         if o.world > 1:
             cmd += ["--distributed-world-size", str(o.world)]
         if o.fp16:
             cmd += ["--fp16"]
         return cmd + list(r.extra) + split_flags(o.fairseq_args, "--fairseq-args")
+
+    def unread_work_args(self):
+        """fairseq-train flags that skip the validations nothing reads: a sweep's cell without BLEU
+        (its budget in updates) is read at its last update only (the final validation NLL; a run
+        stopped early or diverged counts by its outcome), so fairseq validates at ``--max-update``
+        and not at the epoch ends before it. Training is the same update for update (fairseq seeds
+        each update and each epoch's batches itself), and the epoch checkpoints are still written:
+        an interrupted run resumes from them. Not part of the config (nor its hash): they change
+        what is logged, not the results. ``grid.sh sweep --validate-each-epoch`` keeps every
+        validation."""
+        o, r = self.opts, self.run
+        if o.final_validation_only and o.no_bleu and r.max_update:
+            return ["--validate-after-updates", str(r.max_update)]
+        return []
 
     def gen_extra(self):
         """fairseq-generate flags beyond the data, checkpoint, beam and length penalty: decoding is

@@ -119,6 +119,7 @@ class RunFields(Options):
     log_interval: int = option(1, "fairseq --log-interval (1: divergence is located to the update)",
                                type=whole_number(1))
     keep_checkpoints: bool = option(False, "keep checkpointN.pt after scoring (default: keep only _best and _last)")
+    final_validation_only: bool = False  # a sweep's (commands.Job.unread_work_args); not an option of run
 
     @property
     def world(self):
@@ -177,6 +178,10 @@ class SweepAxes(Options):
     early_stop: bool = option(
         help="run every cell to its budget: do not stop runs whose training loss has stalled "
              "(early_stop.py; docs/results/early-stopping/index.md scores it)", flag="--no-early-stop", action="store_false")
+    # the default (the last update only) is SweepOptions'
+    final_validation_only: bool = option(
+        help="also validate at every epoch's end (default without --bleu: at the last update only, the "
+             "validation the map reads)", flag="--validate-each-epoch", action="store_false")
 
 
 @dataclass
@@ -187,6 +192,7 @@ class SweepOptions(RunFields, SweepAxes):
     patience: int = 50
     no_bleu: bool = True
     early_stop: bool = True
+    final_validation_only: bool = True
     seeds: Optional[str] = option(help=(
         "comma-separated seeds of every cell (default: %s: 3 seeds, %d runs, about 1.6 x the CPU time of the "
         "earlier one-seed 5 x 3 grid, less with early stopping; the depth map's: %s, %d runs; with --real %s; "

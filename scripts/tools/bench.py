@@ -19,6 +19,12 @@
   fairseq-train runs of one configuration as processes of their own and N forked from one server,
   taking turns; total wall time and CPU time of the fresh processes over those of the server (its
   start included);
+* with ``--sweep-cells N``, what a sweep saves by validating only at a cell's last update (the
+  validation its map reads; ``commands.Job.unread_work_args``): N cells of the all-architecture map
+  (Post-LN, lr 1e-3, width 96, 200 updates on the demo's corpus, whose epochs are ~100 updates)
+  validated at every epoch's end as before and N as the sweep runs them, forked from one fork
+  server, taking turns; CPU time of the first over the second, and each pair's final validation
+  NLL, which must be the same;
 * the wall time of the Fig. 3 analysis (``scripts/init_grad_analysis.sh``) with its defaults.
 
 Timing: every configuration trains on the same batches; the configurations take turns at every
@@ -404,6 +410,61 @@ def measure_startup(data, runs, log, updates=2, threads=1):
             "per_run": paired([t for t, _ in fresh], [t for t, _ in forked])}
 
 
+def measure_sweep_cells(runs, log, work_dir):
+    """``runs`` pairs of one cell of the all-architecture map as ``grid.sh sweep --validate-each-epoch``
+    and as ``grid.sh sweep`` runs it (validated at its last update only), forked from one fork server,
+    taking turns (the order alternating); CPU seconds of each, its validations and its final NLL."""
+    from fairseq_lnpos.demo import make_data
+    from fairseq_lnpos.experiments.grid import build_parser
+    from fairseq_lnpos.experiments.options import SweepOptions
+    from fairseq_lnpos.experiments.plan import make_jobs
+    from fairseq_lnpos.experiments.sweep import sweep_runs
+    from fairseq_lnpos.fairseq_log import LogState
+    from fairseq_lnpos.forkserver import ForkServer
+    from fairseq_lnpos.launch import child_env
+
+    work_dir = Path(work_dir)
+    data = work_dir / "data" / "bin"
+    if not (data / "lnpos-data.json").exists():
+        log(f"generating the demo's corpus in {data}")
+        make_data(work_dir, quick=False)
+    env = child_env(1)
+
+    def cell(out, *flags):
+        ns = build_parser().parse_args(["sweep", "--all-archs", "--archs", "postln", "--lr", "1e-3", "--warmup", "1",
+                                        "--seeds", "1", "--data", str(data), "--out", str(out), *flags])
+        opts = SweepOptions.from_namespace(ns)
+        (job,), _ = make_jobs(opts, sweep_runs(opts), dry_run=False)
+        return job.train_cmd()[1:]
+
+    arms = {"every_epoch": ("--validate-each-epoch",), "last_update": ()}
+    got = {arm: [] for arm in arms}
+    with tempfile.TemporaryDirectory(dir=work_dir) as tmp, \
+            os.fdopen(open_fd(os.devnull, os.O_WRONLY), "wb") as null:
+        server = ForkServer(lambda cmd, env, **kw: subprocess.Popen(cmd, env=env, start_new_session=True, **kw),
+                            env, null)
+        server.ready.wait()
+        try:
+            for i in range(runs):
+                for arm in (list(arms) if i % 2 == 0 else list(arms)[::-1]):
+                    out = Path(tmp) / f"{arm}-{i}"
+                    log_path = out / "train.log"
+                    out.mkdir()
+                    run = server.spawn(cell(out, *arms[arm]), env, log_path)
+                    check(run.wait() == 0, f"a fairseq-train of the sweep cell failed; see {log_path}")
+                    state = LogState.of(log_path.read_text(encoding="utf-8"))
+                    got[arm].append({"cpu_seconds": run.cpu_seconds, "validations": len(state.valid),
+                                     "final_valid_nll": state.final_valid_nll})
+                log(f"  pair {i + 1}/{runs}: " + ", ".join(
+                    f"{arm} {got[arm][-1]['cpu_seconds']:.1f} CPU s" for arm in arms))
+        finally:
+            server.close()
+    before, after = ([r["cpu_seconds"] for r in got[arm]] for arm in arms)
+    same = all(a["final_valid_nll"] == b["final_valid_nll"] for a, b in zip(got["every_epoch"], got["last_update"]))
+    return {"runs": runs, "arms": got, "cpu_ratio": sum(before) / sum(after), "per_run": paired(before, after),
+            "same_final_nll": same}
+
+
 def default_data(out_dir, log):
     """The project's synthetic corpus (generated once under out_dir)."""
     bin_dir = Path(out_dir) / "synthetic-bin"
@@ -422,13 +483,14 @@ def check_choices(kind, given, known):
 
 def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, reps=5, max_tokens=2048,
               device="cpu", fairseq_args=(), analysis=True, log=print, overhead=True, autocast=True, startup=0,
-              throughput=True):
+              throughput=True, sweep_cells=0, work_dir="."):
     """Measure, with ``throughput``, throughput of every variant at every size against fairseq's own
     model; with ``overhead``, the overheads of ``--log-grad-norms`` and ``--log-diagnostics`` (the
     Pre-LN model of the first size, one shared run without either); with ``autocast`` (on the CPU) the speed-up
     of bfloat16 autocast at every size and, with ``analysis``, the wall time of the Fig. 3
     analysis; with ``startup`` N > 0, what the fork server saves on N short runs
-    (:func:`measure_startup`). Returns the result as a dict (what :func:`summary` prints)."""
+    (:func:`measure_startup`); with ``sweep_cells`` N > 0, what validating a sweep's cells at their last
+    update only saves (:func:`measure_sweep_cells`, its corpus and runs under ``work_dir``). Returns the result as a dict (what :func:`summary` prints)."""
     check_choices("size", sizes, list(SIZES))
     check_choices("variant", variants, list(VARIANTS))
     check(steps >= 1 and reps >= 1, "--steps and --reps must be at least 1")
@@ -472,6 +534,9 @@ def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, rep
     if startup:
         log(f"fork server: {startup} short fairseq-train runs as fresh processes and {startup} forked")
         result["startup"] = measure_startup(data, startup, log)
+    if sweep_cells:
+        log(f"sweep cells: {sweep_cells} validated at every epoch's end and {sweep_cells} at their last update only")
+        result["sweep_cells"] = measure_sweep_cells(sweep_cells, log, work_dir)
     if analysis:
         log("Fig. 3 analysis with its default settings (scripts/init_grad_analysis.sh)")
         with tempfile.TemporaryDirectory() as tmp:  # timed as the command a user runs
@@ -536,6 +601,14 @@ def summary(result):
                      f"CPU time " + (f"{st['cpu_ratio']:.2f}x" if st["cpu_ratio"] else "?") +
                      f"; per run {st['per_run']['median']:.2f}x [{st['per_run']['ci95'][0]:.2f}, "
                      f"{st['per_run']['ci95'][1]:.2f}]")
+    sc = result.get("sweep_cells")
+    if sc:
+        every, last = sc["arms"]["every_epoch"], sc["arms"]["last_update"]
+        lines.append(f"sweep cells (the all-architecture map's, Post-LN lr 1e-3), {sc['runs']} runs of each: validated "
+                     f"at every epoch's end ({every[0]['validations']} validations) / at the last update only "
+                     f"({last[0]['validations']}): CPU time {sc['cpu_ratio']:.3f}x; per run "
+                     f"{sc['per_run']['median']:.3f}x [{sc['per_run']['ci95'][0]:.3f}, {sc['per_run']['ci95'][1]:.3f}]; "
+                     f"final validation NLL " + ("the same in every pair" if sc["same_final_nll"] else "DIFFERS"))
     if "fig3_analysis_seconds" in result:
         lines.append(f"Fig. 3 analysis (defaults): {result['fig3_analysis_seconds']:.0f} s")
     return "\n".join(lines)
@@ -547,9 +620,11 @@ def page_markdown(result):
     lines = summary(result).split("\n")
     table = [line for line in lines if line.startswith("|")]
     load = result.get("load_average", {})
-    settings = (f"{result['steps']} x {result['reps']} timed updates per configuration, batches of "
-                f"{result['max_tokens']} tokens, data `{Path(result['data']).name}`, device {result['device']}, "
-                f"{result['torch_threads']} torch threads on {result['cpu_count']} cores"
+    timed = (result["throughput"] or result["grad_norm_overhead"] or result.get("diagnostics_overhead")
+             or result.get("autocast"))  # measured update by update
+    settings = ((f"{result['steps']} x {result['reps']} timed updates per configuration, batches of "
+                 f"{result['max_tokens']} tokens, data `{Path(result['data']).name}`, " if timed else "")
+                + f"device {result['device']}, {result['torch_threads']} torch threads on {result['cpu_count']} cores"
                 + (f", fairseq flags `{' '.join(result['fairseq_args'])}`" if result["fairseq_args"] else "")
                 + (f"; load (1-minute average) {load['start']:.2f} at the start, {load['end']:.2f} at the end"
                    if "end" in load else "") + f"; {result['total_seconds']:.0f} s in all.")
@@ -580,6 +655,9 @@ def parse_args(argv=None):
     p.add_argument("--startup", type=int, default=0, metavar="N",
                    help="also time N short runs as fresh fairseq-train processes against N forked from the "
                         "grid's fork server (default 0: not measured)")
+    p.add_argument("--sweep-cells", type=int, default=0, metavar="N",
+                   help="also time N cells of the all-architecture map validated at every epoch's end against N "
+                        "validated at their last update only, as grid.sh sweep runs them (default 0: not measured)")
     p.add_argument("--quick", action="store_true", help="CI mode: tiny size, 2 reps of 2 steps, no analysis")
     p.add_argument("--publish", metavar="DIR", help="also write the result as a results page into DIR "
                                                     "(docs/results/NAME: its command, date, machine and code version)")
@@ -595,9 +673,11 @@ def main(argv=None):
     variants = comma_list(args.variants, "--variants", choices=VARIANTS, what="a variant")
     check(args.threads >= 0, "--threads must be at least 0")
     check(args.startup >= 0, "--startup must be at least 0")
+    check(args.sweep_cells >= 0, "--sweep-cells must be at least 0")
     check(not (args.no_throughput and args.no_overhead and (args.no_autocast or args.device != "cpu")
-               and args.no_analysis and not args.startup),
-          "nothing to measure: every measurement is turned off; drop one of the --no-* flags or give --startup N")
+               and args.no_analysis and not args.startup and not args.sweep_cells),
+          "nothing to measure: every measurement is turned off; drop one of the --no-* flags or give --startup N "
+          "or --sweep-cells N")
     check(not (args.publish and Path(args.publish).is_file()), f"--publish {args.publish} is a file: give a folder")
     logging.disable(logging.WARNING)  # fairseq's per-model INFO lines would drown the progress
     out = Path(args.out)
@@ -613,7 +693,7 @@ def main(argv=None):
     result = benchmark(data, sizes, variants, args.steps, args.reps, args.max_tokens, args.device,
                        args.fairseq_args.split(), not args.no_analysis, log, overhead=not args.no_overhead,
                        autocast=not args.no_autocast, startup=args.startup,
-                       throughput=not args.no_throughput)
+                       throughput=not args.no_throughput, sweep_cells=args.sweep_cells, work_dir=out.parent)
     write_json(out, result)
     log(summary(result))
     log(f"written {out}")
