@@ -683,8 +683,12 @@ def main(argv=None):
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     log = lambda msg: print(msg, flush=True)  # noqa: E731
-    log("expected time: --quick about 5 minutes on 2 cores shared with other jobs (docs/benchmarks.md); "
-        f"the time grows with {args.steps * args.reps} timed updates per configuration and size")
+    if not (args.no_throughput and args.no_overhead and (args.no_autocast or args.device != "cpu")):
+        log("expected time: --quick about 5 minutes on 2 cores shared with other jobs (docs/benchmarks.md); "
+            f"the time grows with {args.steps * args.reps} timed updates per configuration and size")
+    if args.sweep_cells:
+        log(f"expected time: {2 * args.sweep_cells} runs of a map cell, each about a minute of a core "
+            "(docs/results/sweep-validation)")
     data = Path(args.data) if args.data else default_data(out.parent, log)
     if args.threads:
         import torch
