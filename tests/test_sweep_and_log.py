@@ -224,3 +224,36 @@ def test_an_interrupted_sweep_resumes_and_records_divergence(tmp_path):
     smap = subprocess.run([str(repo / "scripts" / "stability_map.sh"), str(out), "--no-figures"],
                           capture_output=True, text=True, env=env)
     assert smap.returncode == 0 and "4 runs: 2 finished, 2 diverged" in smap.stdout, smap.stderr
+
+
+@pytest.mark.slow
+def test_validating_each_epoch_changes_no_number(tmp_path):
+    """One cell swept as the map runs it (validated at its last update only) and with
+    --validate-each-epoch: the same training loss at every update and the same final validation."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from toydata import make_toy_data
+
+    repo = Path(__file__).resolve().parents[1]
+    data = make_toy_data(tmp_path / "toy")
+    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    states, done = {}, {}
+    for name, flags in (("last", []), ("each", ["--validate-each-epoch"])):
+        out = tmp_path / name
+        res = subprocess.run([str(repo / "scripts" / "grid.sh"), "sweep", "--archs", "postln", "--lr", "1e-3",
+                              "--warmup", "1", "--layers", "2", "--max-update", "30", "--seeds", "1", "--data", str(data),
+                              "--out", str(out), "--set", "max_tokens=512", "--set", "batch_tokens=512", *flags],
+                             capture_output=True, text=True, env=env)
+        assert res.returncode == 0, res.stderr[-2000:]
+        run = out / "sweep-postln-L2-lr0.001-wu1" / "seed1"
+        states[name] = LogState.of((run / "train.log").read_text())
+        done[name] = json.loads((run / "DONE.json").read_text())
+    assert (len(states["last"].valid), len(states["each"].valid)) == (1, 4)  # epochs of 8 updates, then update 30
+    assert states["last"].losses == states["each"].losses and len(states["last"].losses) == 30
+    assert done["last"]["final_valid_nll"] == done["each"]["final_valid_nll"] is not None
+    assert done["last"]["final_valid_loss"] == done["each"]["final_valid_loss"]
