@@ -361,19 +361,30 @@ def measure_autocast(data, sizes, steps, reps, log, save_dir, extra=()):
     return out
 
 
+def _popen(cmd, env, **kw):
+    """A process in a session of its own, as the grid starts fairseq-train."""
+    return subprocess.Popen(cmd, env=env, start_new_session=True, **kw)
+
+
+def started_fork_server(env):
+    """The grid's fork server (:mod:`fairseq_lnpos.forkserver`), ready, its own output discarded; the
+    caller closes it."""
+    from fairseq_lnpos.forkserver import ForkServer
+
+    with os.fdopen(open_fd(os.devnull, os.O_WRONLY), "wb") as null:
+        server = ForkServer(_popen, env, null)
+    server.ready.wait()
+    return server
+
+
 def measure_startup(data, runs, log, updates=2, threads=1):
     """``runs`` fairseq-train runs of ``updates`` updates (the tiny Pre-LN model, one thread each) as
     fresh processes and as many forked from one fork server, taking turns: wall and CPU seconds of
     each side, the server's start counted on its side."""
     from fairseq_lnpos.experiments import reap
-    from fairseq_lnpos.forkserver import ForkServer
     from fairseq_lnpos.launch import child_env, script
 
     env = child_env(threads)
-
-    def popen(cmd, env, **kw):
-        return subprocess.Popen(cmd, env=env, start_new_session=True, **kw)
-
     fresh, forked = [], []
     with tempfile.TemporaryDirectory() as tmp:
         argv = train_args(data, arch_name("preln", "tiny"), max_tokens=AUTOCAST_MAX_TOKENS, task="translation_lnpos",
@@ -382,15 +393,13 @@ def measure_startup(data, runs, log, updates=2, threads=1):
                                  "--num-workers", "0"])
         log_path = Path(tmp) / "train.log"
         start = time.perf_counter()
-        with os.fdopen(open_fd(os.devnull, os.O_WRONLY), "wb") as null:
-            server = ForkServer(popen, env, null)
-        server.ready.wait()
+        server = started_fork_server(env)
         server_start = time.perf_counter() - start
         try:
             for i in range(runs):
                 start = time.perf_counter()
                 with open_log(log_path, binary=True) as out:
-                    proc = popen([script("fairseq-train"), *argv], env, stdout=out, stderr=subprocess.STDOUT)
+                    proc = _popen([script("fairseq-train"), *argv], env, stdout=out, stderr=subprocess.STDOUT)
                 check(reap.wait(proc) == 0, f"fairseq-train failed; see {log_path}")
                 fresh.append((time.perf_counter() - start, proc.cpu_seconds))
                 start = time.perf_counter()
@@ -420,7 +429,6 @@ def measure_sweep_cells(runs, log, work_dir):
     from fairseq_lnpos.experiments.plan import make_jobs
     from fairseq_lnpos.experiments.sweep import sweep_runs
     from fairseq_lnpos.fairseq_log import LogState
-    from fairseq_lnpos.forkserver import ForkServer
     from fairseq_lnpos.launch import child_env
 
     work_dir = Path(work_dir)
@@ -439,11 +447,8 @@ def measure_sweep_cells(runs, log, work_dir):
 
     arms = {"every_epoch": ("--validate-each-epoch",), "last_update": ()}
     got = {arm: [] for arm in arms}
-    with tempfile.TemporaryDirectory(dir=work_dir) as tmp, \
-            os.fdopen(open_fd(os.devnull, os.O_WRONLY), "wb") as null:
-        server = ForkServer(lambda cmd, env, **kw: subprocess.Popen(cmd, env=env, start_new_session=True, **kw),
-                            env, null)
-        server.ready.wait()
+    with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
+        server = started_fork_server(env)
         try:
             for i in range(runs):
                 for arm in (list(arms) if i % 2 == 0 else list(arms)[::-1]):
