@@ -114,20 +114,20 @@ def multi30k_data(out, orig=None, prepared=None):
     return out / "data" / "bin"
 
 
-def grid_options(out, data, runs, seeds, jobs, quick, dry_run=False):
+def grid_options(out, data, runs, seeds, jobs, quick, dry_run=False, cpu_bf16=False):
     """The demo's grid (``scripts/grid.sh run`` options) of ``runs`` on the data dir ``data``."""
     from .experiments import options
 
     return options.RunOptions(only=",".join(runs), data=[str(data)], out=str(out / "grid"), arch_size="tiny",
                               seeds=seeds, jobs=jobs, task="translation_lnpos",
                               fairseq_args="--log-grad-norms --grad-norm-interval 1",
-                              max_epoch=1 if quick else None, dry_run=dry_run)  # --quick: one epoch
+                              max_epoch=1 if quick else None, dry_run=dry_run, cpu_bf16=cpu_bf16)  # --quick: one epoch
 
 
-def run_grid(out, data, runs, seeds, jobs, quick):
+def run_grid(out, data, runs, seeds, jobs, quick, cpu_bf16=False):
     from .experiments import grid, plan
 
-    opts = grid_options(out, data, runs, seeds, jobs, quick)
+    opts = grid_options(out, data, runs, seeds, jobs, quick, cpu_bf16=cpu_bf16)
     status = grid.run_grid(opts, plan.select_runs(opts))
     check(status == 0, f"the grid stopped with status {status} (message above); the same command resumes it")
 
@@ -381,6 +381,8 @@ def command(argv=None):
         p.add_argument(f"--with-{name.replace('_', '-')}", action="store_true",
                        help=f"add demo-{name}-nowu, about 2 more minutes (--data multi30k: real-{name}-nowu, about 9)")
     p.add_argument("--jobs", type=whole_number(1), default=2, help="runs side by side on the CPU (default 2)")
+    p.add_argument("--cpu-bf16", action="store_true",
+                   help="train in bfloat16 mixed precision (grid.sh's --cpu-bf16; a CPU with AVX-512 BF16 or AMX)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the grid's fairseq commands (rows x seeds) and exit; prepares no data, trains nothing")
     p.add_argument("--quick", action="store_true",
@@ -406,7 +408,7 @@ def command(argv=None):
         from .experiments import grid, plan
 
         opts = grid_options(out, Path(args.bin) if args.bin else out / "data" / "bin", runs, args.seeds, args.jobs,
-                            args.quick, dry_run=True)
+                            args.quick, dry_run=True, cpu_bf16=args.cpu_bf16)
         return grid.run_grid(opts, plan.select_runs(opts))
     out.mkdir(parents=True, exist_ok=True)
     lock = out / ".demo.lock"
@@ -446,7 +448,7 @@ def run_steps(args, out, runs, core, asked, t0, argv=None):
     with cadence:
         data = make_data(out, args.quick, args.data, args.orig, args.bin)
     say(2)
-    run_grid(out, data, runs, args.seeds, args.jobs, args.quick)  # the grid's own progress lines
+    run_grid(out, data, runs, args.seeds, args.jobs, args.quick, args.cpu_bf16)  # the grid's own progress lines
     say(3)
     with cadence:
         rows, figures = make_table(out)
@@ -481,7 +483,9 @@ def run_steps(args, out, runs, core, asked, t0, argv=None):
                        "\n".join(md[:md.index("Next steps:")] + [
                            f"Wall time: {time.time() - t0:.0f} s from the command's start to this page "
                            f"(a resumed demo counts only its last part), load (1-minute average) "
-                           f"{os.getloadavg()[0]:.2f} at the end.", "", disk_line(out), ""]),
+                           f"{os.getloadavg()[0]:.2f} at the end. Precision: "
+                           f"{'bfloat16 autocast (--cpu-bf16)' if args.cpu_bf16 else 'float32'}.", "",
+                           disk_line(out), ""]),
                        runs_table, figures + [out / "summary.json"], argv_of("python -m fairseq_lnpos.demo", argv))
         log(f"results page: {page}")
     return 0

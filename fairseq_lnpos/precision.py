@@ -19,7 +19,8 @@ FLAG = "--cpu-autocast-bf16"
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 # what a run trains in (records, benchmark): fairseq-train flag -> precision, first match wins
-PRECISIONS = ((FLAG, "bf16-autocast"), ("--amp", "amp"), ("--memory-efficient-fp16", "fp16"), ("--fp16", "fp16"),
+BF16_AUTOCAST = "bf16-autocast"
+PRECISIONS = ((FLAG, BF16_AUTOCAST), ("--amp", "amp"), ("--memory-efficient-fp16", "fp16"), ("--fp16", "fp16"),
               ("--memory-efficient-bf16", "bf16"), ("--bf16", "bf16"))
 FLOAT32 = "float32"
 
@@ -51,9 +52,14 @@ def check_cpu_autocast(cpu, cuda_available, fp16=False, bf16=False, amp=False):
     if cuda_available and not cpu:
         raise LnposError(f"{FLAG} is CPU mixed precision and this run trains on a GPU: use --amp or --fp16 there, "
                          f"or add --cpu")
+    check_bf16_instructions(FLAG)
+
+
+def check_bf16_instructions(option):
+    """Refuse ``option`` (bfloat16 autocast) on a CPU without bfloat16 instructions."""
     if not cpu_bf16_instructions():
-        raise LnposError(f"{FLAG}: this CPU has no bfloat16 instructions ({' or '.join(BF16_CPU_FLAGS)}), so "
-                         f"bfloat16 would be emulated and slower than float32: drop {FLAG}")
+        raise LnposError(f"{option}: this CPU has no bfloat16 instructions ({' or '.join(BF16_CPU_FLAGS)}), so "
+                         f"bfloat16 would be emulated and slower than float32: drop {option}")
 
 
 def autocast(enabled=True):

@@ -120,7 +120,7 @@ def test_every_run_option_a_task_does_not_set_passes_through_the_task_line():
     given = dict(max_epoch=4, data=["d", "wmt14=w x"], arch_size="tiny", arch="a", set=["lr=1", "a:warmup=2"],
                  task="translation_lnpos", gen_args="--nbest 2", beam=3, lenpen=0.5, average_last=2,
                  uncapped_len=True, eval_every=2, evaluators=3, no_bleu=True, patience=7, fp16=True,
-                 log_interval=9, keep_checkpoints=True, early_stop=True, fork_server=False)
+                 log_interval=9, keep_checkpoints=True, early_stop=True, fork_server=False, cpu_bf16=True)
     options = {f.name for f in fields(RunOptions) if f.metadata}  # a plain field is no command-line option
     assert set(given) == options - slurm.PER_TASK - slurm.RUN_ONLY
     opts = SlurmOptions(partition="p", time=600, gpus_per_run=2, seeds="1,2", fairseq_args="--x", **given)

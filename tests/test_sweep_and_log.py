@@ -257,3 +257,47 @@ def test_validating_each_epoch_changes_no_number(tmp_path):
     assert states["last"].losses == states["each"].losses and len(states["last"].losses) == 30
     assert done["last"]["final_valid_nll"] == done["each"]["final_valid_nll"] is not None
     assert done["last"]["final_valid_loss"] == done["each"]["final_valid_loss"]
+
+
+def test_cpu_bf16_trains_under_autocast_and_is_a_setting_of_its_own(tmp_path, monkeypatch):
+    """--cpu-bf16: the task's --cpu-autocast-bf16 on the plugin's task; the config records the precision
+    (so a map refuses to mix the two), and a float32 cell keeps the config and hash it had before the
+    option existed."""
+    from fairseq_lnpos import precision
+    from fairseq_lnpos.analysis.frame import settings
+    from fairseq_lnpos.experiments.options import SweepOptions
+    from fairseq_lnpos.experiments.plan import make_jobs
+
+    monkeypatch.setattr(precision, "cpu_bf16_instructions", lambda: ("amx_bf16",))
+
+    def job(*flags):
+        ns = G.build_parser().parse_args(["sweep", "--archs", "postln", "--lr", "1e-3", "--warmup", "1", "--layers", "2",
+                                          "--max-update", "30", "--seeds", "1", "--out", str(tmp_path / "s"), *flags])
+        (j,), _ = make_jobs(SweepOptions.from_namespace(ns), S.sweep_runs(SweepOptions.from_namespace(ns)), dry_run=True)
+        return j
+
+    f32, bf16 = job(), job("--cpu-bf16")
+    cmd = bf16.train_cmd()
+    assert "--cpu-autocast-bf16" in cmd and cmd[cmd.index("--task") + 1] == "translation_lnpos"
+    assert "--cpu-autocast-bf16" not in f32.train_cmd() and "precision" not in f32.config()
+    assert bf16.config()["precision"] == "bf16-autocast" and bf16.config_hash() != f32.config_hash()
+    assert dict(settings({**bf16.config(), "hash": "h"}))["precision"] == "bf16-autocast"
+    # a float32 cell's config has the keys it had before --cpu-bf16 existed: existing run folders keep their hash
+    assert set(f32.config()) == {"run", "seed", "data", "arch", "fp16", "fairseq_args", "beam", "lenpen", "gen_args"}
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--fp16"], "two kinds of mixed precision"),
+    (["--gpus", "0"], "this grid trains on GPUs"),
+    (["--task", "multilingual_translation"], "not of --task multilingual_translation"),
+    ([], "this CPU has no bfloat16 instructions"),
+])
+def test_cpu_bf16_is_refused_where_it_cannot_apply(tmp_path, monkeypatch, capsys, flags, message):
+    from fairseq_lnpos import precision
+
+    monkeypatch.setattr(precision, "cpu_bf16_instructions", lambda: ())
+    argv = ["sweep", "--archs", "postln", "--lr", "1e-3", "--warmup", "1", "--layers", "2", "--max-update", "30",
+            "--out", str(tmp_path / "s"), "--cpu-bf16", *flags]
+    assert G.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and not (tmp_path / "s").exists()

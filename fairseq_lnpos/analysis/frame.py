@@ -5,7 +5,8 @@ into two pandas DataFrames: one row per run (one seed of one configuration; :fun
 one row per run and recorded epoch. The columns (:data:`RUN_COLUMNS`):
 
 - the configuration: ``run`` (the run table's name), ``variant``, ``arch``, ``layers``, ``warmup``
-  (updates, 0 = none), ``lr``, ``seed``, ``optimizer``, ``max_update``, ``hash`` (the config's),
+  (updates, 0 = none), ``lr``, ``seed``, ``optimizer``, ``max_update``, ``precision`` (float32,
+  bf16-autocast, fp16, ...: :mod:`~fairseq_lnpos.precision`), ``hash`` (the config's),
   ``settings`` (every other setting as JSON: runs that differ in it are not one experiment);
 - the outcome, as the grid recorded it (:class:`~fairseq_lnpos.experiments.records.Outcome`: finished,
   diverged, stopped early, failed, unfinished, not started), ``diverged_at``, ``stopped_at``, ``updates``;
@@ -26,6 +27,7 @@ this table as CSV, the per-seed data a results page publishes and every verdict 
 """
 import json
 import math
+import shlex
 from pathlib import Path
 
 from ..common import n_runs, write_text
@@ -34,6 +36,7 @@ from ..errors import LnposError, StateError
 from ..experiments.records import Outcome
 from ..experiments.rundir import grid_run_dirs
 from ..experiments.runs import warmup_updates
+from ..precision import precision_of
 from ..provenance import describe_code
 from ..variants import VARIANTS, arch_names
 from .depth import grad_ratios
@@ -42,7 +45,7 @@ DEFAULT_LAYERS = 6  # "layers" absent or null: the arch's default depth (6 for e
 # fields of a recorded run that are the maps' axes or only name or describe it
 NOT_SETTINGS = {"name", "ln", "layers", "warmup", "lr", "figure", "paper_bleu", "paper_valid_loss", "paper_note"}
 COUNTED = (Outcome.FINISHED.value, Outcome.DIVERGED.value, Outcome.STOPPED.value)  # what a cell counts
-RUN_COLUMNS = ["run", "variant", "arch", "layers", "warmup", "lr", "seed", "optimizer", "max_update", "outcome",
+RUN_COLUMNS = ["run", "variant", "arch", "layers", "warmup", "lr", "seed", "optimizer", "max_update", "precision", "outcome",
                "diverged_at", "stopped_at", "updates", "epochs", "initial_loss", "final_valid_loss", "final_valid_nll",
                "unigram_bits", "nll_ratio", "bleu_tok", "sacrebleu", "best_bleu_tok", "train_seconds",
                "train_cpu_seconds", "peak_rss_mb", "cuda_peak_mb", "grad_ratio_encoder", "grad_ratio_decoder", "code", "model_code", "python", "torch", "fairseq",
@@ -92,6 +95,15 @@ def scores(rec):
     return out
 
 
+def precision(cfg, done):
+    """What a run trained in (:func:`~fairseq_lnpos.precision.precision_of`): as its DONE.json recorded it,
+    else as its config's flags say (runs recorded before DONE.json held it)."""
+    if done is not None and done.precision:
+        return done.precision
+    flags = shlex.split(cfg.get("fairseq_args") or "") + (["--fp16"] if cfg.get("fp16") else [])
+    return cfg.get("precision") or precision_of(flags)
+
+
 def run_row(rec):
     """The row of one run (a :class:`~fairseq_lnpos.experiments.rundir.RunRecord`)."""
     run, done, cfg = rec.run, rec.done, rec.config
@@ -107,7 +119,8 @@ def run_row(rec):
     row = {
         "run": run.name, "variant": run.ln, "arch": cfg["arch"], "layers": run.layers or DEFAULT_LAYERS,
         "warmup": warmup_updates(run.warmup or 0), "lr": float(run.lr), "seed": rec.seed,
-        "optimizer": run.optimizer, "max_update": run.max_update, "outcome": rec.outcome.value,
+        "optimizer": run.optimizer, "max_update": run.max_update, "precision": precision(cfg, done),
+        "outcome": rec.outcome.value,
         "diverged_at": _num(done and done.diverged_at), "stopped_at": _num(done and done.stopped_at),
         "updates": _num(done and done.updates), "epochs": len(rec.evals),
         "initial_loss": _num(done and done.initial_loss),
@@ -275,6 +288,15 @@ def write_runs_csv(runs, path):
     return write_text(path, runs.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
 
 
+def _precision_of_settings(text):
+    """The precision of a run of a runs.csv without the column, from its settings (JSON, :func:`settings`)."""
+    try:
+        cfg = json.loads(text)
+    except (TypeError, ValueError):
+        return ""
+    return precision(cfg, None) if isinstance(cfg, dict) else ""
+
+
 def read_runs_csv(path):
     """The table of :func:`write_runs_csv` (a published ``runs.csv``)."""
     pd = pandas()
@@ -283,6 +305,8 @@ def read_runs_csv(path):
         runs = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=dict.fromkeys(text, str))
     except (OSError, ValueError) as e:
         raise LnposError(f"{path}: cannot read it as a runs.csv ({e}): give a runs.csv a results page published") from None
+    if "precision" not in runs.columns:  # a page published before runs.csv had the column: its runs' settings say
+        runs.insert(RUN_COLUMNS.index("precision"), "precision", [_precision_of_settings(t) for t in runs["settings"]])
     missing = [c for c in RUN_COLUMNS if c not in runs.columns]
     if missing:
         raise LnposError(f"{path} is not a runs.csv of this project (no column {missing[0]!r}): give one a results "

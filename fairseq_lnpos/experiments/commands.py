@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import LnposError
 from ..launch import config_hash, generate_cmd, script, train_args
+from ..precision import BF16_AUTOCAST, FLAG as CPU_AUTOCAST_FLAG
 from ..variants import DEFAULT_INIT, arch_name, arch_names
 from . import runs as R
 from .rundir import RunDir
@@ -191,7 +192,8 @@ class Job:
         o = self.opts
         return {"run": self.run.as_dict(), "seed": self.seed, "data": str(self.data), "arch": self.arch,
                 "fp16": o.fp16, "fairseq_args": o.fairseq_args, "beam": self.run.beam, "lenpen": self.run.lenpen,
-                "gen_args": self.gen_extra()}
+                "gen_args": self.gen_extra(),
+                **({"precision": BF16_AUTOCAST} if o.cpu_bf16 else {})}  # float32 runs: the hash of earlier ones
 
     def config_hash(self):
         return config_hash(self.config())
@@ -203,7 +205,7 @@ class Job:
             total_updates = total_updates.format(e=r.max_epoch)
         exe = "fairseq-train" if display else script("fairseq-train")
         cmd = [exe, *train_args(
-            self.data, self.arch, max_tokens=max_tokens, task=o.task or r.task, langs=self.langs,
+            self.data, self.arch, max_tokens=max_tokens, task=self.task, langs=self.langs,
             model=[*depth_args(r), *model_args(r, self.arch)],
             optim=[*optimizer_args(r), "--clip-norm", str(r.clip_norm), *schedule_args(r, total_updates)],
             label_smoothing=r.label_smoothing, budget=["--update-freq", str(update_freq), *budget_args(r)],
@@ -213,7 +215,18 @@ class Job:
             cmd += ["--distributed-world-size", str(o.world)]
         if o.fp16:
             cmd += ["--fp16"]
+        if o.cpu_bf16:
+            cmd += [CPU_AUTOCAST_FLAG]
         return cmd + list(r.extra) + split_flags(o.fairseq_args, "--fairseq-args")
+
+    @property
+    def task(self):
+        """The fairseq task: the grid's --task, else the row's; under --cpu-bf16 fairseq's ``translation``
+        is the plugin's ``translation_lnpos`` (the same task, with the autocast option)."""
+        task = self.opts.task or self.run.task
+        if self.opts.cpu_bf16 and task in (None, "translation"):
+            return "translation_lnpos"
+        return task
 
     def unread_work_args(self):
         """fairseq-train flags that skip the validations nothing reads: a sweep's cell without BLEU

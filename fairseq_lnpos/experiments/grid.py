@@ -27,7 +27,7 @@ from . import runs as R
 from . import status, sweep
 from .commands import batch_plan, run_arch, total_updates
 from .options import ListOptions, MigrateOptions, RunOptions, SlurmOptions, StatusOptions, SweepOptions
-from .plan import keep_axes, make_jobs, need_cuda, override, parse_sets, plan_slots, select_runs
+from .plan import check_cpu_bf16, keep_axes, make_jobs, need_cuda, override, parse_sets, plan_slots, select_runs
 from .rundir import make_out_dir
 from .scheduler import Grid
 
@@ -104,6 +104,7 @@ def extend(jobs, write=True):
 
 def run_grid(opts, runs):
     """Train and score ``runs`` (Run rows) with the grid's options; returns the exit status."""
+    check_cpu_bf16(opts)
     slots = plan_slots(opts, opts.dry_run)
     if opts.fp16 and not opts.dry_run:
         need_cuda(1, "--fp16")

@@ -116,6 +116,9 @@ class RunFields(Options):
     gpus_per_run: int = option(1, "GPUs per run (fairseq distributed); --update-freq keeps the paper's batch",
                                type=whole_number(1))
     fp16: bool = option(False, "mixed precision (GPU only)")
+    cpu_bf16: bool = option(
+        False, "bfloat16 mixed precision on the CPU: the task's --cpu-autocast-bf16 (matmuls in bfloat16, weights "
+               "and optimizer state float32; a CPU with AVX-512 BF16 or AMX; precision.py)")
     log_interval: int = option(1, "fairseq --log-interval (1: divergence is located to the update)",
                                type=whole_number(1))
     keep_checkpoints: bool = option(False, "keep checkpointN.pt after scoring (default: keep only _best and _last)")

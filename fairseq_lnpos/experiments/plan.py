@@ -7,6 +7,7 @@ from pathlib import Path
 from ..data.manifest import read_manifest
 from ..cli import comma_list
 from ..errors import MAX_SEED, LnposError
+from ..precision import check_bf16_instructions
 from . import runs as R
 from .commands import Job, check_joined_dictionary, check_train_flags, run_arch, split_flags
 from .rundir import check_out_dir
@@ -156,6 +157,23 @@ def plan_slots(opts, dry_run):
             raise LnposError(f"--gpus: no GPU {', '.join(bad)} on this machine (it has {n}: 0..{n - 1})")
     groups = [",".join(ids[i:i + opts.world]) for i in range(0, len(ids), opts.world)]
     return [g for _ in range(opts.runs_per_gpu) for g in groups]
+
+
+def check_cpu_bf16(opts):
+    """``--cpu-bf16`` trains on this machine's CPU under the plugin's task: refused with ``--fp16`` or
+    ``--gpus``, with a ``--task`` other than fairseq's translation or the plugin's, and (unless a dry run)
+    on a CPU without bfloat16 instructions."""
+    if not opts.cpu_bf16:
+        return
+    if opts.fp16:
+        raise LnposError("--cpu-bf16 and --fp16 are two kinds of mixed precision (the CPU's and the GPU's): give one")
+    if opts.gpus or opts.world > 1:
+        raise LnposError("--cpu-bf16 is mixed precision on the CPU, and this grid trains on GPUs: give --fp16 there")
+    if opts.task not in (None, "translation", "translation_lnpos"):
+        raise LnposError(f"--cpu-bf16 is an option of the task translation_lnpos, not of --task {opts.task}: drop "
+                         f"one of them")
+    if not opts.dry_run:
+        check_bf16_instructions("--cpu-bf16")
 
 
 def need_cuda(k, what):

@@ -282,7 +282,8 @@ RUN_SHAPE = _run_shape()
 # config.json: fields not listed are not read, so not checked
 CONFIG_SHAPE = {"hash": (STRING, True), "seed": (INT, True), "arch": (STRING, True), "run": (OBJECT, True),
                 "data": (STRING, False), "fp16": (BOOL, False), "fairseq_args": (STRING, False),
-                "beam": (INT, False), "lenpen": (NUMBER, False), "gen_args": (list_of(STRING), False)}
+                "beam": (INT, False), "lenpen": (NUMBER, False), "gen_args": (list_of(STRING), False),
+                "precision": (STRING, False)}  # absent: float32 (or --fp16)
 # what a recorded run leaves out is Run's default (Run.as_dict records LATER_FIELDS only when set)
 RUN_DEFAULTS = {k: v for k, v in {**Run(name="", dataset="", ln="", optimizer="", lr=0.0).as_dict(), **LATER_FIELDS}.items()
                 if k not in ("name", "dataset", "ln", "optimizer", "lr")}

@@ -57,6 +57,8 @@ def check_options(opts):
                          f"training is GPU-only and would train nothing on CPUs while exiting 0")
     if opts.fp16 and opts.gpus_per_run == 0:
         raise LnposError("--fp16 needs GPUs: give --gpus-per-run >= 1 or drop --fp16")
+    if opts.cpu_bf16 and opts.gpus_per_run:
+        raise LnposError("--cpu-bf16 is mixed precision on the CPU: give --gpus-per-run 0, or --fp16 on GPUs")
     if "%" in opts.out:
         raise LnposError(f"--out {opts.out}: SLURM reads '%' in a log path as a pattern (%j, %a ...): "
                          f"give a folder without '%'")
