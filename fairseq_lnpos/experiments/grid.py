@@ -117,7 +117,7 @@ def run_grid(opts, runs):
             raise StateError(f"{j.dir.path} holds the outcome of a run (DONE.json: {one_line(done.text)}) but no "
                              f"config.json, so no table or map can read it: move the folder away or delete it, "
                              f"then run again")
-        j.dir.check_config(j.config_hash())
+        j.dir.check_config(j.config_hash(), j.config())
         refuse_link(j.dir.log_path)
         batch_plan(j.run, opts.world)
     for log in ("progress.log", "evaluator.log"):  # appended to while the runs go on

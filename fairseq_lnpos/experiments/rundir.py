@@ -212,10 +212,16 @@ class RunDir:
         what_to_do = f"delete {self.path} to redo that run, or move it out of {self.path.parent.parent} if it is no run"
         return read_record(self.config_path, config_from_json, "a run's config", what_to_do)
 
-    def check_config(self, config_hash):
-        """Refuse a folder that holds another config (results are not mixed)."""
+    def check_config(self, config_hash, config=None):
+        """Refuse a folder that holds another config (results are not mixed); where ``config`` (the new
+        one) differs in its precision, say which flag continues the run as it was."""
         old = self.config()
         if old is not None and old["hash"] != config_hash:
+            was, now = ((c or {}).get("precision", "float32") for c in (old, config))
+            if config is not None and was != now:
+                raise LnposError(f"{self.path} trained in {was} and this command would train it in {now}: give "
+                                 f"{'--float32' if was == 'float32' else '--cpu-bf16'} to continue it as it was, or "
+                                 f"use another --out; results are not mixed")
             raise LnposError(
                 f"{self.path} was made with a different config (hash {old['hash']} != {config_hash}): "
                 f"use another --out or delete that folder; results are not mixed")

@@ -185,7 +185,7 @@ def plan(opts):
         batch_plan(j.run, opts.world)
         fargs = task_fairseq_args(opts, j.run, j.seed)
         j = replace(j, opts=replace(opts, fairseq_args=fargs))
-        j.dir.check_config(j.config_hash())
+        j.dir.check_config(j.config_hash(), j.config())
         tasks.append((j.run.name, j.seed, fargs))
         units.append(Task(["--only", j.run.name, "--seeds", str(j.seed), "--out", opts.out, "--fairseq-args", fargs,
                            *passthrough(opts)], opts.gpus_per_run))
