@@ -381,10 +381,9 @@ def command(argv=None):
         p.add_argument(f"--with-{name.replace('_', '-')}", action="store_true",
                        help=f"add demo-{name}-nowu, about 2 more minutes (--data multi30k: real-{name}-nowu, about 9)")
     p.add_argument("--jobs", type=whole_number(1), default=2, help="runs side by side on the CPU (default 2)")
-    p.add_argument("--cpu-bf16", action="store_true", default=None,
-                   help="train in bfloat16 mixed precision (grid.sh's --cpu-bf16; the default on a CPU with "
-                        "AVX-512 BF16 or AMX)")
-    p.add_argument("--float32", action="store_true", help="train in float32 also on a CPU with bfloat16 instructions")
+    p.add_argument("--cpu-bf16", action="store_true",
+                   help="train in bfloat16 mixed precision (grid.sh's --cpu-bf16; a CPU with AVX-512 BF16 or AMX; "
+                        "not faster at the demos' sizes: docs/results/cpu-bf16-speed)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the grid's fairseq commands (rows x seeds) and exit; prepares no data, trains nothing")
     p.add_argument("--quick", action="store_true",
@@ -401,9 +400,6 @@ def command(argv=None):
     from .experiments.plan import parse_seeds
 
     asked = parse_seeds(args.seeds)  # a bad --seeds is refused before anything is prepared
-    from .experiments.options import resolve_precision
-
-    args.cpu_bf16 = resolve_precision(args.cpu_bf16, args.float32)
     t0 = time.time()
     out = Path(args.out or DEFAULT_OUT[args.data])
     extra = [name for name in OPTIONAL if getattr(args, f"with_{name}")]

@@ -276,8 +276,7 @@ def test_cpu_bf16_trains_under_autocast_and_is_a_setting_of_its_own(tmp_path, mo
         (j,), _ = make_jobs(SweepOptions.from_namespace(ns), S.sweep_runs(SweepOptions.from_namespace(ns)), dry_run=True)
         return j
 
-    f32, bf16 = job("--float32"), job("--cpu-bf16")
-    assert job().config() == bf16.config()  # on a CPU with bfloat16 instructions, a sweep's default
+    f32, bf16 = job(), job("--cpu-bf16")
     cmd = bf16.train_cmd()
     assert "--cpu-autocast-bf16" in cmd and cmd[cmd.index("--task") + 1] == "translation_lnpos"
     assert "--cpu-autocast-bf16" not in f32.train_cmd() and "precision" not in f32.config()
@@ -318,23 +317,10 @@ def test_a_float32_run_folder_met_by_a_bfloat16_command_names_the_flag_that_cont
         (j,), _ = make_jobs(opts, S.sweep_runs(opts), dry_run=True)
         return j
 
-    f32, bf16 = job("--float32"), job()  # on a CPU with bfloat16 instructions a sweep trains in bf16 by default
+    f32, bf16 = job(), job("--cpu-bf16")  # float32 unless asked, also on a CPU with bfloat16 instructions
     assert "precision" not in f32.config() and bf16.config()["precision"] == "bf16-autocast"
     f32.dir.claim(f32.config(), f32.config_hash())
     with pytest.raises(LnposError, match="trained in float32 and this command would train it in bf16-autocast: "
-                                         "give --float32 to continue it"):
+                                         "drop --cpu-bf16 to continue it"):
         bf16.dir.check_config(bf16.config_hash(), bf16.config())
     f32.dir.check_config(f32.config_hash(), f32.config())  # the same config: nothing to say
-
-
-def test_a_sweep_on_a_cpu_without_bfloat16_instructions_trains_in_float32(tmp_path, monkeypatch):
-    from fairseq_lnpos import precision
-    from fairseq_lnpos.experiments.options import SweepOptions
-
-    monkeypatch.setattr(precision, "cpu_bf16_instructions", lambda: ())
-    ns = G.build_parser().parse_args(["sweep", "--archs", "postln", "--out", str(tmp_path / "s")])
-    assert SweepOptions.from_namespace(ns).cpu_bf16 is False
-    monkeypatch.setattr(precision, "cpu_bf16_instructions", lambda: ("avx512_bf16",))
-    assert SweepOptions.from_namespace(ns).cpu_bf16 is True
-    ns = G.build_parser().parse_args(["sweep", "--archs", "postln", "--gpus", "0", "--out", str(tmp_path / "s")])
-    assert SweepOptions.from_namespace(ns).cpu_bf16 is False  # on GPUs: fairseq's --fp16, never the CPU's

@@ -118,7 +118,8 @@ class RunFields(Options):
     fp16: bool = option(False, "mixed precision (GPU only)")
     cpu_bf16: bool = option(
         False, "bfloat16 mixed precision on the CPU: the task's --cpu-autocast-bf16 (matmuls in bfloat16, weights "
-               "and optimizer state float32; a CPU with AVX-512 BF16 or AMX; precision.py)")
+               "and optimizer state float32; a CPU with AVX-512 BF16 or AMX; precision.py; not faster at the tiny "
+               "and IWSLT sizes where measured: docs/results/cpu-bf16-speed)")
     log_interval: int = option(1, "fairseq --log-interval (1: divergence is located to the update)",
                                type=whole_number(1))
     keep_checkpoints: bool = option(False, "keep checkpointN.pt after scoring (default: keep only _best and _last)")
@@ -175,9 +176,6 @@ class SweepAxes(Options):
     checkpoint_activations: bool = option(
         False, "fairseq's --checkpoint-activations for every cell (less memory; activations are "
                "recomputed in the backward pass)")
-    float32: bool = option(
-        False, "train in float32 also where the CPU has bfloat16 instructions (default there: --cpu-bf16, "
-               "docs/results/precision-all-archs)")
     # the default (no BLEU) is SweepOptions'
     no_bleu: bool = option(help="also score test BLEU (the last epoch)", flag="--bleu", action="store_false")
     # the default (early stopping on) is SweepOptions'
@@ -199,7 +197,6 @@ class SweepOptions(RunFields, SweepAxes):
     no_bleu: bool = True
     early_stop: bool = True
     final_validation_only: bool = True
-    cpu_bf16: Optional[bool] = None  # None: bfloat16 autocast where the CPU has it (resolve_precision)
     seeds: Optional[str] = option(help=(
         "comma-separated seeds of every cell (default: %s: 3 seeds, %d runs, about 1.6 x the CPU time of the "
         "earlier one-seed 5 x 3 grid, less with early stopping; the depth map's: %s, %d runs; with --real %s; "
@@ -229,19 +226,6 @@ class SweepOptions(RunFields, SweepAxes):
                 setattr(self, key, value)
         self.arch_size = preset
         self.fp16 = self.fp16 or (self.depth_map and self.real)
-        self.cpu_bf16 = resolve_precision(self.cpu_bf16, self.float32, on_gpu=bool(self.gpus) or self.fp16)
-
-
-def resolve_precision(cpu_bf16, float32, on_gpu=False):
-    """Whether a CPU preset (a sweep, the demos) trains in bfloat16 autocast: as asked (``--cpu-bf16``,
-    ``--float32``), else where the CPU has bfloat16 instructions and the runs are not on GPUs."""
-    if cpu_bf16 and float32:
-        raise LnposError("--cpu-bf16 and --float32 ask for two precisions: give one")
-    if cpu_bf16 is not None or float32 or on_gpu:
-        return bool(cpu_bf16)
-    from ..precision import cpu_bf16_instructions
-
-    return bool(cpu_bf16_instructions())
 
 
 @dataclass

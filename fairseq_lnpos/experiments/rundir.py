@@ -219,8 +219,8 @@ class RunDir:
         if old is not None and old["hash"] != config_hash:
             was, now = ((c or {}).get("precision", "float32") for c in (old, config))
             if config is not None and was != now:
-                raise LnposError(f"{self.path} trained in {was} and this command would train it in {now}: give "
-                                 f"{'--float32' if was == 'float32' else '--cpu-bf16'} to continue it as it was, or "
+                raise LnposError(f"{self.path} trained in {was} and this command would train it in {now}: "
+                                 f"{'drop' if was == 'float32' else 'give'} --cpu-bf16 to continue it as it was, or "
                                  f"use another --out; results are not mixed")
             raise LnposError(
                 f"{self.path} was made with a different config (hash {old['hash']} != {config_hash}): "
