@@ -71,7 +71,7 @@ def learned_bleu(need):
 # the default demo's wall time from an empty folder as measured on two 2-core machines: 862 s on the
 # results page docs/results/demo, about 7 and 28 minutes on a faster one ("The demo", "Real text on a
 # CPU" of `git show 36640e8:docs/results.md`); the real-text demo's 4260 s on docs/results/demo-real
-EXPECTED = {"synthetic": "7 to 15 minutes on 2 cores, depending on the CPU (docs/results/demo)",
+EXPECTED = {"synthetic": "6 to 15 minutes on 2 cores, depending on the CPU (docs/results/demo)",
             "multi30k": "30 to 75 minutes on 2 cores, depending on the CPU (docs/results/demo-real), the data's "
                         "preparation included (12 s from --orig)"}
 EXPECTED_QUICK = "about 1.5 minutes on 2 cores"
