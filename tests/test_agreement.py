@@ -128,6 +128,7 @@ def test_two_maps_across_one_setting_are_compared_only_when_it_is_named(tmp_path
     assert A.main([str(a), str(b), "--across", "precision", "--out-dir", str(tmp_path / "cmp")]) == 0
     out = capsys.readouterr().out
     assert "differing in precision" in out and "beyond the seeds' noise" in out and "+0.000 bits" in out
+    assert "| postln | 6 | 0 | 0.001 | 1.010 | 1.010 | +0.000 |" in out  # across a setting: every cell listed
     rows = A.compare(runs_frame(a), runs_frame(b), "precision")
     assert list(rows["beyond_noise"]) == [False] * 5 and rows["diff"].abs().max() == 0
     assert rows["diff"].isna().sum() == 1  # the diverged cell has no NLL to compare

@@ -189,11 +189,14 @@ def noise_lines(both, across=None):
              f"{big['diff']:+.3f} ({big['variant']}, warm-up {big['warmup']}, lr {big['lr']:g}); beyond the seeds' "
              f"noise (Welch, two-sided, Holm over the {tested} cells with two seeds or more in each, 5 %): "
              f"{len(beyond)}.", ""]
-    if len(beyond):
-        lines += ["| arch | layers | warm-up | lr | NLL A | NLL B | B - A | 95 % interval | p |",
-                  "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    shown = d if across else beyond  # across a setting, every cell's difference is the finding
+    if len(shown):
+        lines += ["Every cell:" if across else "The cells beyond the noise:", "",
+                  "| arch | layers | warm-up | lr | NLL A | NLL B | B - A | 95 % interval | p | beyond the noise |",
+                  "|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
         lines += [f"| {r.variant} | {r.layers} | {r.warmup} | {r.lr:g} | {r.nll_a:.3f} | {r.nll_b:.3f} | {r.diff:+.3f} | "
-                  f"{r.diff_low:+.3f} to {r.diff_high:+.3f} | {r.p:.2g} |" for r in beyond.itertuples()] + [""]
+                  f"{r.diff_low:+.3f} to {r.diff_high:+.3f} | {r.p:.2g} | {'yes' if r.beyond_noise else 'no'} |"
+                  for r in shown.itertuples()] + [""]
     return lines
 
 
