@@ -131,21 +131,29 @@ def test_sweep_dry_run_names_and_budget(capsys, tmp_path):
         "sweep-preln-L12-lr0.003-wu1", "preln", 3e-3, 0, 12, 10)
 
 
+def sweep_job(tmp_path, *flags):
+    """The one Job of a one-cell sweep (Post-LN, 2 layers, 30 updates, seed 1) with ``flags``, planned as
+    ``grid.sh sweep --dry-run`` plans it."""
+    from fairseq_lnpos.experiments.options import SweepOptions
+    from fairseq_lnpos.experiments.plan import make_jobs
+
+    ns = G.build_parser().parse_args(["sweep", "--archs", "postln", "--lr", "1e-3", "--warmup", "1", "--layers", "2",
+                                      "--max-update", "30", "--seeds", "1", "--out", str(tmp_path / "s"), *flags])
+    opts = SweepOptions.from_namespace(ns)
+    (j,), _ = make_jobs(opts, S.sweep_runs(opts), dry_run=True)
+    return j
+
+
 def test_a_sweep_validates_at_its_last_update_only_unless_asked(tmp_path):
     """A map reads a cell's last validation only: fairseq validates at --max-update, not at the epoch
     ends before it; the config (and its hash) is that of a cell validated every epoch.
     --validate-each-epoch and --bleu validate every epoch; grid.sh run never skips one."""
     from dataclasses import replace
 
-    from fairseq_lnpos.experiments.options import RunOptions, SweepOptions
-    from fairseq_lnpos.experiments.plan import make_jobs
+    from fairseq_lnpos.experiments.options import RunOptions
 
     def job(*flags):
-        ns = G.build_parser().parse_args(["sweep", "--archs", "postln", "--lr", "1e-3", "--warmup", "1", "--layers", "2",
-                                    "--max-update", "30", "--seeds", "1", "--out", str(tmp_path / "s"), *flags])
-        opts = SweepOptions.from_namespace(ns)
-        (j,), _ = make_jobs(opts, S.sweep_runs(opts), dry_run=True)
-        return j
+        return sweep_job(tmp_path, *flags)
 
     def validate_after(j):
         cmd = j.train_cmd()
@@ -265,18 +273,9 @@ def test_cpu_bf16_trains_under_autocast_and_is_a_setting_of_its_own(tmp_path, mo
     option existed."""
     from fairseq_lnpos import precision
     from fairseq_lnpos.analysis.frame import settings
-    from fairseq_lnpos.experiments.options import SweepOptions
-    from fairseq_lnpos.experiments.plan import make_jobs
 
     monkeypatch.setattr(precision, "cpu_bf16_instructions", lambda: ("amx_bf16",))
-
-    def job(*flags):
-        ns = G.build_parser().parse_args(["sweep", "--archs", "postln", "--lr", "1e-3", "--warmup", "1", "--layers", "2",
-                                          "--max-update", "30", "--seeds", "1", "--out", str(tmp_path / "s"), *flags])
-        (j,), _ = make_jobs(SweepOptions.from_namespace(ns), S.sweep_runs(SweepOptions.from_namespace(ns)), dry_run=True)
-        return j
-
-    f32, bf16 = job(), job("--cpu-bf16")
+    f32, bf16 = sweep_job(tmp_path), sweep_job(tmp_path, "--cpu-bf16")
     cmd = bf16.train_cmd()
     assert "--cpu-autocast-bf16" in cmd and cmd[cmd.index("--task") + 1] == "translation_lnpos"
     assert "--cpu-autocast-bf16" not in f32.train_cmd() and "precision" not in f32.config()
@@ -305,19 +304,9 @@ def test_cpu_bf16_is_refused_where_it_cannot_apply(tmp_path, monkeypatch, capsys
 
 def test_a_float32_run_folder_met_by_a_bfloat16_command_names_the_flag_that_continues_it(tmp_path, monkeypatch):
     from fairseq_lnpos import precision
-    from fairseq_lnpos.experiments.options import SweepOptions
-    from fairseq_lnpos.experiments.plan import make_jobs
 
     monkeypatch.setattr(precision, "cpu_bf16_instructions", lambda: ("amx_bf16",))
-
-    def job(*flags):
-        ns = G.build_parser().parse_args(["sweep", "--archs", "postln", "--lr", "1e-3", "--warmup", "1", "--layers", "2",
-                                          "--max-update", "30", "--seeds", "1", "--out", str(tmp_path / "s"), *flags])
-        opts = SweepOptions.from_namespace(ns)
-        (j,), _ = make_jobs(opts, S.sweep_runs(opts), dry_run=True)
-        return j
-
-    f32, bf16 = job(), job("--cpu-bf16")  # float32 unless asked, also on a CPU with bfloat16 instructions
+    f32, bf16 = sweep_job(tmp_path), sweep_job(tmp_path, "--cpu-bf16")  # float32 unless asked
     assert "precision" not in f32.config() and bf16.config()["precision"] == "bf16-autocast"
     f32.dir.claim(f32.config(), f32.config_hash())
     with pytest.raises(LnposError, match="trained in float32 and this command would train it in bf16-autocast: "
