@@ -234,11 +234,9 @@ def test_an_interrupted_sweep_resumes_and_records_divergence(tmp_path):
     assert smap.returncode == 0 and "4 runs: 2 finished, 2 diverged" in smap.stdout, smap.stderr
 
 
-@pytest.mark.slow
-def test_validating_each_epoch_changes_no_number(tmp_path):
-    """One cell swept as the map runs it (validated at its last update only) and with
-    --validate-each-epoch: the same training loss at every update and the same final validation."""
-    import json
+def swept_cell(tmp_path, name, *flags):
+    """Sweep one cell (Post-LN, 2 layers, 30 updates of 512 tokens, seed 1) on the toy corpus into
+    ``tmp_path/name`` with ``scripts/grid.sh sweep`` and ``flags``; its run folder."""
     import os
     import subprocess
     import sys
@@ -248,17 +246,25 @@ def test_validating_each_epoch_changes_no_number(tmp_path):
     from toydata import make_toy_data
 
     repo = Path(__file__).resolve().parents[1]
-    data = make_toy_data(tmp_path / "toy")
+    data = tmp_path / "toy" / "bin" if (tmp_path / "toy" / "bin").is_dir() else make_toy_data(tmp_path / "toy")
     env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    res = subprocess.run([str(repo / "scripts" / "grid.sh"), "sweep", "--archs", "postln", "--lr", "1e-3",
+                          "--warmup", "1", "--layers", "2", "--max-update", "30", "--seeds", "1", "--data", str(data),
+                          "--out", str(tmp_path / name), "--set", "max_tokens=512", "--set", "batch_tokens=512", *flags],
+                         capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return tmp_path / name / "sweep-postln-L2-lr0.001-wu1" / "seed1"
+
+
+@pytest.mark.slow
+def test_validating_each_epoch_changes_no_number(tmp_path):
+    """One cell swept as the map runs it (validated at its last update only) and with
+    --validate-each-epoch: the same training loss at every update and the same final validation."""
+    import json
+
     states, done = {}, {}
     for name, flags in (("last", []), ("each", ["--validate-each-epoch"])):
-        out = tmp_path / name
-        res = subprocess.run([str(repo / "scripts" / "grid.sh"), "sweep", "--archs", "postln", "--lr", "1e-3",
-                              "--warmup", "1", "--layers", "2", "--max-update", "30", "--seeds", "1", "--data", str(data),
-                              "--out", str(out), "--set", "max_tokens=512", "--set", "batch_tokens=512", *flags],
-                             capture_output=True, text=True, env=env)
-        assert res.returncode == 0, res.stderr[-2000:]
-        run = out / "sweep-postln-L2-lr0.001-wu1" / "seed1"
+        run = swept_cell(tmp_path, name, *flags)
         states[name] = LogState.of((run / "train.log").read_text())
         done[name] = json.loads((run / "DONE.json").read_text())
     assert (len(states["last"].valid), len(states["each"].valid)) == (1, 4)  # epochs of 8 updates, then update 30
@@ -313,3 +319,27 @@ def test_a_float32_run_folder_met_by_a_bfloat16_command_names_the_flag_that_cont
                                          "drop --cpu-bf16 to continue it"):
         bf16.dir.check_config(bf16.config_hash(), bf16.config())
     f32.dir.check_config(f32.config_hash(), f32.config())  # the same config: nothing to say
+
+
+
+@pytest.mark.slow
+def test_a_bfloat16_cell_records_its_precision_and_is_not_mapped_with_float32(tmp_path):
+    """Where the CPU has bfloat16 instructions: a cell swept with --cpu-bf16 trains under autocast
+    (DONE.json and runs.csv say bf16-autocast), learns as the float32 cell does, and a map of both
+    folders is refused (they differ in precision)."""
+    import json
+
+    from fairseq_lnpos import precision
+    from fairseq_lnpos.analysis import stability
+    from fairseq_lnpos.analysis.frame import runs_frame
+
+    if not precision.cpu_bf16_instructions():
+        pytest.skip("this CPU has no bfloat16 instructions (AVX-512 BF16 or AMX): --cpu-bf16 is refused here")
+    runs = {name: swept_cell(tmp_path, name, *flags) for name, flags in (("f32", []), ("bf16", ["--cpu-bf16"]))}
+    done = {name: json.loads((run / "DONE.json").read_text()) for name, run in runs.items()}
+    assert (done["f32"]["precision"], done["bf16"]["precision"]) == ("float32", "bf16-autocast")
+    assert list(runs_frame(tmp_path / "bf16")["precision"]) == ["bf16-autocast"]
+    assert done["bf16"]["final_valid_nll"] < done["bf16"]["initial_loss"]  # it learned in 30 updates
+    assert abs(done["bf16"]["final_valid_nll"] - done["f32"]["final_valid_nll"]) < 0.1 * done["f32"]["final_valid_nll"]
+    assert stability.main([str(tmp_path / "f32"), str(tmp_path / "bf16"), "--out-dir", str(tmp_path / "map"),
+                           "--no-figures"]) == 2
