@@ -177,6 +177,10 @@ def shares(both):
     return pandas().DataFrame(rows)
 
 
+def title(across=None):
+    return f"One map trained two ways: across {across}" if across else "Verdicts of two runs of one map"
+
+
 def noise_lines(both, across=None):
     """The page's paragraph on the NLL differences B - A and the cells where they exceed the seeds' noise."""
     d = both.dropna(subset=["diff"])
@@ -206,7 +210,7 @@ def markdown(name_a, name_b, both, table, seeds=None, across=None):
     kind = ("" if seeds is None else f" Seeds: A {seeds[0]}; B {seeds[1]}: " + (
         "the same seeds (a re-run)." if same else "other seeds (a replication: the verdicts are drawn anew)."))
     left = both.attrs.get("left_out", 0)
-    lines = ["# Verdicts of two runs of one map", "",
+    lines = [f"# {title(across)}", "",
              f"A: `{name_a}`; B: `{name_b}`" + (f", differing in {across}" if across else "")
              + f". {len(both)} cells complete in both, judged over those cells only"
              + (f" ({left} cells complete in one map only are left out)" if left else "") + f".{kind}", "",
@@ -252,7 +256,7 @@ def _main(argv):
     write_text(written[0], both.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
     write_text(written[1], md)
     runs = pandas().concat([runs_a.assign(map="A"), runs_b.assign(map="B")], ignore_index=True)
-    write_outputs(out, args.publish, "Verdicts of two runs of one map", md, runs, written,
+    write_outputs(out, args.publish, title(args.across), md, runs, written,
                   argv_of("python -m fairseq_lnpos.analysis.agreement", argv))
     print(md, end="")
     return 0
