@@ -72,7 +72,7 @@ def learned_bleu(need):
 # results page docs/results/demo, about 7 and 28 minutes on a faster one ("The demo", "Real text on a
 # CPU" of `git show 36640e8:docs/results.md`); the real-text demo's 4260 s on docs/results/demo-real
 EXPECTED = {"synthetic": "6 to 15 minutes on 2 cores, depending on the CPU (docs/results/demo)",
-            "multi30k": "30 to 75 minutes on 2 cores, depending on the CPU (docs/results/demo-real), the data's "
+            "multi30k": "25 to 75 minutes on 2 cores, depending on the CPU (docs/results/demo-real), the data's "
                         "preparation included (12 s from --orig)"}
 EXPECTED_QUICK = "about 1.5 minutes on 2 cores"
 WIDTH = 100  # the summary's prose lines
