@@ -1,6 +1,7 @@
 """Training curves over seeds (analysis/curves.py): per row and epoch, the seeds' mean and range, the
 difference from the reference row with Welch's interval, the verdict among the rows, the epoch chosen on
 validation, and pages that add up with new run folders."""
+import gzip
 import json
 import math
 
@@ -130,9 +131,13 @@ def test_a_page_adds_up_with_new_seeds_and_the_command_refuses_bad_input(grid, t
     assert C.main([str(grid), "--only", "real-*", "--out-dir", str(tmp_path / "all")]) == 0
     assert C.main([str(old), "--only", "real-*", "--out-dir", str(tmp_path / "page")]) == 0
     assert C.main([str(tmp_path / "page"), str(new), "--only", "real-*", "--out-dir", str(tmp_path / "both")]) == 0
-    for name in ("curves.md", "curves.csv", "epochs.csv", "residual.csv"):
+    for name in ("curves.md", "curves.csv", "epochs.csv"):
         assert (tmp_path / "both" / name).read_text().replace(str(new), str(grid)).replace(str(old), str(grid)) == \
             (tmp_path / "all" / name).read_text(), name
+    # the residual table: gzip of its CSV, the same bytes for the same data (no time stamp in the gzip header)
+    assert (tmp_path / "both" / C.RESIDUAL_CSV).read_bytes() == (tmp_path / "all" / C.RESIDUAL_CSV).read_bytes()
+    assert gzip.decompress((tmp_path / "all" / C.RESIDUAL_CSV).read_bytes()).decode().split("\n", 1)[0] == \
+        ",".join(C.RESIDUAL_COLUMNS)
     md = (tmp_path / "all" / "curves.md").read_text()
     assert "| `real-postln-wu500` | 3 | 3 |" in md and "| 3 |" in md and "NLL drop over the last epoch" in md
     assert "| `real-postln-wu500` | encoder/self_attn | 2 | 0.3 | 3 | 15 |" in md  # the residual share of seed 2

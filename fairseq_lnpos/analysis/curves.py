@@ -22,16 +22,17 @@ updates of :data:`RESIDUAL_UPDATES`.
 
 Writes into ``--out-dir`` (default ``curves-report``): runs.csv, epochs.csv (one row per run, seed and
 epoch: the per-seed data), curves.csv (one row per run and epoch), curves.md (printed too) and
-curves.png, and where runs logged diagnostics residual.csv (one row per run, seed, logged update and
-connection) and residual.png; ``--publish DIR`` the same as a results page.
+curves.png, and where runs logged diagnostics residual.csv.gz (gzip; one row per run, seed, logged
+update and connection) and residual.png; ``--publish DIR`` the same as a results page.
 """
 import fnmatch
+import gzip
 import math
 import sys
 from pathlib import Path
 
 from ..cli import CommandParser
-from ..common import DIAGNOSTICS_JSONL, write_text
+from ..common import DIAGNOSTICS_JSONL, replace_file, write_text
 from ..errors import LnposError, run_main
 from ..variants import variant_color
 from . import verdict as V
@@ -42,7 +43,7 @@ from .train_curves import read_jsonl
 
 PROG = "python -m fairseq_lnpos.analysis.curves"
 EPOCHS_CSV = "epochs.csv"
-RESIDUAL_CSV = "residual.csv"
+RESIDUAL_CSV = "residual.csv.gz"  # the largest per-run table: gzip (pandas reads it by its suffix)
 RESIDUAL_COLUMNS = ["run", "seed", "update", "group", "ratio"]
 RESIDUAL_UPDATES = (1, 10, 50, 100, 200, 500, 1000, 1500, 2000)  # the columns of the page's table, where logged
 CONNECTIONS = ("encoder/self_attn", "encoder/ffn", "decoder/self_attn", "decoder/encoder_attn", "decoder/ffn")
@@ -86,7 +87,7 @@ def residual_rows(run, seed, path):
 
 
 def read_grid(folder, what):
-    """(runs, {epochs.csv: its table, residual.csv: its table}) of a grid's folder of run folders."""
+    """(runs, {epochs.csv: its table, residual.csv.gz: its table}) of a grid's folder of run folders."""
     runs, epochs = read_folder(folder, what)
     rows = [row for r in runs.itertuples() for row in residual_rows(r.run, r.seed, r.path)]
     return runs, {EPOCHS_CSV: epochs, RESIDUAL_CSV: pandas().DataFrame(rows, columns=RESIDUAL_COLUMNS)}
@@ -210,7 +211,7 @@ def residual_markdown(rtable):
             "||F(x)|| / ||s x|| of each residual connection (fairseq_lnpos/diagnostics.py, `--log-diagnostics`): what "
             "the sublayer adds to the stream over what the skip path carries (DeepNorm's alpha x, B2T's extra layer "
             "input count as skip), pooled over the update's batch, mean over the stack's layers, per seed; "
-            "per layer in residual.csv.", ""] + markdown_table(df)
+            "per layer in residual.csv.gz.", ""] + markdown_table(df)
 
 
 def markdown(runs, table, summ, reference, title, code_line, rtable=None):
@@ -320,7 +321,8 @@ def _main(argv):
     plot(table, variants, written[3], args.title)
     if not residual.empty:
         written += [out / RESIDUAL_CSV, out / "residual.png"]
-        write_text(written[4], residual.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
+        text = residual.to_csv(index=False, float_format="%.6g", lineterminator="\n").encode("utf-8")
+        replace_file(written[4], lambda f: f.write(gzip.compress(text, mtime=0)))  # mtime 0: same data, same bytes
         plot_residual(residual, variants, written[5], args.title)
     write_outputs(out, args.publish, args.title, md, runs, written, argv_of(PROG, argv))
     print(md, end="")
