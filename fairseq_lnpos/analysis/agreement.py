@@ -133,22 +133,10 @@ def differences(runs_a, runs_b, alpha=0.05):
     ``diff_low`` / ``diff_high`` (Welch's 95 % interval), ``p`` (Welch's two-sided p-value) and ``beyond_noise``
     (Holm over the cells with a p-value, at ``alpha``); NaN where a map has no finished seed (no interval
     or p-value below two seeds each)."""
-    import warnings
-
-    from scipy.stats import ttest_ind
-
-    from .verdict import difference, holm_rejects
+    from .verdict import holm_rejects, welch
 
     fin = [r[r["outcome"] == "finished"].groupby(KEYS)["final_valid_nll"].apply(list) for r in (runs_a, runs_b)]
-    rows = {}
-    for key in fin[0].index.intersection(fin[1].index):
-        x, ref = np.asarray(fin[1][key], float), np.asarray(fin[0][key], float)
-        p = math.nan
-        if len(x) > 1 and len(ref) > 1:
-            with warnings.catch_warnings():  # seeds equal to the logged digits: scipy warns of its moments' precision
-                warnings.simplefilter("ignore", RuntimeWarning)
-                p = float(ttest_ind(x, ref, equal_var=False).pvalue)
-        rows[key] = (*difference(x, ref), p)
+    rows = {key: welch(fin[1][key], fin[0][key]) for key in fin[0].index.intersection(fin[1].index)}
     pd = pandas()
     out = pd.DataFrame(list(rows.values()), columns=["diff", "diff_low", "diff_high", "p"],
                        index=pd.MultiIndex.from_tuples(list(rows), names=KEYS))

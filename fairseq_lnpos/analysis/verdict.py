@@ -146,17 +146,23 @@ def poor(means, variances, ns, prior=None, margin=DEFAULT_MARGIN, alpha=DEFAULT_
 def difference(x, ref):
     """(mean(x) - mean(ref), Welch's 95 % interval low, high): NaN where either is empty, the interval
     NaN where either has fewer than two values."""
+    return welch(x, ref)[:3]
+
+
+def welch(x, ref):
+    """:func:`difference` and Welch's two-sided p-value (NaN below two values each), from one test."""
     from scipy.stats import ttest_ind
 
     x, ref = np.asarray(x, float), np.asarray(ref, float)
     if not len(x) or not len(ref):
-        return math.nan, math.nan, math.nan
+        return math.nan, math.nan, math.nan, math.nan
     if len(x) < 2 or len(ref) < 2:
-        return x.mean() - ref.mean(), math.nan, math.nan
+        return x.mean() - ref.mean(), math.nan, math.nan, math.nan
     with warnings.catch_warnings():  # seeds equal to the logged digits: scipy warns of its moments' precision
         warnings.simplefilter("ignore", RuntimeWarning)
-        ci = ttest_ind(x, ref, equal_var=False).confidence_interval(0.95)
-    return x.mean() - ref.mean(), ci.low, ci.high
+        test = ttest_ind(x, ref, equal_var=False)
+        ci = test.confidence_interval(0.95)
+    return x.mean() - ref.mean(), ci.low, ci.high, float(test.pvalue)
 
 
 def good(means, variances, ns, prior=None, margin=DEFAULT_MARGIN, alpha=DEFAULT_ALPHA, lone=None):
