@@ -255,6 +255,9 @@ def test_the_map_is_published_as_a_results_page(sweep, tmp_path, capsys):
     assert "- Code: runs trained by code ffffffffff (14 runs); page written by code " in text
     assert (page / "runs.csv").read_text() == (sweep / "runs.csv").read_text()
     assert "| none | 4.025 [4.00 to 4.05] n2 poor |" in text
+    assert text.split("\n")[1] == f"# Stability map: {sweep.name}"  # the default title names the sweep's folder
+    assert S.main([str(sweep), "--no-figures", "--publish", str(page), "--title", "Every variant, one epoch"]) == 0
+    assert (page / "index.md").read_text().split("\n")[1] == "# Every variant, one epoch"
 
 
 def test_runs_of_different_model_code_are_not_compared_unless_asked(tmp_path, capsys):

@@ -1,7 +1,7 @@
 """Stability map from recorded runs: learning rate x warm-up x depth for every architecture.
 
     scripts/stability_map.sh OUT [--trains F] [--margin BITS] [--alpha A] [--no-figures]
-                                 [--allow-mixed-code] [--publish DIR]
+                                 [--allow-mixed-code] [--publish DIR [--title TEXT]]
     scripts/stability_map.sh --runs-csv runs.csv --out-dir DIR ...   (a published map, re-judged)
     scripts/stability_map.sh OUT_A docs/results/NAME/runs.csv ... --out-dir DIR   (seeds run on other days, added)
 
@@ -242,6 +242,7 @@ def _main(argv):
                    help="map runs trained by different versions of the model code (listed in the output)")
     p.add_argument("--no-figures", action="store_true", help="write the CSV and Markdown only")
     p.add_argument("--publish", metavar="DIR", help="also write the map as a results page into DIR (docs/results/NAME)")
+    p.add_argument("--title", help="the page's title (default: 'Stability map: ' and the sources' names)")
     args = p.parse_args(argv)
     for name, value, ok, want in (("--trains", args.trains, 0 < args.trains <= 1, "a number in (0, 1]"),
                                   ("--margin", args.margin, args.margin >= 0, "a number of bits of at least 0"),
@@ -264,8 +265,8 @@ def _main(argv):
     if args.publish:
         from .publish import publish
 
-        written.append(publish(args.publish, "Stability map: " + " + ".join(map(_source_name, sources)), md, runs,
-                               written, argv_of("stability_map.sh", argv)))
+        page_title = args.title or "Stability map: " + " + ".join(map(_source_name, sources))
+        written.append(publish(args.publish, page_title, md, runs, written, argv_of("stability_map.sh", argv)))
     print(md, end="")
     check(not cells.empty, f"{title}: no run finished, diverged or was stopped early, so there is no map "
                            f"(the runs are listed in {out / 'stability.md'}): run or resume the sweep first")
