@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import re
+import secrets
 import time
 from pathlib import Path
 
@@ -39,15 +40,16 @@ def refuse_folder(path):
 
 def replace_file(path, write):
     """Atomically replace ``path`` with what ``write(f)`` writes to ``f``, a new binary file beside it
-    (``.NAME.tmp``, created afresh: a link or file left under that name is removed first, never
-    written through). A symbolic link at ``path`` is replaced by the file, its target left alone; a
-    folder at ``path`` is an error; nothing (no temporary file) stays when the write fails."""
+    (``.NAME.RANDOM.tmp``, a name of its own, created with ``O_EXCL``: writers of the same path at
+    once, such as the tasks of a SLURM array on a shared file system, each rename their own file and
+    the last one wins; a link under the name is never written through). A symbolic link at ``path``
+    is replaced by the file, its target left alone; a folder at ``path`` is an error; nothing (no
+    temporary file) stays when the write fails."""
     path = Path(path)
     refuse_folder(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     try:
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
         with os.fdopen(fd, "wb") as f:
             write(f)
         os.replace(tmp, path)

@@ -18,7 +18,7 @@ import pytest
 from test_faults import GRID, ROW, TABLE, Case, check_case, grid_data, run_folder, snapshot  # noqa: F401
 from conftest import REPO, TOOLS, tool, toy_data  # noqa: F401
 
-from fairseq_lnpos.common import open_log, write_figure, write_text
+from fairseq_lnpos.common import open_log, replace_file, write_figure, write_text
 from fairseq_lnpos.errors import LnposError
 from fairseq_lnpos.experiments import report
 from fairseq_lnpos.experiments import runs as R
@@ -122,15 +122,14 @@ def test_make_table_replaces_a_linked_figure_and_leaves_its_target(tmp_path, cap
     assert not fig.is_symlink() and fig.read_bytes().startswith(b"\x89PNG")
 
 
-@pytest.mark.parametrize("leftover", [False, True], ids=["link-at-the-path", "link-at-the-temporary-name"])
-def test_the_figure_writer_never_writes_through_a_link(tmp_path, leftover):
-    """The shared writer of figures (stability map, depth map, table, Fig. 3): a link at the path,
-    or at the temporary name beside it (left by someone else), is replaced; its target is not touched."""
+def test_the_figure_writer_never_writes_through_a_link(tmp_path):
+    """The shared writer of figures (stability map, depth map, table, Fig. 3): a link at the path is
+    replaced; its target is not touched."""
     from fairseq_lnpos.analysis.map_common import pyplot, save
 
     target = victim(tmp_path)
     path = tmp_path / "stability_heatmaps.png"
-    (tmp_path / ".stability_heatmaps.png.tmp" if leftover else path).symlink_to(target)
+    path.symlink_to(target)
     fig = pyplot().figure()
     save(fig, path, "title")
     assert target.read_bytes() == VICTIM
@@ -138,12 +137,26 @@ def test_the_figure_writer_never_writes_through_a_link(tmp_path, leftover):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outside", "stability_heatmaps.png"]
 
 
-def test_text_files_are_not_written_through_a_leftover_temporary_link(tmp_path):
+def test_text_files_are_not_written_through_a_temporary_link_left_beside_them(tmp_path):
+    """A link left under the old fixed temporary name is neither followed nor needed."""
     target = victim(tmp_path)
     (tmp_path / ".results.md.tmp").symlink_to(target)
     write_text(tmp_path / "results.md", "table\n")
     assert target.read_bytes() == VICTIM and (tmp_path / "results.md").read_text() == "table\n"
-    assert not (tmp_path / ".results.md.tmp").exists()
+
+
+def test_two_writers_of_one_file_at_once_both_succeed_and_the_last_rename_wins(tmp_path):
+    """Writers of the same file overlapping (the tasks of a SLURM array marking their shared --out):
+    the second writes and renames while the first is still writing; neither fails, no temporary file
+    stays, and the file holds the writer that renamed last."""
+    path = tmp_path / "marker"
+
+    def first(f):
+        write_text(path, "second\n")  # another writer, start to end, inside the first's write
+        f.write(b"first\n")
+
+    replace_file(path, first)
+    assert path.read_text() == "first\n" and [p.name for p in tmp_path.iterdir()] == ["marker"]
 
 
 def test_write_figure_takes_the_format_from_the_suffix(tmp_path):
