@@ -1,5 +1,5 @@
-"""The verdict's statistics: Welch's t against scipy's, Holm's procedure by hand, the variances'
-prior, and the error rate on identical cells checked by simulation for the maps' shapes."""
+"""The verdict's statistics: Welch's t against scipy's, Holm's procedure by hand, and the error rate
+on identical cells checked by simulation for the maps' shapes."""
 import math
 
 import numpy as np
@@ -9,12 +9,15 @@ from scipy import stats
 from fairseq_lnpos.analysis import verdict as V
 
 
-@pytest.mark.parametrize("cells, seeds", [(6, 3), (19, 3), (23, 2)])
-def test_identical_cells_are_called_poor_at_most_five_percent_of_the_time(cells, seeds):
-    """The maps' shapes (a learning-rate map of one architecture: 6 cells of 3 seeds; one setting of
-    every architecture: 19 x 3; real text: 23 x 2): simulated maps of identical cells, margin 0 (the
-    strictest), the rate at which some cell is called poor."""
-    assert V.false_poor_rate(cells, seeds, sims=2000, seed=1) <= 0.05
+@pytest.mark.parametrize("spread", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("cells, seeds", V.SHAPES)
+def test_identical_cells_are_called_poor_at_most_five_percent_of_the_time(cells, seeds, spread):
+    """The maps' shapes (a learning-rate map of one architecture: 6 cells of 3 seeds, or of 2; one
+    setting of every architecture: 19 x 3; real text: 23 x 2): simulated maps of identical cells,
+    margin 0 (the strictest), the rate at which some cell is called poor, every cell's spread the same
+    and spreads that differ (log-normal, sd 0.5 and 1 in log units; the maps' cells differ about 1).
+    Variances moderated towards the map's (Smyth) failed this: 5.6 % at 6 x 3, 9.9 % at 23 x 2."""
+    assert V.false_poor_rate(cells, seeds, sims=2000, sd_spread=spread, seed=1) <= 0.05
 
 
 def test_a_cell_far_worse_than_the_others_is_found():
@@ -26,7 +29,7 @@ def test_a_cell_far_worse_than_the_others_is_found():
         x = rng.standard_normal((6, 3)) * 0.1
         x[0] += 1.0
         var = x.var(axis=1, ddof=1)
-        bad, _ = V.poor(x.mean(axis=1), var, [3] * 6, V.variance_prior(var, [2] * 6), margin=0.1)
+        bad, _ = V.poor(x.mean(axis=1), var, [3] * 6, margin=0.1)
         found += bool(bad[0]) and not bad[1:].any()
     assert found >= 190
 
@@ -51,27 +54,24 @@ def test_holm_step_down_by_hand():
 def test_a_difference_within_the_margin_is_never_poor():
     """Two cells without spread (the same numbers from every seed): 0.09 bit apart is within the margin
     of 0.1; 0.11 is beyond it."""
-    assert not V.poor([1.09, 1.0], [0.0, 0.0], [3, 3], None, margin=0.1)[0].any()
-    assert V.poor([1.11, 1.0], [0.0, 0.0], [3, 3], None, margin=0.1)[0].tolist() == [True, False]
+    assert not V.poor([1.09, 1.0], [0.0, 0.0], [3, 3], margin=0.1)[0].any()
+    assert V.poor([1.11, 1.0], [0.0, 0.0], [3, 3], margin=0.1)[0].tolist() == [True, False]
 
 
-def test_the_prior_and_a_cells_variance():
-    """Equal variances scatter only by sampling: a pooled prior (d0 infinite), capped at the pooled df;
-    a cell keeps its own variance when it is larger than the moderated one; a one-seed cell gets the
-    prior; fewer than two cells with a spread give no prior, and a one-seed cell is then untested."""
-    prior = V.variance_prior([0.01, 0.01, 0.01], [2, 2, 2])
-    assert prior[1] == math.inf and prior[0] == pytest.approx(0.01) and prior[2] == 6
-    assert V.cell_variance(0.005, 2, prior) == (pytest.approx(0.01), 6)
-    assert V.cell_variance(0.04, 2, prior) == (0.04, 2)
-    assert V.cell_variance(math.nan, 0, prior) == (pytest.approx(0.01), 6)
-    assert V.variance_prior([0.01, 0.0], [2, 0]) is None
-    assert V.poor([1.0, 2.0], [math.nan, 0.01], [1, 3], None)[1].tolist() == [False, True]
+def test_each_cell_is_tested_on_its_own_variance_and_a_one_seed_cell_not_at_all():
+    """A tight cell beside a noisy one: the noisy cell's spread is its own, not the family's, so 0.5 bit
+    worse with sd 0.3 on 3 seeds is not shown worse (Welch: t = 2.3 on ~2 df), while the same gap
+    between two tight cells is; a one-seed cell, however far off, has no variance and is not tested."""
+    assert V.poor([1.5, 1.0, 1.0], [0.09, 0.0001, 0.0001], [3, 3, 3], margin=0.1)[0].tolist() == [False] * 3
+    assert V.poor([1.5, 1.0, 1.0], [0.0001] * 3, [3, 3, 3], margin=0.1)[0].tolist() == [True, False, False]
+    bad, tested = V.poor([9.0, 1.0, 1.1], [math.nan, 0.01, 0.01], [1, 3, 3])
+    assert tested.tolist() == [False, True, True] and not bad.any()
 
 
 def test_the_rule_is_stated_with_its_numbers():
-    text = V.describe(0.5, 0.1, 0.05, (0.0004, math.inf, 12))
+    text = V.describe(0.5, 0.1, 0.05)
     assert "at most 0.5 x the corpus's unigram bits" in text and "by more than 0.1 bit" in text
-    assert "Holm-corrected at 0.05" in text and "s0 = 0.02 bit on d0 = inf df (pooled df 12)" in text
+    assert "Holm-corrected at 0.05" in text and "NA: one seed, not compared" in text
 
 
 def test_the_difference_of_seeds_equal_to_the_logged_digits_is_quiet_and_finite():

@@ -12,8 +12,8 @@ the validation NLL (bits, no label smoothing), tok BLEU, sacreBLEU, and the hypo
 4-gram repetition (:mod:`~fairseq_lnpos.experiments.evaluate`); the row's mean NLL minus the reference
 row's (``--reference``, default the first row whose variant is Pre-LN, else the first row) with Welch's
 95 % interval; and the maps' verdict (:mod:`.verdict`) with that epoch's rows as one family: *poor* =
-worse than another row by more than the margin (Welch, each row with its own variance moderated by the
-family's, Holm over every ordered pair), else *good*. Per row: the epoch of lowest validation NLL of each
+worse than another row by more than the margin (Welch, each row with its own variance, Holm over every
+ordered pair), else *good*. Per row: the epoch of lowest validation NLL of each
 seed (chosen without the test set) and its tok BLEU, and the first epoch from which the row is good at
 every later epoch. Where runs wrote ``--log-diagnostics`` (``diagnostics.jsonl``), each row's residual
 share ||F(x)|| / ||s x|| (:mod:`fairseq_lnpos.diagnostics`: what the sublayers add to the stream over what
@@ -151,9 +151,8 @@ def curves(epochs, reference, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
         fam = fam[fam["valid_nll_loss_mean"].notna()]
         if len(fam) < 2:
             continue
-        prior = V.variance_prior(fam["nll_var"].fillna(0), fam["seeds"] - 1)
         for i, g in zip(fam.index, V.good(fam["valid_nll_loss_mean"].to_numpy(), fam["nll_var"].to_numpy(),
-                                          fam["seeds"].to_numpy(), prior, margin, alpha)):
+                                          fam["seeds"].to_numpy(), margin, alpha)):
             out.at[i, "good"] = g
     return out.sort_values(["run", "epoch"], key=lambda s: s.map(order) if s.name == "run" else s,
                            kind="stable").reset_index(drop=True)

@@ -308,7 +308,7 @@ def markdown(frame, corr, cells, context):
     """The study's Markdown; ``context``: the lines that say what was compared (map, init, rules)."""
     lines = ["# Does Fig. 3's statistic at initialization predict warm-up need?", ""] + context + [
         "", f"- {STATISTICS_TEXT}", f"- {NEEDS}", f"- {GAP}",
-        f"- Verdicts: {V.describe(prior=cells.attrs.get('prior'))}", "",
+        f"- Verdicts: {V.describe()}", "",
         f"## Rank correlation with the warm-up gap (n = {len(frame)} architectures)", "", INTERVAL, "",
         "| statistic | n | Spearman rho | 95 % interval | p | AUC (needs vs not) | Mann-Whitney p | n needs / not |",
         "|---|---|---|---|---|---|---|---|"]

@@ -71,17 +71,15 @@ def make_cells(runs, trains=V.DEFAULT_TRAINS, margin=V.DEFAULT_MARGIN, alpha=V.D
     cells["trains"] = (cells["finished"] == cells["seeds"]) & (cells["nll"] <= trains * cells["unigram_bits"])
     cells["disagree"] = (cells["seeds_train"] > 0) & (cells["seeds_train"] < cells["seeds"])
     trained = cells[cells["trains"]]
-    prior = V.variance_prior(trained["nll_var"].fillna(0), trained["finished"] - 1)
     for family, keys in V.FAMILIES.items():
         by = trained.groupby(list(keys))
         good = {i: g for _, f in by for i, g in zip(f.index, V.good(
-            f["nll"].to_numpy(), f["nll_var"].to_numpy(), f["finished"].to_numpy(), prior, margin, alpha, lone=True))}
+            f["nll"].to_numpy(), f["nll_var"].to_numpy(), f["finished"].to_numpy(), margin, alpha, lone=True))}
         cells[f"good_{family}"] = pd.Series([good.get(i, False) for i in cells.index], cells.index, dtype=object)
         cells[f"gap_{family}"] = trained["nll"] - by["nll"].transform("min")
     own, lost_all = cells["good_own"], cells["diverged"] + cells["stopped"] == cells["seeds"]
     cells["verdict"] = np.select([cells["diverged"] == cells["seeds"], lost_all, ~cells["trains"], own.isna(),
                                   own == True], ["diverged", "stopped", "no-train", "NA", "good"], "poor")  # noqa: E712
-    cells.attrs["prior"] = prior
     return order(cells)
 
 
@@ -170,7 +168,7 @@ def markdown(title, runs, cells, rules, code_line):
              + ". Failed, unfinished and not started runs are not counted. "
              + (f"Unigram bits of the corpus: {uni.iloc[0]:.3f}. " if len(uni) and uni.nunique() == 1 else "")
              + f"Seeds per cell: {', '.join(map(str, sorted(cells['seeds'].unique())))}. {code_line}.", "",
-             V.describe(*rules, prior=cells.attrs.get("prior")), "", cost_line(runs), ""]
+             V.describe(*rules), "", cost_line(runs), ""]
     if cells.empty:
         return "\n".join(lines + ["No run finished, diverged or was stopped early: nothing to map.", ""])
     lines += overview_table(cells)

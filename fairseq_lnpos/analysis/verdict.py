@@ -10,12 +10,12 @@ choice of the best accounted for.
   every ordered pair (i, j) the one-sided hypothesis mu_i - mu_j <= margin is tested with Welch's t,
   the k (k - 1) tests Holm-corrected at ``alpha``. No best cell is selected before testing, so when
   every cell has the same mean some cell is called poor at most ``alpha`` of the time.
-- **each cell's variance**: its sample variance moderated towards a prior estimated from the variances
-  of the map's cells that train (Smyth 2004, limma's estimator without covariates: (d0 s0^2 + d_i s_i^2)
-  / (d0 + d_i) on d0 + d_i df, at most the pooled df), never below its own; a one-seed cell gets the
-  prior (no prior: not compared, NA). Simulated (tests/test_verdict.py, ``python -m
+- **each cell's variance**: its seeds' own sample variance (Welch), nothing pooled or moderated: the
+  cells' standard deviations differ a hundredfold (0.007 to 1.3 bit, 5th to 95th percentile, on the
+  all-archs page), and a variance moderated towards the map's (Smyth's empirical Bayes) understates a
+  noisy cell's and called identical cells poor in up to 10 % of the maps below. A one-seed cell has no variance and is not compared (NA). Simulated (tests/test_verdict.py, ``python -m
   fairseq_lnpos.analysis.verdict --publish DIR``), identical cells are called poor in at most 5 % of
-  maps of 6 x 3, 19 x 3 and 23 x 2 seeds; where the spreads differ much two seeds do not hold 5 %.
+  maps of 6 x 3, 19 x 3, 23 x 2 and 6 x 2 seeds, with equal spreads and with spreads that differ.
 - **good** = trains and not poor: ``good_own`` among the cells of the same architecture and depth,
   ``good_depth`` among every cell at that depth. **seeds disagree**: some seeds train, some do not.
 """
@@ -37,74 +37,23 @@ DEFAULT_ALPHA = 0.05
 FAMILIES = {"own": ("variant", "layers"), "depth": ("layers",)}
 
 
-def describe(trains=DEFAULT_TRAINS, margin=DEFAULT_MARGIN, alpha=DEFAULT_ALPHA, prior=None):
-    """The rules in words, with their numbers (and the map's prior of the variances), as every output
-    states them."""
-    p = (" No prior of the variances (fewer than two cells with a spread)." if prior is None else
-         f" Prior of the cells' variances: s0 = {math.sqrt(prior[0]):.3g} bit on d0 = "
-         + ("inf" if math.isinf(prior[1]) else f"{prior[1]:.3g}") + f" df (pooled df {prior[2]:g}).")
+def describe(trains=DEFAULT_TRAINS, margin=DEFAULT_MARGIN, alpha=DEFAULT_ALPHA):
+    """The rules in words, with their numbers, as every output states them."""
     return (f"Quantity: final validation NLL (bits, no label smoothing), mean over the seeds. Trains: no seed "
             f"diverged or was stopped early and the NLL is at most {trains:g} x the corpus's unigram bits "
             f"(--trains). Poor: worse than another cell of its family by more than {margin:g} bit (--margin), "
-            f"Welch's t (each cell its own variance, moderated but never below it), every ordered pair of the family tested, Holm-corrected at "
+            f"Welch's t (each cell its own variance), every ordered pair of the family tested, Holm-corrected at "
             f"{alpha:g} (--alpha): identical cells are called poor at most {alpha:.0%} of the time. Good: trains "
             f"and not poor; good (own): against the cells of the same architecture and depth; good (depth): against "
-            f"every cell at that depth. '?': the seeds disagree on 'trains'; NA: one seed and no prior, not compared.{p}")
-
-
-# ---------------------------------------------------------------- the cells' variances
-
-def _trigamma_inverse(y):
-    """x with trigamma(x) = y (y > 0), as limma's trigammaInverse: Newton's method on 1 / trigamma."""
-    from scipy.optimize import newton
-    from scipy.special import polygamma
-
-    if y > 1e7 or y < 1e-6:
-        return 1 / math.sqrt(y) if y > 1e7 else 1 / y
-    return float(newton(lambda x: 1 / polygamma(1, x) - 1 / y, 0.5 + 1 / y, rtol=1e-10,
-                        fprime=lambda x: -polygamma(2, x) / polygamma(1, x) ** 2))
-
-
-def variance_prior(variances, dfs):
-    """(s0^2, d0, pooled df): Smyth's prior of the cells' variances from their sample variances and
-    degrees of freedom (cells with df 0 or variance 0 are left out); d0 = inf, and s0^2 the pooled
-    variance, when the variances scatter no more than sampling alone explains; None with fewer than
-    two such cells."""
-    from scipy.special import digamma, polygamma
-
-    v, d = np.asarray(variances, float), np.asarray(dfs, float)
-    keep = (d > 0) & (v > 0) & np.isfinite(v)
-    v, d = v[keep], d[keep]
-    if len(v) < 2:
-        return None
-    e = np.log(v) - digamma(d / 2) + np.log(d / 2)
-    mean_e, pooled = float(e.mean()), float(d.sum())
-    var_e = float(((e - mean_e) ** 2).sum() / (len(v) - 1) - polygamma(1, d / 2).mean())
-    if var_e <= 0:  # no more scatter than sampling alone: the pooled variance
-        return float((d * v).sum() / pooled), math.inf, pooled
-    d0 = 2 * _trigamma_inverse(var_e)
-    return float(np.exp(mean_e + digamma(d0 / 2) - np.log(d0 / 2))), d0, pooled
-
-
-def cell_variance(variance, df, prior):
-    """(variance, df) a cell is tested with: its moderated variance (d0 s0^2 + df s^2) / (d0 + df) on
-    min(d0 + df, pooled df) degrees of freedom, but never less than its own sample variance (then on
-    its own df); without a prior its own; a one-seed cell (df 0) the prior's."""
-    if prior is None:
-        return (variance, df) if df > 0 else (math.nan, 0)
-    s0, d0, pooled = prior
-    if df == 0 or not math.isfinite(variance):
-        return s0, min(d0, pooled)
-    post = s0 if math.isinf(d0) else (d0 * s0 + df * variance) / (d0 + df)
-    return (variance, df) if variance >= post else (post, min(d0 + df, pooled))
+            f"every cell at that depth. '?': the seeds disagree on 'trains'; NA: one seed, not compared.")
 
 
 # ---------------------------------------------------------------- the test
 
 def pair_pvalues(means, variances, ns, dfs, margin):
     """P[i, j]: the one-sided p-value of mu_i - mu_j <= margin, Welch's t with Welch-Satterthwaite
-    degrees of freedom on the cells' variances (:func:`cell_variance`) and their dfs; NaN on the
-    diagonal and where a cell has no variance (df 0)."""
+    degrees of freedom on the cells' sample variances and their dfs (seeds - 1); NaN on the diagonal and
+    where a cell has no variance (df 0)."""
     from scipy.stats import t as student
 
     m, v, n, d = (np.asarray(x, float) for x in (means, variances, ns, dfs))
@@ -132,14 +81,15 @@ def holm_rejects(p, alpha):
     return rejected.reshape(p.shape)
 
 
-def poor(means, variances, ns, prior=None, margin=DEFAULT_MARGIN, alpha=DEFAULT_ALPHA):
-    """For each cell of one family (its seeds' mean, sample variance and number; ``prior`` of the map's
-    variances, :func:`variance_prior`): is it poor? Also whether it could be tested (it has a variance)."""
-    tested = [cell_variance(v if n > 1 else math.nan, n - 1, prior) for v, n in zip(variances, ns)]
-    has = np.array([d > 0 for _, d in tested])
+def poor(means, variances, ns, margin=DEFAULT_MARGIN, alpha=DEFAULT_ALPHA):
+    """For each cell of one family (its seeds' mean, sample variance and number): is it poor? Also
+    whether it could be tested (two seeds or more)."""
+    ns = np.asarray(ns, int)
+    variances = np.where(ns > 1, np.asarray(variances, float), math.nan)
+    has = ns > 1
     if len(means) < 2:
         return np.zeros(len(means), bool), has
-    p = pair_pvalues(means, [v for v, _ in tested], ns, [d for _, d in tested], margin)
+    p = pair_pvalues(means, variances, ns, np.maximum(ns - 1, 0), margin)
     return holm_rejects(p, alpha).any(axis=1), has
 
 
@@ -165,12 +115,12 @@ def welch(x, ref):
     return x.mean() - ref.mean(), ci.low, ci.high, float(test.pvalue)
 
 
-def good(means, variances, ns, prior=None, margin=DEFAULT_MARGIN, alpha=DEFAULT_ALPHA, lone=None):
+def good(means, variances, ns, margin=DEFAULT_MARGIN, alpha=DEFAULT_ALPHA, lone=None):
     """The verdict of each cell of one family that trains (see :func:`poor`): True (good), False (poor) or
     None (not compared: no variance); ``lone``, when given, is that of a family's only cell."""
     if len(means) == 1 and lone is not None:
         return [lone]
-    bad, tested = poor(means, variances, ns, prior, margin, alpha)
+    bad, tested = poor(means, variances, ns, margin, alpha)
     return [False if b else (True if t else None) for b, t in zip(bad, tested)]
 
 
@@ -179,14 +129,13 @@ def good(means, variances, ns, prior=None, margin=DEFAULT_MARGIN, alpha=DEFAULT_
 def false_poor_rate(cells, seeds, sims=2000, margin=0.0, alpha=DEFAULT_ALPHA, sd=0.1, sd_spread=0.0, seed=0):
     """The share of ``sims`` simulated families of ``cells`` identical cells of ``seeds`` seeds each
     (normal, standard deviation ``sd``; each cell's own sd drawn log-normally with ``sd_spread`` in
-    log units) in which some cell is called poor, the variances' prior estimated from the family."""
+    log units) in which some cell is called poor."""
     rng, hits = np.random.default_rng(seed), 0
     for _ in range(sims):
         sds = sd * np.exp(sd_spread * rng.standard_normal(cells))
         x = rng.standard_normal((cells, seeds)) * sds[:, None]
         var = x.var(axis=1, ddof=1) if seeds > 1 else np.full(cells, np.nan)
-        prior = variance_prior(var, [seeds - 1] * cells)
-        hits += bool(poor(x.mean(axis=1), var, [seeds] * cells, prior, margin, alpha)[0].any())
+        hits += bool(poor(x.mean(axis=1), var, [seeds] * cells, margin, alpha)[0].any())
     return hits / sims
 
 

@@ -183,9 +183,8 @@ def row_table(runs, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
     table["good"] = None
     for _, idx in table[table["trains"]].groupby("corpus").groups.items():
         fam = table.loc[idx]
-        prior = V.variance_prior(fam["nll_var"].fillna(0), fam["finished"] - 1)
         for i, g in zip(idx, V.good(fam["nll"].to_numpy(), fam["nll_var"].to_numpy(), fam["finished"].to_numpy(),
-                                    prior, margin, alpha)):
+                                    margin, alpha)):
             table.at[i, "good"] = g
     table.loc[~table["trains"], "good"] = False
     return table
