@@ -154,7 +154,6 @@ def plot(cells, path):
         axis(ax, f"warm-up {warmup_label(w)}, lr {lr:g}", "layers (encoder = decoder)", sorted(cells["layers"].unique()),
              base=2)
     axes[0][0].set_ylabel("final validation NLL (bits per token)", fontsize=FONT)
-    save(fig, path, "Final validation NLL against depth, per architecture: filled = good at its depth, hollow = not "
-                    "good,\nx = diverged or stopped (at the unigram bits); bars = the seeds' min-max",
+    return save(fig, path, "Final validation NLL against depth, per architecture: filled = good at its depth, hollow = not "
+                           "good,\nx = diverged or stopped (at the unigram bits); bars = the seeds' min-max",
          legend_from=axes.flat)
-    return path

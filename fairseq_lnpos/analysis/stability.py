@@ -17,12 +17,14 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
+
 from ..common import write_text
 from ..cli import CommandParser
 from ..errors import check, run_main
 from ..experiments.runs import warmup_label
 from . import depth, verdict as V
-from .frame import GATHERED, COUNTED, check_model_code, check_one_experiment, gather, write_runs_csv
+from .frame import GATHERED, COUNTED, check_model_code, check_one_experiment, gather, pandas, write_runs_csv
 from .map_common import label, lost, nll_text, num, ordered, pivot
 from .map_figures import cell_mark
 from .publish import argv_of
@@ -52,9 +54,6 @@ def counted(runs):
 def make_cells(runs, trains=V.DEFAULT_TRAINS, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
     """The cells of the counted runs (a DataFrame, a row per cell) with their seeds' statistics and
     verdicts (:mod:`.verdict`); ``verdict`` in a word against its own architecture."""
-    import numpy as np
-    import pandas as pd
-
     runs = counted(runs)
     runs = runs.assign(diverged=runs["outcome"] == "diverged", stopped=runs["outcome"] == "stopped early",
                        finished=runs["outcome"] == "finished")
@@ -74,7 +73,7 @@ def make_cells(runs, trains=V.DEFAULT_TRAINS, margin=V.DEFAULT_MARGIN, alpha=V.D
         by = trained.groupby(list(keys))
         good = {i: g for _, f in by for i, g in zip(f.index, V.good(
             f["nll"].to_numpy(), f["nll_var"].to_numpy(), f["finished"].to_numpy(), prior, margin, alpha, lone=True))}
-        cells[f"good_{family}"] = pd.Series([good.get(i, False) for i in cells.index], cells.index, dtype=object)
+        cells[f"good_{family}"] = pandas().Series([good.get(i, False) for i in cells.index], cells.index, dtype=object)
         cells[f"gap_{family}"] = trained["nll"] - by["nll"].transform("min")
     own, lost_all = cells["good_own"], cells["diverged"] + cells["stopped"] == cells["seeds"]
     cells["verdict"] = np.select([cells["diverged"] == cells["seeds"], lost_all, ~cells["trains"], own.isna(),
