@@ -26,8 +26,8 @@ from ..experiments.runs import warmup_label
 from . import depth, verdict as V
 from .frame import GATHERED, COUNTED, check_model_code, check_one_experiment, gather, pandas, write_runs_csv
 from .map_common import label, lost, nll_text, num, ordered, pivot
-from .map_figures import cell_mark
-from .publish import argv_of
+from .map_figures import cell_mark, plot_bleu, plot_heatmaps, plot_loss_vs_lr, plot_overview, plot_sensitivity
+from .publish import argv_of, publish
 
 KEYS = ["variant", "layers", "warmup", "lr"]
 SENSITIVITY = ("LR sensitivity (after Wortsman et al. 2023, \"Small-scale proxies for large-scale Transformer "
@@ -193,8 +193,6 @@ def markdown(title, runs, cells, rules, code_line):
 
 def write_map(out, runs, cells, md, figures=True):
     """Write the map's files into ``out``; returns the paths written."""
-    from .map_figures import plot_bleu, plot_heatmaps, plot_loss_vs_lr, plot_overview, plot_sensitivity
-
     out = Path(out)
     written = [write_runs_csv(runs, out / "runs.csv"),
                write_text(out / "cells.csv", cells.to_csv(index=False, float_format="%.6g", lineterminator="\n")),
@@ -249,8 +247,6 @@ def _main(argv):
     md = markdown(title, runs, cells, rules, code_line)
     written = write_map(out, runs, cells, md, not args.no_figures)
     if args.publish:
-        from .publish import publish
-
         # a sweep folder by its name, a published runs.csv by its page's
         page_title = args.title or "Stability map: " + " + ".join(Path(s).parent.name if Path(s).is_file()
                                                                    else Path(s).name for s in sources)

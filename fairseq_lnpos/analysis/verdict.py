@@ -20,11 +20,15 @@ import sys
 import warnings
 
 import numpy as np
+from scipy.optimize import newton
+from scipy.special import digamma, polygamma
+from scipy.stats import t as student, ttest_ind
 
 from ..cli import CommandParser
 from ..errors import check, run_main
 from .frame import pandas
 from .map_common import markdown_table
+from .publish import argv_of, publish
 
 # "trains": the final NLL at most this fraction of the unigram bits. On the demo's per-seed data
 # (docs/results/demo/runs.csv: unigram bits 6.26) the runs that learn end at 0.02-0.14 of it and
@@ -54,9 +58,6 @@ def describe(trains=DEFAULT_TRAINS, margin=DEFAULT_MARGIN, alpha=DEFAULT_ALPHA, 
 
 def _trigamma_inverse(y):
     """x with trigamma(x) = y (y > 0), as limma's trigammaInverse: Newton's method on 1 / trigamma."""
-    from scipy.optimize import newton
-    from scipy.special import polygamma
-
     if y > 1e7 or y < 1e-6:
         return 1 / math.sqrt(y) if y > 1e7 else 1 / y
     return float(newton(lambda x: 1 / polygamma(1, x) - 1 / y, 0.5 + 1 / y, rtol=1e-10,
@@ -68,8 +69,6 @@ def variance_prior(variances, dfs):
     degrees of freedom (cells with df 0 or variance 0 are left out); d0 = inf, and s0^2 the pooled
     variance, when the variances scatter no more than sampling alone explains; None with fewer than
     two such cells."""
-    from scipy.special import digamma, polygamma
-
     v, d = np.asarray(variances, float), np.asarray(dfs, float)
     keep = (d > 0) & (v > 0) & np.isfinite(v)
     v, d = v[keep], d[keep]
@@ -103,8 +102,6 @@ def pair_pvalues(means, variances, ns, dfs, margin):
     """P[i, j]: the one-sided p-value of mu_i - mu_j <= margin, Welch's t with Welch-Satterthwaite
     degrees of freedom on the cells' variances (:func:`cell_variance`) and their dfs; NaN on the
     diagonal and where a cell has no variance (df 0)."""
-    from scipy.stats import t as student
-
     m, v, n, d = (np.asarray(x, float) for x in (means, variances, ns, dfs))
     a = v / n
     se2 = a[:, None] + a[None, :]
@@ -144,8 +141,6 @@ def poor(means, variances, ns, prior=None, margin=DEFAULT_MARGIN, alpha=DEFAULT_
 def welch(x, ref):
     """(mean(x) - mean(ref), Welch's 95 % interval low, high, Welch's two-sided p-value): NaN where either
     is empty, the interval and p-value NaN where either has fewer than two values."""
-    from scipy.stats import ttest_ind
-
     x, ref = np.asarray(x, float), np.asarray(ref, float)
     if not len(x) or not len(ref):
         return math.nan, math.nan, math.nan, math.nan
@@ -208,8 +203,6 @@ def _main(argv):
                      "some cell is called poor (at most alpha is the claim).", ""] + check_table(args.sims)) + "\n"
     print(md, end="")
     if args.publish:
-        from .publish import argv_of, publish
-
         publish(args.publish, "The verdict's error rate, simulated", md, None, [],
                 argv_of("python -m fairseq_lnpos.analysis.verdict", argv))
     return 0
