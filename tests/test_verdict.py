@@ -79,5 +79,5 @@ def test_the_difference_of_seeds_equal_to_the_logged_digits_is_quiet_and_finite(
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # scipy's precision warning would be printed to the user
-        d, low, high = V.difference([4.229, 4.214], [5.225, 5.225])
+        d, low, high = V.welch([4.229, 4.214], [5.225, 5.225])[:3]
     assert d == pytest.approx(-1.0035) and low < d < high and math.isfinite(low) and math.isfinite(high)

@@ -146,7 +146,7 @@ def curves(epochs, reference, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
         for i in idx:
             if out.at[i, "run"] != reference:
                 x = epochs.loc[(epochs["run"] == out.at[i, "run"]) & (epochs["epoch"] == epoch), "valid_nll_loss"].dropna()
-                out.loc[i, ["diff", "diff_low", "diff_high"]] = V.difference(x, ref)
+                out.loc[i, ["diff", "diff_low", "diff_high"]] = V.welch(x, ref)[:3]
         fam = out.loc[idx]
         fam = fam[fam["valid_nll_loss_mean"].notna()]
         if len(fam) < 2:

@@ -1,10 +1,9 @@
-"""The stability map along depth (``scripts/stability_map.sh``). For a map of more than one depth
-(``scripts/grid.sh sweep --depth-map``): the largest good depth per architecture, warm-up and learning
-rate (the deepest cell good against every cell at its depth, :mod:`.verdict`; and the deepest that
-trains) in OUT/largest_depth.csv and the Markdown, and OUT/depth_loss.png (:func:`plot`). For any map
-whose runs recorded them: the first / last layer gradient-norm ratio over the first :data:`GRAD_UPDATES`
-updates (:func:`grad_ratios`; Keel's claim is that Post-LN's gradients vanish towards the input as depth
-grows, i.e. this ratio falls with depth), peak memory and training time (DONE.json)."""
+"""The stability map along depth (``scripts/stability_map.sh``). For a map of several depths (``grid.sh
+sweep --depth-map``): the largest good depth per architecture, warm-up and learning rate (the deepest cell
+good against every cell at its depth, :mod:`.verdict`; and the deepest that trains) in largest_depth.csv
+and the Markdown, and depth_loss.png (:func:`plot`). For any map whose runs recorded them: the first /
+last layer gradient-norm ratio over the first :data:`GRAD_UPDATES` updates (:func:`grad_ratios`; Keel's
+claim: Post-LN's falls with depth), peak memory and training time (DONE.json)."""
 from pathlib import Path
 
 from ..common import FONT, GRAD_NORMS_JSONL, write_text
@@ -18,9 +17,8 @@ GRAD_UPDATES = 10  # "the first updates": the ratio is summed over updates 1 .. 
 
 
 def grad_ratios(save_dir, layers, updates=GRAD_UPDATES):
-    """(encoder, decoder): the first layer's gradient norm summed over the first ``updates`` logged
-    updates, over the last layer's (whole layers: groups ``encoder/0`` and ``encoder/<layers-1>``);
-    None when the run logged no gradient norms (or none of those updates)."""
+    """(encoder, decoder): the first whole layer's gradient norm (``encoder/0``) summed over the first ``updates``
+    logged updates over the last's (``encoder/<layers-1>``); None where the run logged none of them."""
     path = Path(save_dir) / GRAD_NORMS_JSONL
     if not path.is_file():
         return None
@@ -52,8 +50,8 @@ def along_depth(cells):
 
 
 def largest_depth(cells, ok=lambda c: c.good_depth == True):  # noqa: E712  (None: unknown, not good)
-    """{(variant, warmup, lr): (the deepest depth whose cell is ``ok`` (default: good) or None,
-    [shallower depths that are not])}; {} for a map of one depth."""
+    """{(variant, warmup, lr): (the deepest depth whose cell is ``ok`` (default: good) or None, [shallower
+    depths that are not])}; {} for a map of one depth."""
     if not along_depth(cells):
         return {}
     cells = cells.assign(ok=cells.apply(ok, axis=1).astype(bool))
@@ -72,7 +70,7 @@ def _fmt_depth(value, deepest):
 
 
 def write_csv(cells, path):
-    """OUT/largest_depth.csv: one row per architecture, warm-up and learning rate: its depths, the
+    """OUT/largest_depth.csv (its path), a row per architecture, warm-up and learning rate: its depths, the
     largest good depth, the shallower ones not good, the largest that trains."""
     trains = largest_depth(cells, TRAINS)
     depths = cells.groupby(LINE, sort=False)["layers"].agg(lambda s: " ".join(map(str, sorted(s))))
@@ -91,11 +89,6 @@ def _cell_loss(c):
     text = nll_text(c)
     return (f"**{text}**" if c.good_depth else text if c.trains else f"({text})") + f" n{c.seeds}" + (
         "?" if c.disagree else "") + lost(c)
-
-
-def _memory(m):
-    return ", ".join(f.format(v) for f, v in (("RSS {:.0f}", m.rss), ("CUDA {:.0f}", m.cuda),
-                                              ("{:.0f} s", m.seconds)) if not missing(v))
 
 
 def markdown(cells):
@@ -133,16 +126,17 @@ def markdown(cells):
                   "Peak resident set of fairseq-train (MB; its own process, not the data loader's) and CUDA's peak "
                   "(MB, fairseq's per-update torch.cuda.max_memory_allocated) where it ran on a GPU, the largest over "
                   "the learning rates, warm-ups and seeds; and the mean training wall time (s).", ""]
-        lines += by_depth(memory.assign(text=[_memory(m) for m in memory.itertuples()]))
+        lines += by_depth(memory.assign(text=[", ".join(f.format(v) for f, v in (
+            ("RSS {:.0f}", m.rss), ("CUDA {:.0f}", m.cuda), ("{:.0f} s", m.seconds)) if not missing(v))
+            for m in memory.itertuples()]))
     return lines
 
 
 # ---------------------------------------------------------------- the figure
 
 def plot(cells, path):
-    """OUT/depth_loss.png: the final NLL against depth, a panel per warm-up and learning rate, a line per
-    architecture; filled: good at its depth, hollow: not, x: every seed diverged or stopped (at the
-    unigram bits); bars the seeds' min-max."""
+    """OUT/depth_loss.png (its path): the final NLL against depth, a panel per warm-up and learning rate, a
+    line per architecture (the marks as its title says)."""
     by_panel = cells.groupby(["warmup", "lr"])
     fig, axes = panels(by_panel.ngroups, max(4.4, 6.4 / by_panel.ngroups), 4.0, sharey=True)
     for ax, ((w, lr), panel) in zip(axes[0], by_panel):
@@ -160,7 +154,6 @@ def plot(cells, path):
         axis(ax, f"warm-up {warmup_label(w)}, lr {lr:g}", "layers (encoder = decoder)", sorted(cells["layers"].unique()),
              base=2)
     axes[0][0].set_ylabel("final validation NLL (bits per token)", fontsize=FONT)
-    save(fig, path, "Final validation NLL against depth, per architecture: filled = good at its depth, hollow = not "
-                    "good,\nx = diverged or stopped (at the unigram bits); bars = the seeds' min-max",
+    return save(fig, path, "Final validation NLL against depth, per architecture: filled = good at its depth, hollow = not "
+                           "good,\nx = diverged or stopped (at the unigram bits); bars = the seeds' min-max",
          legend_from=axes.flat)
-    return path

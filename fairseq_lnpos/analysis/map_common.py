@@ -82,13 +82,14 @@ def axis(ax, title, xlabel, log_ticks=None, base=10):
 
 
 def save(fig, path, title=None, legend_from=None):
-    """Title, lay out, write (dpi 90, :func:`~fairseq_lnpos.common.write_figure`) and close a figure of
-    the map; with ``legend_from`` (axes) the legend of its lines right of all axes, in 2 inches."""
+    """``path``, where a figure of the map is written (dpi 90, :func:`~fairseq_lnpos.common.write_figure`) titled,
+    laid out and closed; with ``legend_from`` (axes) the legend of its lines right of all axes, in 2 inches."""
     if title:
         fig.suptitle(title, fontsize=FONT)
     right = 1 - 2.0 / fig.get_figwidth() if legend_from is not None else 1
     fig.tight_layout(rect=(0, 0, right, 1))
     if legend_from is not None:
         legend_right(fig, legend_from, right)
-    write_figure(fig, path, dpi=90)
+    path = write_figure(fig, path, dpi=90)
     pyplot().close(fig)
+    return path

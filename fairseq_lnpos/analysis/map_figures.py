@@ -8,6 +8,7 @@ import numpy as np
 from ..common import FONT
 from ..experiments.runs import warmup_label
 from ..variants import variant_color
+from .frame import pandas
 from .map_common import RANK, axis, label, missing, num, ordered, panels, pyplot, save
 
 VERDICT_MARK = {"good": "G", "poor": "p", "no-train": "-", "NA": "·"}
@@ -37,10 +38,10 @@ def heat_text(c):
 
 
 def _heatmap(fig, ax, panel, cells, rows, cols, text, row_label, col_label, col_size=FONT):
-    """One panel: the cells of ``panel`` on a grid of ``rows`` x ``cols`` (functions of a cell giving its row
-    and its column; the ticks named by ``row_label`` and ``col_label``), the mean NLL as colour on the
-    range of ``cells``, ``text`` of each cell, a white frame where it is good against its architecture,
-    an orange one where its seeds disagree, red hatching where some seed diverged."""
+    """One panel: the cells of ``panel`` on a grid of ``rows`` x ``cols`` (a cell's row and column; the ticks
+    named by ``row_label`` and ``col_label``), the mean NLL as colour on the range of ``cells``, ``text`` of each
+    cell, framed white where good against its architecture, orange where its seeds disagree, hatched red where
+    some seed diverged."""
     from matplotlib.patches import Rectangle
 
     finite = cells["nll"].dropna()
@@ -64,7 +65,7 @@ def _heatmap(fig, ax, panel, cells, rows, cols, text, row_label, col_label, col_
 
 
 def plot_heatmaps(cells, path):
-    """One panel per (depth, architecture): rows warm-up, columns learning rate."""
+    """OUT/stability_heatmaps.png (its path), a panel per (depth, architecture): rows warm-up, columns learning rate."""
     variants, depths = list(dict.fromkeys(ordered(cells, "variant")["variant"])), sorted(cells["layers"].unique())
     fig, axes = pyplot().subplots(len(depths), len(variants), squeeze=False,
                                   figsize=(3.6 * len(variants), 3.0 * len(depths)))
@@ -77,14 +78,13 @@ def plot_heatmaps(cells, path):
     for ax in axes.flat:
         if not ax.images:
             ax.axis("off")
-    save(fig, path, "Final validation NLL (bits, mean over the seeds that finished; then test tok BLEU where "
-                    "scored; n seeds)\n" + KEY)
-    return path
+    return save(fig, path, "Final validation NLL (bits, mean over the seeds that finished; then test tok BLEU where "
+                           "scored; n seeds)\n" + KEY)
 
 
 def plot_overview(cells, path):
-    """OUT/stability_overview.png: every architecture in one heatmap per depth (rows architecture,
-    columns warm-up x learning rate): the mean final loss, its verdict mark and n."""
+    """OUT/stability_overview.png (its path): a heatmap per depth, rows architecture, columns warm-up x learning
+    rate: the mean final loss, its verdict mark and n."""
     depths, cols = sorted(cells["layers"].unique()), cells[["warmup", "lr"]].drop_duplicates()
     fig, axes = pyplot().subplots(1, len(depths), squeeze=False, figsize=(
         max(5.0, 1.05 * len(cols) + 2.2) * len(depths), 0.36 * cells["variant"].nunique() + 1.6))
@@ -92,8 +92,7 @@ def plot_overview(cells, path):
         _heatmap(fig, ax, panel, cells, lambda c: (RANK[c.variant], c.variant), lambda c: (c.warmup, c.lr), cell_mark,
                  lambda k: label(k[1]), lambda k: f"wu {warmup_label(k[0])}\nlr {k[1]:g}", col_size=7)
         ax.set_title(f"{d} layers", fontsize=FONT)
-    save(fig, path, "Final validation NLL (bits), mean over seeds; n seeds\n" + KEY)
-    return path
+    return save(fig, path, "Final validation NLL (bits), mean over seeds; n seeds\n" + KEY)
 
 
 def bleu_points(cells):
@@ -111,9 +110,8 @@ def bleu_points(cells):
 
 
 def plot_bleu(cells, path):
-    """OUT/bleu.png, where test BLEU was scored: tok BLEU per architecture (rows), one marker per
-    warm-up, bars the seeds' min-max, filled where the cell is good; one panel per depth. Returns
-    :func:`bleu_points` as drawn, or None when no cell has a BLEU."""
+    """OUT/bleu.png (its path; None when no cell has a BLEU): tok BLEU per architecture (rows) of
+    :func:`bleu_points`, one marker per warm-up, filled where the cell is good; a panel per depth."""
     points = bleu_points(cells)
     if not points:
         return None
@@ -133,14 +131,13 @@ def plot_bleu(cells, path):
         ax.set_xlabel("test tok BLEU (last scored epoch)", fontsize=FONT)
         ax.set_title(f"{layers} layers", fontsize=FONT)
         ax.grid(alpha=0.3, axis="x")
-    save(fig, path, "Test BLEU per architecture: mean over seeds, bars = min-max\nfilled: good against its "
-                    "architecture's cells", legend_from=axes.flat)
-    return path
+    return save(fig, path, "Test BLEU per architecture: mean over seeds, bars = min-max\nfilled: good against its "
+                           "architecture's cells", legend_from=axes.flat)
 
 
 def plot_loss_vs_lr(cells, path):
-    """OUT/loss_vs_lr.png: the final loss against the learning rate, one line per architecture, one
-    panel per depth and warm-up, error bars the seeds' min-max."""
+    """OUT/loss_vs_lr.png (its path): the final loss against the learning rate, a line per architecture, a panel
+    per depth and warm-up, error bars the seeds' min-max."""
     done = ordered(cells[cells["nll"].notna()], "variant", "lr")
     by_panel = done.groupby(["layers", "warmup"])
     fig, axes = panels(by_panel.ngroups, 5.2, 4.2, sharey=True)
@@ -152,17 +149,14 @@ def plot_loss_vs_lr(cells, path):
         axis(ax, f"{layers} layers, warm-up {warmup_label(warmup)}", "learning rate (peak, log scale)",
              sorted(panel["lr"].unique()))
     axes[0][0].set_ylabel("final validation NLL (bits per token)", fontsize=FONT)
-    save(fig, path, "Final validation NLL against the learning rate, per architecture: mean over the seeds that "
-                    "finished, bars = min-max over the seeds", legend_from=axes.flat)
-    return path
+    return save(fig, path, "Final validation NLL against the learning rate, per architecture: mean over the seeds that "
+                           "finished, bars = min-max over the seeds", legend_from=axes.flat)
 
 
 def plot_sensitivity(sens, path):
-    """LR sensitivity against depth ({(variant, layers, warmup): bits}), one line per architecture, one
-    panel per warm-up."""
-    import pandas as pd
-
-    s = pd.Series(sens, dtype=float).dropna().rename_axis(["variant", "layers", "warmup"]).reset_index(name="bits")
+    """OUT/sensitivity_vs_depth.png (its path): LR sensitivity ({(variant, layers, warmup): bits}) against
+    depth, a line per architecture, a panel per warm-up."""
+    s = pandas().Series(sens, dtype=float).dropna().rename_axis(["variant", "layers", "warmup"]).reset_index(name="bits")
     by_panel = ordered(s, "variant", "layers").groupby("warmup")
     fig, axes = panels(by_panel.ngroups, 4, 3.4)
     for ax, (w, panel) in zip(axes[0], by_panel):
@@ -172,5 +166,4 @@ def plot_sensitivity(sens, path):
         ax.set_xticks(sorted(panel["layers"].unique()))
         ax.set_ylim(bottom=0)
         ax.set_ylabel("LR sensitivity (bits per token)", fontsize=FONT)
-    save(fig, path, "Learning-rate sensitivity against depth, per architecture", legend_from=axes.flat)
-    return path
+    return save(fig, path, "Learning-rate sensitivity against depth, per architecture", legend_from=axes.flat)

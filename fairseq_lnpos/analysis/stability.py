@@ -1,33 +1,33 @@
 """Stability map from recorded runs: learning rate x warm-up x depth for every architecture.
 
-    scripts/stability_map.sh OUT [--trains F] [--margin BITS] [--alpha A] [--no-figures]
-                                 [--allow-mixed-code] [--publish DIR [--title TEXT]]
+    scripts/stability_map.sh OUT [options]                           (a sweep's folder; options: --help)
     scripts/stability_map.sh --runs-csv runs.csv --out-dir DIR ...   (a published map, re-judged)
     scripts/stability_map.sh OUT_A docs/results/NAME/runs.csv ... --out-dir DIR   (seeds run on other days, added)
 
-The runs of OUT/NAME/seedS/ (:func:`~.frame.gather`: several sweep folders and published runs.csv add
-up, each run once) that share architecture, depth, warm-up and learning rate are one cell, its seeds;
-runs that differ in another setting, a cell with a seed twice and runs of different model code (unless
---allow-mixed-code) are refused. Each cell: its seeds' outcomes, the final validation NLL's mean, spread
-and range (bits, no label smoothing), test BLEU where scored, and the verdicts of :mod:`.verdict`.
-Writes into OUT: runs.csv (a row per run), cells.csv (a row per cell), stability.md (printed too) and,
-unless --no-figures, the figures of :mod:`.map_figures` and :mod:`.depth`; ``--publish DIR`` also writes
-a results page (:mod:`.publish`).
+The runs of OUT/NAME/seedS/ (:func:`~.frame.gather`: sweep folders and published runs.csv add up, each run
+once) that share architecture, depth, warm-up and learning rate are one cell, its seeds; runs that differ in
+another setting, a seed twice and runs of different model code (unless --allow-mixed-code) are refused. Each
+cell: its seeds' outcomes, the final validation NLL's mean, spread and range (bits, no label smoothing), test
+BLEU where scored, the verdicts of :mod:`.verdict`. Writes into OUT runs.csv, cells.csv, stability.md (printed
+too), unless --no-figures the figures of :mod:`.map_figures` and :mod:`.depth`, and with ``--publish DIR`` a
+results page (:mod:`.publish`).
 """
 import math
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
+
 from ..common import write_text
 from ..cli import CommandParser
 from ..errors import check, run_main
 from ..experiments.runs import warmup_label
 from . import depth, verdict as V
-from .frame import GATHERED, COUNTED, check_model_code, check_one_experiment, gather, write_runs_csv
+from .frame import GATHERED, COUNTED, check_model_code, check_one_experiment, gather, pandas, write_runs_csv
 from .map_common import label, lost, nll_text, num, ordered, pivot
-from .map_figures import cell_mark
-from .publish import argv_of
+from .map_figures import cell_mark, plot_bleu, plot_heatmaps, plot_loss_vs_lr, plot_overview, plot_sensitivity
+from .publish import argv_of, publish
 
 KEYS = ["variant", "layers", "warmup", "lr"]
 SENSITIVITY = ("LR sensitivity (after Wortsman et al. 2023, \"Small-scale proxies for large-scale Transformer "
@@ -54,9 +54,6 @@ def counted(runs):
 def make_cells(runs, trains=V.DEFAULT_TRAINS, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
     """The cells of the counted runs (a DataFrame, a row per cell) with their seeds' statistics and
     verdicts (:mod:`.verdict`); ``verdict`` in a word against its own architecture."""
-    import numpy as np
-    import pandas as pd
-
     runs = counted(runs)
     runs = runs.assign(diverged=runs["outcome"] == "diverged", stopped=runs["outcome"] == "stopped early",
                        finished=runs["outcome"] == "finished")
@@ -75,7 +72,7 @@ def make_cells(runs, trains=V.DEFAULT_TRAINS, margin=V.DEFAULT_MARGIN, alpha=V.D
         by = trained.groupby(list(keys))
         good = {i: g for _, f in by for i, g in zip(f.index, V.good(
             f["nll"].to_numpy(), f["nll_var"].to_numpy(), f["finished"].to_numpy(), margin, alpha, lone=True))}
-        cells[f"good_{family}"] = pd.Series([good.get(i, False) for i in cells.index], cells.index, dtype=object)
+        cells[f"good_{family}"] = pandas().Series([good.get(i, False) for i in cells.index], cells.index, dtype=object)
         cells[f"gap_{family}"] = trained["nll"] - by["nll"].transform("min")
     own, lost_all = cells["good_own"], cells["diverged"] + cells["stopped"] == cells["seeds"]
     cells["verdict"] = np.select([cells["diverged"] == cells["seeds"], lost_all, ~cells["trains"], own.isna(),
@@ -110,20 +107,15 @@ def cell_text(c):
     return text + (" +depth" if c.good_depth else "") + ("?" if c.disagree else "") + lost(c)
 
 
-def _texts(cells, fmt):
-    """``cells`` with a column ``text``: ``fmt`` of each cell."""
-    return cells.assign(text=[fmt(c) for c in rows(cells)])
-
-
 def overview_table(cells):
-    """One table per depth: rows architecture, columns warm-up and learning rate."""
+    """Markdown lines, one table per depth: rows architecture, columns warm-up and learning rate."""
     lines, columns = [], sorted(set(zip(cells["warmup"], cells["lr"])))
-    names = {i: f"wu {warmup_label(w)}, lr {lr:g}" for i, (w, lr) in enumerate(columns)}
     for d, at in cells.groupby("layers"):
-        at = _texts(at, cell_mark).assign(architecture=at["variant"].map(label),
-                                          column=[columns.index(k) for k in zip(at["warmup"], at["lr"])])
+        at = at.assign(text=[cell_mark(c) for c in rows(at)], architecture=at["variant"].map(label),
+                       column=[columns.index(k) for k in zip(at["warmup"], at["lr"])])
         lines += [f"## Overview, {d} layers: final validation NLL (bits), mean n seeds, verdict", ""]
-        lines += pivot(at, "architecture", "column", "text", "architecture", col_fmt=names.get) + [""]
+        lines += pivot(at, "architecture", "column", "text", "architecture",
+                       col_fmt=lambda i: f"wu {warmup_label(columns[i][0])}, lr {columns[i][1]:g}") + [""]
     return lines
 
 
@@ -176,7 +168,7 @@ def markdown(title, runs, cells, rules, code_line):
               "cells at that depth); +: also good against every cell at that depth; ?: the seeds disagree on "
               "'trains'; x diverged, s stopped early.", ""]
     for (variant, layers), g in cells.groupby(["variant", "layers"], sort=False):
-        g = _texts(g, cell_text).assign(wu=g["warmup"].map(warmup_label))
+        g = g.assign(text=[cell_text(c) for c in rows(g)], wu=g["warmup"].map(warmup_label))
         lines += [f"## {label(variant)}, {layers} layers: final validation NLL (bits)", ""]
         lines += pivot(g, "wu", "lr", "text", "warm-up \\ lr", col_fmt=lambda lr: f"{lr:g}") + [""]
     lines += ["## Largest good learning rate per warm-up", "",
@@ -199,8 +191,6 @@ def markdown(title, runs, cells, rules, code_line):
 
 def write_map(out, runs, cells, md, figures=True):
     """Write the map's files into ``out``; returns the paths written."""
-    from .map_figures import plot_bleu, plot_heatmaps, plot_loss_vs_lr, plot_overview, plot_sensitivity
-
     out = Path(out)
     written = [write_runs_csv(runs, out / "runs.csv"),
                write_text(out / "cells.csv", cells.to_csv(index=False, float_format="%.6g", lineterminator="\n")),
@@ -214,12 +204,6 @@ def write_map(out, runs, cells, md, figures=True):
                     plot_bleu(cells, out / "bleu.png"), sens and plot_sensitivity(sens, out / "sensitivity_vs_depth.png"),
                     deep and depth.plot(cells, out / "depth_loss.png")]
     return [p for p in written if p]
-
-
-def _source_name(source):
-    """How a page's title names a source: a sweep folder by its name, a published runs.csv by its page's."""
-    path = Path(source)
-    return path.parent.name if path.is_file() else path.name
 
 
 def _main(argv):
@@ -246,13 +230,13 @@ def _main(argv):
                                   ("--margin", args.margin, args.margin >= 0, "a number of bits of at least 0"),
                                   ("--alpha", args.alpha, 0 < args.alpha < 1, "a number in (0, 1)")):
         check(math.isfinite(value) and ok, f"{name} {value}: give {want}")
-    sources, what = args.sources + args.runs_csv, "the output folder of a sweep (OUT/NAME/seedS/)"
+    sources = args.sources + args.runs_csv
     check(sources, "give a sweep's folder OUT, or a published runs.csv with --out-dir DIR")
     one_folder = len(sources) == 1 and not args.runs_csv and not Path(sources[0]).is_file()
     check(args.out_dir or one_folder, f"{' and '.join(sources)}: " + ("a runs.csv" if len(sources) == 1 else "several sources")
           + " needs --out-dir DIR: where to write the map")
     title = " + ".join(sources)
-    runs = gather(sources, {}, what)[0].drop(columns=list(GATHERED))
+    runs = gather(sources, {}, "the output folder of a sweep (OUT/NAME/seedS/)")[0].drop(columns=list(GATHERED))
     out = Path(args.out_dir or sources[0])
     out.mkdir(parents=True, exist_ok=True)
     check_one_experiment(title, runs)
@@ -261,9 +245,9 @@ def _main(argv):
     md = markdown(title, runs, cells, rules, code_line)
     written = write_map(out, runs, cells, md, not args.no_figures)
     if args.publish:
-        from .publish import publish
-
-        page_title = args.title or "Stability map: " + " + ".join(map(_source_name, sources))
+        # a sweep folder by its name, a published runs.csv by its page's
+        page_title = args.title or "Stability map: " + " + ".join(Path(s).parent.name if Path(s).is_file()
+                                                                   else Path(s).name for s in sources)
         written.append(publish(args.publish, page_title, md, runs, written, argv_of("stability_map.sh", argv)))
     print(md, end="")
     check(not cells.empty, f"{title}: no run finished, diverged or was stopped early, so there is no map "

@@ -1,21 +1,19 @@
-"""The maps' verdicts, stated once: on the final validation NLL in bits (fairseq's ``valid_nll_loss``,
-without the label smoothing that adds about 1.3 bits to every cell), each cell (architecture, depth,
-warm-up, learning rate; its runs are its seeds) with its own variance, the number of cells and the
-choice of the best accounted for.
+"""The maps' verdicts, stated once (:func:`describe` states them with their numbers): on the final
+validation NLL in bits (fairseq's ``valid_nll_loss``, without the label smoothing that adds about 1.3
+bits to every cell) of each cell (architecture, depth, warm-up, learning rate; its runs are its seeds).
 
-- **trains**: every seed ran to its end (none diverged or was stopped early) and the mean NLL is at
-  most ``trains`` times the corpus's unigram bits (:func:`~fairseq_lnpos.data.unigram.unigram_bits`,
-  what a model that ignores source and context reaches): one threshold for every corpus.
-- **poor**: worse than some other cell of its family that trains by more than ``margin`` bits: for
-  every ordered pair (i, j) the one-sided hypothesis mu_i - mu_j <= margin is tested with Welch's t,
-  the k (k - 1) tests Holm-corrected at ``alpha``. No best cell is selected before testing, so when
-  every cell has the same mean some cell is called poor at most ``alpha`` of the time.
-- **each cell's variance**: its seeds' own sample variance (Welch), nothing pooled or moderated: the
-  cells' standard deviations differ a hundredfold (0.007 to 1.3 bit, 5th to 95th percentile, on the
-  all-archs page), and a variance moderated towards the map's (Smyth's empirical Bayes) understates a
-  noisy cell's and called identical cells poor in up to 10 % of the maps below. A one-seed cell has no variance and is not compared (NA). Simulated (tests/test_verdict.py, ``python -m
-  fairseq_lnpos.analysis.verdict --publish DIR``), identical cells are called poor in at most 5 % of
-  maps of 6 x 3, 19 x 3, 23 x 2 and 6 x 2 seeds, with equal spreads and with spreads that differ.
+- **trains**: no seed diverged or was stopped early and the mean NLL is at most ``trains`` times the
+  corpus's unigram bits (:func:`~fairseq_lnpos.data.unigram.unigram_bits`): one threshold for every corpus.
+- **poor**: worse than another cell of its family that trains by more than ``margin`` bits: every ordered
+  pair (i, j) tests mu_i - mu_j <= margin with Welch's t, the k (k - 1) tests Holm-corrected at ``alpha``;
+  no best cell is selected first, so of identical cells some is called poor at most ``alpha`` of the time.
+- **each cell's variance**: its seeds' own (Welch), nothing pooled or moderated: the cells' standard
+  deviations differ a hundredfold (0.007 to 1.3 bit, 5th to 95th percentile, on the all-archs page), and
+  variances moderated towards the map's (Smyth's empirical Bayes) understate a noisy cell's and called
+  identical cells poor in up to 10 % of the maps below. A one-seed cell is not compared (NA). Simulated
+  (tests/test_verdict.py, ``python -m fairseq_lnpos.analysis.verdict --publish DIR``), identical cells
+  are called poor in at most 5 % of maps of 6 x 3, 19 x 3, 23 x 2 and 6 x 2 seeds, with equal spreads
+  and with spreads that differ.
 - **good** = trains and not poor: ``good_own`` among the cells of the same architecture and depth,
   ``good_depth`` among every cell at that depth. **seeds disagree**: some seeds train, some do not.
 """
@@ -24,9 +22,13 @@ import sys
 import warnings
 
 import numpy as np
+from scipy.stats import t as student, ttest_ind
 
 from ..cli import CommandParser
 from ..errors import check, run_main
+from .frame import pandas
+from .map_common import markdown_table
+from .publish import argv_of, publish
 
 # "trains": the final NLL at most this fraction of the unigram bits. On the demo's per-seed data
 # (docs/results/demo/runs.csv: unigram bits 6.26) the runs that learn end at 0.02-0.14 of it and
@@ -54,8 +56,6 @@ def pair_pvalues(means, variances, ns, dfs, margin):
     """P[i, j]: the one-sided p-value of mu_i - mu_j <= margin, Welch's t with Welch-Satterthwaite
     degrees of freedom on the cells' sample variances and their dfs (seeds - 1); NaN on the diagonal and
     where a cell has no variance (df 0)."""
-    from scipy.stats import t as student
-
     m, v, n, d = (np.asarray(x, float) for x in (means, variances, ns, dfs))
     a = v / n
     se2 = a[:, None] + a[None, :]
@@ -93,16 +93,9 @@ def poor(means, variances, ns, margin=DEFAULT_MARGIN, alpha=DEFAULT_ALPHA):
     return holm_rejects(p, alpha).any(axis=1), has
 
 
-def difference(x, ref):
-    """(mean(x) - mean(ref), Welch's 95 % interval low, high): NaN where either is empty, the interval
-    NaN where either has fewer than two values."""
-    return welch(x, ref)[:3]
-
-
 def welch(x, ref):
-    """:func:`difference` and Welch's two-sided p-value (NaN below two values each), from one test."""
-    from scipy.stats import ttest_ind
-
+    """(mean(x) - mean(ref), Welch's 95 % interval low, high, Welch's two-sided p-value): NaN where either
+    is empty, the interval and p-value NaN where either has fewer than two values."""
     x, ref = np.asarray(x, float), np.asarray(ref, float)
     if not len(x) or not len(ref):
         return math.nan, math.nan, math.nan, math.nan
@@ -146,11 +139,9 @@ SHAPES = ((6, 3), (19, 3), (23, 2), (6, 2))
 
 def check_table(sims=4000, spreads=(0.0, 0.5, 1.0)):
     """The false "poor" rates of :func:`false_poor_rate` at margin 0 for the maps' shapes, as Markdown."""
-    lines = ["| cells x seeds | " + " | ".join(f"sd spread {s:g}" for s in spreads) + " |", "|---" * (len(spreads) + 1) + "|"]
-    for cells, seeds in SHAPES:
-        rates = [false_poor_rate(cells, seeds, sims=sims, sd_spread=s) for s in spreads]
-        lines.append(f"| {cells} x {seeds} | " + " | ".join(f"{r:.1%}" for r in rates) + " |")
-    return lines
+    rates = [[f"{cells} x {seeds}"] + [f"{false_poor_rate(cells, seeds, sims=sims, sd_spread=s):.1%}" for s in spreads]
+             for cells, seeds in SHAPES]
+    return markdown_table(pandas().DataFrame(rates, columns=["cells x seeds"] + [f"sd spread {s:g}" for s in spreads]))
 
 
 def _main(argv):
@@ -166,8 +157,6 @@ def _main(argv):
                      "some cell is called poor (at most alpha is the claim).", ""] + check_table(args.sims)) + "\n"
     print(md, end="")
     if args.publish:
-        from .publish import argv_of, publish
-
         publish(args.publish, "The verdict's error rate, simulated", md, None, [],
                 argv_of("python -m fairseq_lnpos.analysis.verdict", argv))
     return 0

@@ -176,7 +176,7 @@ def row_table(runs, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
                    "cpu_seconds": r["train_cpu_seconds"].sum(), "diff_preln": math.nan, "diff_low": math.nan,
                    "diff_high": math.nan}
             if row != PRELN:
-                rec["diff_preln"], rec["diff_low"], rec["diff_high"] = V.difference(nll, pre)
+                rec["diff_preln"], rec["diff_low"], rec["diff_high"] = V.welch(nll, pre)[:3]
             rec["trains"] = rec["seeds_train"] == rec["seeds"]  # a seed that trains finished
             out.append(rec)
     table = pandas().DataFrame(out)

@@ -2,15 +2,13 @@
 
     scripts/make_table.sh OUT_DIR [--no-figures]
 
-Writes into OUT_DIR: runs.csv (the table of every run, :mod:`~fairseq_lnpos.analysis.frame`), results.md
-(a row per run and seed, then a row per run over its seeds: n, mean, min-max and 95 % CI,
-:mod:`~fairseq_lnpos.analysis.seeds`), results.csv (per seed), results_by_run.csv (over seeds: a row per
-run and metric) and fig_<figure>.png per `figure` group of runs.py (and fig_all.png for several groups):
-BLEU and validation loss per epoch, a column per optimizer, warm-up as line styles. "best" is the best
-epoch on the test set, as the paper's per-epoch curves show it; "selected" the scored epoch of lowest
-validation NLL, chosen without the test set. A results.md or results.csv this command did not write
-(results.md without its first line :data:`MD_MARKER`, results.csv without its header) is never
-overwritten: it is an error.
+Writes into OUT_DIR: runs.csv (every run, :mod:`~fairseq_lnpos.analysis.frame`), results.md (a row per run
+and seed, then per run over its seeds: n, mean, min-max and 95 % CI, :mod:`~fairseq_lnpos.analysis.seeds`),
+results.csv (per seed), results_by_run.csv (over seeds, a row per run and metric) and fig_<figure>.png per
+`figure` group of runs.py (fig_all.png too for several): BLEU and validation loss per epoch, a column per
+optimizer, warm-up as line styles. "best": the best epoch on the test set, as the paper's per-epoch curves;
+"selected": the scored epoch of lowest validation NLL, chosen without the test set. A results file this
+command did not write (without its first line: :data:`MD_MARKER`, the CSV header) is never overwritten.
 """
 import sys
 from itertools import product
@@ -54,11 +52,10 @@ RUN_FIELDS = ("optimizer", "lr", "warmup", "schedule", "paper_bleu", "paper_vali
 
 
 def collect(run_dirs):
-    """One dict per run folder of ``run_dirs`` (:class:`~.rundir.RunRecord`), in the order of the run table:
-    the run's fields (:data:`RUN_FIELDS`), its scores (:func:`~fairseq_lnpos.analysis.frame.scores`),
-    ``curve`` (its epoch records), ``record``, ``status`` (its outcome in words) and ``outcome`` (the
-    :class:`~.records.Outcome`'s value). A folder with a file that cannot be read gives a row with status
-    ``unreadable: ...`` (the path and what to do) and ``unreadable`` set; nothing is skipped silently."""
+    """One dict per run folder of ``run_dirs``, in the run table's order: the run's fields (:data:`RUN_FIELDS`),
+    scores (:func:`~fairseq_lnpos.analysis.frame.scores`), ``curve`` (its epoch records), ``record``, ``status``
+    (the outcome in words) and ``outcome`` (:class:`~.records.Outcome`'s value). A folder with a file that
+    cannot be read: status ``unreadable: ...`` (the path and what to do) and ``unreadable`` set."""
     order = {r.name: i for i, r in enumerate(R.RUNS)}
     rows = []
     for rd in run_dirs:
@@ -110,10 +107,8 @@ def seeds_markdown(agg):
 
 
 def markdown(rows):
-    t = table(rows, ["run", "arch", "optimizer", "lr", "warmup", "seed", "status", "paper_bleu", "paper_note",
-                     "best_bleu_tok", "best_epoch", "sel_bleu_tok", "sel_epoch", "avg_bleu_tok", "avg_epochs",
-                     "last_bleu_tok", "sacrebleu", "best_valid_loss", "best_bleu_tok_cs", "avg_bleu_tok_cs", "signature",
-                     "source"])
+    """results.md's text: a row per run and seed, the notes, then the table over seeds."""
+    t = table(rows, CSV_COLUMNS + ["signature"])
     at = lambda col, where: (_text(t[col]) + " (" + t[where].astype(str) + ")").where(t[col].notna(), "")  # noqa: E731
     show = {"run": t["run"], "arch": t["arch"], "opt": t["optimizer"], "lr": _text(t["lr"], lambda v: f"{v:g}"),
             "warm-up": _text(t["warmup"], R.warmup_label), "seed": t["seed"].astype(str), "status": t["status"],
@@ -196,20 +191,18 @@ def _check_ours(path, first_line):
 
 
 def make_table(out_dir, with_figures=True, skip_unreadable=False):
-    """Write OUT/results.md, results.csv (and the figures); returns (markdown, [written paths], rows).
-
-    The table is written also when a run folder is unreadable (its row says why); then, unless
-    ``skip_unreadable``, :class:`StateError` is raised afterwards naming the first one."""
+    """Write OUT/results.md, results.csv (and the figures); returns (markdown, [written paths], rows). The table
+    is written also when a run folder is unreadable (its row says why); then, unless ``skip_unreadable``,
+    :class:`StateError` is raised afterwards naming the first one."""
     out = Path(out_dir)
     rows = collect(grid_run_dirs(out, "the --out folder of `scripts/grid.sh run`"))
-    for path, first in ((out / "results.md", MD_MARKER), (out / "results.csv", ",".join(CSV_COLUMNS)),
-                        (out / "results_by_run.csv", ",".join(SEED_COLUMNS))):
-        _check_ours(path, first)
     md, t = markdown(rows), table(rows, CSV_COLUMNS)
-    written = [write_text(out / "results.md", md),
-               write_text(out / "results.csv", t.assign(lr=_text(t["lr"], lambda v: f"{v:g}")).to_csv(
-                   index=False, lineterminator="\n")),
-               write_text(out / "results_by_run.csv", over_seeds(rows).to_csv(index=False, lineterminator="\n"))]
+    files = {"results.md": (MD_MARKER, md), "results.csv": (",".join(CSV_COLUMNS), t.assign(
+                 lr=_text(t["lr"], lambda v: f"{v:g}")).to_csv(index=False, lineterminator="\n")),
+             "results_by_run.csv": (",".join(SEED_COLUMNS), over_seeds(rows).to_csv(index=False, lineterminator="\n"))}
+    for name, (first, _) in files.items():
+        _check_ours(out / name, first)
+    written = [write_text(out / name, text) for name, (_, text) in files.items()]
     bad = [r for r in rows if r.get("unreadable")]
     if not bad:  # the per-seed table of every run (analysis/frame.py), as a results page publishes it
         records = sorted((r["record"] for r in rows), key=lambda rec: rec.dir.path)  # runs_frame's order
