@@ -12,7 +12,7 @@ from .frame import pandas
 from .map_common import RANK, axis, label, missing, num, ordered, panels, pyplot, save
 
 VERDICT_MARK = {"good": "G", "poor": "p", "no-train": "-", "NA": "·"}
-KEY = ("The mark: G good against its architecture's cells (white frame), + also against every cell at that "
+KEY = ("The mark: G good against its architecture's cells (white frame), + not shown worse than any cell at that "
        "depth,\np poor, - does not train, · one seed, ? seeds disagree (orange), x diverged, s stopped early")
 
 

@@ -165,8 +165,8 @@ def markdown(title, runs, cells, rules, code_line):
         return "\n".join(lines + ["No run finished, diverged or was stopped early: nothing to map.", ""])
     lines += overview_table(cells)
     lines += ["Marks: G good, p poor, - does not train, · one seed (not compared) (against its own architecture's "
-              "cells at that depth); +: also good against every cell at that depth; ?: the seeds disagree on "
-              "'trains'; x diverged, s stopped early.", ""]
+              "cells at that depth); +: not shown worse than any cell at that depth (among many more cells: a "
+              "weaker test); ?: the seeds disagree on 'trains'; x diverged, s stopped early.", ""]
     for (variant, layers), g in cells.groupby(["variant", "layers"], sort=False):
         g = g.assign(text=[cell_text(c) for c in rows(g)], wu=g["warmup"].map(warmup_label))
         lines += [f"## {label(variant)}, {layers} layers: final validation NLL (bits)", ""]
