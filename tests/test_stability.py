@@ -141,9 +141,9 @@ def test_cells_by_hand(sweep):
 def test_verdicts_by_hand(sweep):
     """Post-LN, 6 layers, the cells that train: lr 1e-4 (4.0, 4.05), 1e-3 (3.0, 3.05) and with warm-up 1e-3
     (3.10, 3.12), 1e-2 (3.18, one seed: no variance, not compared). Welch's t of 1e-4 against 1e-3 with the
-    margin 0.1, each on its own variance 0.00125: (4.025 - 3.025 - 0.1) /
-    sqrt(0.00125) = 25.5 on 2 df, p = 0.0008 <= 0.05 / 6 (Holm's first step over the 6 ordered pairs of the cells tested):
-    lr 1e-4 is poor. The others differ by less than the margin."""
+    margin 0.1, each on its own variance 0.00125: (4.025 - 3.025 - 0.1) / sqrt(0.00125) = 25.5 on 2 df,
+    p = 0.0008 <= 0.05 / 6 (Holm's first step over the 6 ordered pairs of the cells tested): lr 1e-4 is
+    poor. The others differ by less than the margin."""
     cells = S.make_cells(runs_frame(sweep))
     assert cell(cells, "postln", 6, 0, 1e-4).verdict == "poor"
     assert cell(cells, "postln", 6, 0, 1e-3).verdict == "good" and cell(cells, "postln", 6, 1000, 1e-3).good_own

@@ -91,6 +91,11 @@ def _cell_loss(c):
         "?" if c.disagree else "") + lost(c)
 
 
+def _memory(m):
+    return ", ".join(f.format(v) for f, v in (("RSS {:.0f}", m.rss), ("CUDA {:.0f}", m.cuda),
+                                              ("{:.0f} s", m.seconds)) if not missing(v))
+
+
 def markdown(cells):
     """The depth sections of the map's Markdown (none for what the runs did not record)."""
     if cells.empty:
@@ -126,9 +131,7 @@ def markdown(cells):
                   "Peak resident set of fairseq-train (MB; its own process, not the data loader's) and CUDA's peak "
                   "(MB, fairseq's per-update torch.cuda.max_memory_allocated) where it ran on a GPU, the largest over "
                   "the learning rates, warm-ups and seeds; and the mean training wall time (s).", ""]
-        lines += by_depth(memory.assign(text=[", ".join(f.format(v) for f, v in (
-            ("RSS {:.0f}", m.rss), ("CUDA {:.0f}", m.cuda), ("{:.0f} s", m.seconds)) if not missing(v))
-            for m in memory.itertuples()]))
+        lines += by_depth(memory.assign(text=[_memory(m) for m in memory.itertuples()]))
     return lines
 
 
@@ -156,4 +159,4 @@ def plot(cells, path):
     axes[0][0].set_ylabel("final validation NLL (bits per token)", fontsize=FONT)
     return save(fig, path, "Final validation NLL against depth, per architecture: filled = good at its depth, hollow = not "
                            "good,\nx = diverged or stopped (at the unigram bits); bars = the seeds' min-max",
-         legend_from=axes.flat)
+                legend_from=axes.flat)

@@ -107,12 +107,17 @@ def cell_text(c):
     return text + (" +depth" if c.good_depth else "") + ("?" if c.disagree else "") + lost(c)
 
 
+def _texts(cells, fmt):
+    """``cells`` with a column ``text``: ``fmt`` of each cell."""
+    return cells.assign(text=[fmt(c) for c in rows(cells)])
+
+
 def overview_table(cells):
     """Markdown lines, one table per depth: rows architecture, columns warm-up and learning rate."""
     lines, columns = [], sorted(set(zip(cells["warmup"], cells["lr"])))
     for d, at in cells.groupby("layers"):
-        at = at.assign(text=[cell_mark(c) for c in rows(at)], architecture=at["variant"].map(label),
-                       column=[columns.index(k) for k in zip(at["warmup"], at["lr"])])
+        at = _texts(at, cell_mark).assign(architecture=at["variant"].map(label),
+                                          column=[columns.index(k) for k in zip(at["warmup"], at["lr"])])
         lines += [f"## Overview, {d} layers: final validation NLL (bits), mean n seeds, verdict", ""]
         lines += pivot(at, "architecture", "column", "text", "architecture",
                        col_fmt=lambda i: f"wu {warmup_label(columns[i][0])}, lr {columns[i][1]:g}") + [""]
@@ -168,7 +173,7 @@ def markdown(title, runs, cells, rules, code_line):
               "cells at that depth); +: not shown worse than any cell at that depth (among many more cells: a "
               "weaker test); ?: the seeds disagree on 'trains'; x diverged, s stopped early.", ""]
     for (variant, layers), g in cells.groupby(["variant", "layers"], sort=False):
-        g = g.assign(text=[cell_text(c) for c in rows(g)], wu=g["warmup"].map(warmup_label))
+        g = _texts(g, cell_text).assign(wu=g["warmup"].map(warmup_label))
         lines += [f"## {label(variant)}, {layers} layers: final validation NLL (bits)", ""]
         lines += pivot(g, "wu", "lr", "text", "warm-up \\ lr", col_fmt=lambda lr: f"{lr:g}") + [""]
     lines += ["## Largest good learning rate per warm-up", "",
@@ -204,6 +209,12 @@ def write_map(out, runs, cells, md, figures=True):
                     plot_bleu(cells, out / "bleu.png"), sens and plot_sensitivity(sens, out / "sensitivity_vs_depth.png"),
                     deep and depth.plot(cells, out / "depth_loss.png")]
     return [p for p in written if p]
+
+
+def _source_name(source):
+    """How a page's title names a source: a sweep folder by its name, a published runs.csv by its page's."""
+    path = Path(source)
+    return path.parent.name if path.is_file() else path.name
 
 
 def _main(argv):
@@ -245,9 +256,7 @@ def _main(argv):
     md = markdown(title, runs, cells, rules, code_line)
     written = write_map(out, runs, cells, md, not args.no_figures)
     if args.publish:
-        # a sweep folder by its name, a published runs.csv by its page's
-        page_title = args.title or "Stability map: " + " + ".join(Path(s).parent.name if Path(s).is_file()
-                                                                   else Path(s).name for s in sources)
+        page_title = args.title or "Stability map: " + " + ".join(map(_source_name, sources))
         written.append(publish(args.publish, page_title, md, runs, written, argv_of("stability_map.sh", argv)))
     print(md, end="")
     check(not cells.empty, f"{title}: no run finished, diverged or was stopped early, so there is no map "
