@@ -167,6 +167,28 @@ def test_the_replay_reports_stops_fractions_false_stops_and_time_saved(tmp_path,
     assert bad.value.code == 2 and "argument --after: 1.5: give a fraction between 0 and 1" in capsys.readouterr().err
 
 
+def test_the_replay_judges_trains_at_the_threshold_a_folder_is_mapped_with(tmp_path, capsys):
+    R = tool("early_stop_replay")
+
+    # unigram bits 9.6: at the default 0.5 the stalled run (5.6) does not train; at 0.6 (5.76) it does
+    for seed in (1, 2):
+        _run_with_log(tmp_path, "preln", 1e-3, seed, [(u, 9.0 - 0.035 * u) for u in range(1, 201)], final=1.0 + seed / 100)
+        _run_with_log(tmp_path, "postln", 3e-3, seed, flat(), final=5.6 + seed / 100)
+    assert sorted(how for _, how, _, _ in R.outcomes(tmp_path)) == ["good"] * 2 + ["not trained"] * 2
+    # at 0.6 the Post-LN cell trains and is good against its own architecture: stopping it is a false stop
+    assert sorted(how for _, how, _, _ in R.outcomes(tmp_path, trains=0.6)) == ["good"] * 4
+    assert R.main([str(tmp_path), "--after", "0.3", "--ratio", "0.7", "--trains", f"{tmp_path}=0.6"]) == 0
+    out = capsys.readouterr().out
+    assert "ending not trained: 0 (trains: final NLL <= 0.6 x the unigram bits)" in out
+    assert "false stops: 2 of runs that end good, 0 of runs that train but are not good" in out
+    assert R.main([str(tmp_path), "--trains", f"{tmp_path / 'other'}=0.6"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.endswith("not a folder this replay reads: give OUT or one of --score-on as written there")
+    with pytest.raises(SystemExit) as bad:
+        R.main([str(tmp_path), "--trains", f"{tmp_path}=1.5"])
+    assert bad.value.code == 2 and "give a folder and a number in (0, 1], e.g. real-out=0.8" in capsys.readouterr().err
+
+
 def test_the_replay_refuses_a_sweep_made_with_early_stopping(tmp_path, capsys):
     R = tool("early_stop_replay")
 
@@ -196,15 +218,29 @@ def test_a_run_budgeted_in_epochs_is_replayed_over_the_updates_it_ran(tmp_path):
 
 
 def test_the_default_rule_is_the_one_the_published_replay_chose_and_scored_held_out():
-    """The grid's default is the rule docs/results/early-stopping chose on one map and scored on others
-    (no false stop there); republishing that page with another choice fails here until the default follows."""
+    """The grid's default is the rule docs/results/early-stopping chose on one map and scored on others:
+    no false stop of a good run on the generated corpus; on real text (judged with its map's --trains)
+    it stopped runs that went on to be good, so a --real sweep does not stop runs unless asked.
+    Republishing that page with another choice or outcome fails here until the defaults follow."""
     import re
     from pathlib import Path
 
     from fairseq_lnpos.experiments.early_stop import DEFAULT_RULE
+    from fairseq_lnpos.experiments.options import SweepOptions
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "results" / "early-stopping" / "index.md").read_text()
     after, ratio = map(float, re.search(r"^chosen on \S+: after ([\d.]+), ratio ([\d.]+)$", page, re.M).groups())
     assert (DEFAULT_RULE.after, DEFAULT_RULE.ratio) == (after, ratio)
-    held_out = re.findall(r"^false stops: (\d+) of runs that end good, (\d+) of runs that train", page, re.M)
-    assert len(held_out) == 5 and all(a == b == "0" for a, b in held_out)  # the choice and the four held out
+    blocks = re.findall(r"\(trains: final NLL <= ([\d.]+) x the unigram bits\)\n.*\nfalse stops: (\d+) of runs "
+                        r"that end good", page)
+    generated = [int(good) for trains, good in blocks if float(trains) == 0.5]
+    real = [int(good) for trains, good in blocks if float(trains) != 0.5]
+    assert len(generated) >= 4 and not any(generated) and real  # the choice, held-out maps, and real text
+    assert SweepOptions().early_stop and SweepOptions(real=True).early_stop is (not any(real))
+
+
+@pytest.mark.parametrize("argv, on", [((), True), (("--real",), False), (("--real", "--early-stop"), True),
+                                      (("--no-early-stop",), False), (("--all-archs",), True)])
+def test_sweeps_stop_stalled_runs_on_the_generated_corpus_and_not_on_real_text_unless_asked(argv, on):
+    ns = G.build_parser().parse_args(["sweep", *argv])
+    assert ns.options.from_namespace(ns).early_stop is on

@@ -105,7 +105,7 @@ class RunFields(Options):
            "logged updates (0: only a non-finite loss counts; default %(default)s)", type=whole_number(0), metavar="N")
     early_stop: bool = option(
         False, "stop a run whose training loss has stalled well above what a run that trains reaches "
-               "(recorded as 'stopped early'; early_stop.py; on by default in sweeps)")
+               "(recorded as 'stopped early'; early_stop.py; on by default in sweeps but --real ones)")
     gpus: Optional[str] = option(help="GPU ids, e.g. 0,1: runs side by side on them")
     runs_per_gpu: int = option(1, "with --gpus: K runs at once on each GPU (group); default 1",
                                type=whole_number(1), metavar="K")
@@ -178,10 +178,11 @@ class SweepAxes(Options):
                "recomputed in the backward pass)")
     # the default (no BLEU) is SweepOptions'
     no_bleu: bool = option(help="also score test BLEU (the last epoch)", flag="--bleu", action="store_false")
-    # the default (early stopping on) is SweepOptions'
-    early_stop: bool = option(
-        help="run every cell to its budget: do not stop runs whose training loss has stalled "
-             "(early_stop.py; docs/results/early-stopping/index.md scores it)", flag="--no-early-stop", action="store_false")
+    # the default (on, off with --real) is SweepOptions'
+    early_stop: Optional[bool] = option(
+        help="run every cell to its budget: do not stop runs whose training loss has stalled (early_stop.py; "
+             "on by default on the generated corpus, off with --real: on real text it stopped runs that went on "
+             "to train, docs/results/early-stopping/index.md)", flag="--no-early-stop", action="store_false")
     # the default (the last update only) is SweepOptions'
     final_validation_only: bool = option(
         help="also validate at every epoch's end (default without --bleu: at the last update only, the "
@@ -195,7 +196,7 @@ class SweepOptions(RunFields, SweepAxes):
     out: str = "sweep-out"
     patience: int = 50
     no_bleu: bool = True
-    early_stop: bool = True
+    early_stop: Optional[bool] = None  # the preset's: on, off with --real; --early-stop / --no-early-stop win
     final_validation_only: bool = True
     seeds: Optional[str] = option(help=(
         "comma-separated seeds of every cell (default: %s: 3 seeds, %d runs, about 1.6 x the CPU time of the "
@@ -226,6 +227,8 @@ class SweepOptions(RunFields, SweepAxes):
                 setattr(self, key, value)
         self.arch_size = preset
         self.fp16 = self.fp16 or (self.depth_map and self.real)
+        if self.early_stop is None:
+            self.early_stop = not self.real
 
 
 @dataclass

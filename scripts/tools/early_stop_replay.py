@@ -2,17 +2,20 @@
 
     python scripts/tools/early_stop_replay.py OUT [--after F] [--ratio R] [--progress P]
                                               [--window W] [--scan] [--score-on OTHER ...]
-                                              [--publish DIR]
+                                              [--trains DIR=T ...] [--publish DIR]
 
 OUT is a sweep's folder (``grid.sh sweep --no-early-stop``): every run that finished is replayed
 update by update from its train.log (:func:`~fairseq_lnpos.experiments.early_stop.first_stop`) and
 judged by how it really ended (:mod:`fairseq_lnpos.analysis.verdict`, on the table of every run,
 :mod:`fairseq_lnpos.analysis.frame`): "good" (its cell is good against its architecture's cells),
 "trains" (its own NLL within the "trains" threshold of the unigram bits, its cell not good), "not
-trained". Printed: the share of runs that end "not trained" that the rule stops and at which
-fraction of the budget, every stop of a run that trains (a stop of a good run is a false stop), and
-the training time saved (wall seconds from DONE.json, pro rata of the updates not run). A folder
-where a live rule stopped runs is refused: their end is unknown, so they cannot score a rule.
+trained". The threshold is the verdict's default (0.5) unless ``--trains DIR=T`` gives a folder the
+one its map is judged with (``stability_map.sh --trains``: e.g. 0.8 for one epoch of real text, where
+no run reaches half the unigram bits and 0.5 would leave no run that a stop could wrong). Printed:
+the share of runs that end "not trained" that the rule stops and at which fraction of the budget,
+every stop of a run that trains (a stop of a good run is a false stop), and the training time saved
+(wall seconds from DONE.json, pro rata of the updates not run). A folder where a live rule stopped
+runs is refused: their end is unknown, so they cannot score a rule.
 
 ``--scan`` replays a grid of ``--after`` x ``--ratio`` values and chooses the rule that stops the most
 runs that end not trained without a false stop of a good run (then the one that saves most); with
@@ -21,6 +24,8 @@ it was not chosen on: a rule is only as good as it is on runs it was not tuned o
 writes all of it as a results page (:mod:`fairseq_lnpos.analysis.publish`) with the runs of every
 folder replayed.
 """
+import argparse
+import math
 import statistics
 import sys
 from dataclasses import replace
@@ -38,19 +43,19 @@ SCAN_AFTER = (0.3, 0.4, 0.5, 0.6, 0.7)
 SCAN_RATIO = (0.6, 0.7, 0.8)
 
 
-def outcomes(out):
+def outcomes(out, trains=DEFAULT_TRAINS):
     """[(run row, how it ended: good | trains | not trained, [(update, loss)], budget)] of the runs of
-    ``out`` that finished. A run's budget is its ``--max-update``, or for a run budgeted in epochs (the demo) the
-    updates it ran, which a finished run ran in full. A folder where runs were stopped early is refused:
-    how a stopped run would have ended is not known, and leaving it out would leave out the runs the
-    rule is to stop."""
+    ``out`` that finished, "trains" at NLL <= ``trains`` x the unigram bits. A run's budget is its
+    ``--max-update``, or for a run budgeted in epochs (the demo) the updates it ran, which a finished
+    run ran in full. A folder where runs were stopped early is refused: how a stopped run would have
+    ended is not known, and leaving it out would leave out the runs the rule is to stop."""
     runs = runs_frame(out, "a sweep's output folder, made with --no-early-stop")
     stopped = runs[runs["outcome"] == "stopped early"]
     if len(stopped):
         raise LnposError(f"{out}: {len(stopped)} of its {len(runs)} runs were stopped early ({stopped['path'].iloc[0]}, "
                          f"...), and the replay judges each run by how it ended at its budget: replay a sweep made "
                          f"with --no-early-stop")
-    cells = S.make_cells(runs).set_index(S.KEYS)
+    cells = S.make_cells(runs, trains=trains).set_index(S.KEYS)
     rows = []
     for r in runs[runs["outcome"] == "finished"].itertuples():
         log = Path(r.path) / "train.log"
@@ -58,7 +63,7 @@ def outcomes(out):
         if not budget or budget != budget or not log.is_file():
             continue
         losses = LogState.of(log.read_text(encoding="utf-8", errors="replace")).losses
-        trained = r.nll_ratio <= DEFAULT_TRAINS
+        trained = r.nll_ratio <= trains
         good = trained and cells.loc[(r.variant, r.layers, r.warmup, r.lr), "good_own"] is True
         rows.append((r, "good" if good else "trains" if trained else "not trained", losses, int(budget)))
     return rows
@@ -88,9 +93,10 @@ def _pct(x):
     return "-" if x is None else f"{x:.0%}"
 
 
-def report(res, rule):
+def report(res, rule, trains=DEFAULT_TRAINS):
     lines = [f"rule: after {rule.after:g}, ratio {rule.ratio:g}, progress {rule.progress:g}, window {rule.window:g}",
-             f"runs replayed: {res['runs']} (finished, with a train.log); ending not trained: {res['not_trained']}",
+             f"runs replayed: {res['runs']} (finished, with a train.log); ending not trained: {res['not_trained']} "
+             f"(trains: final NLL <= {trains:g} x the unigram bits)",
              f"stopped: {res['stopped']} of {res['not_trained']} not trained "
              f"({_pct(res['stopped'] / res['not_trained']) if res['not_trained'] else '-'}), at a median "
              f"{_pct(res['fraction_median'])} of the budget (latest {_pct(res['fraction_max'])})",
@@ -123,8 +129,8 @@ def choose(rows, rule):
     return (best[1] if best else rule), lines
 
 
-def _replayable(out):
-    rows = outcomes(Path(out))
+def _replayable(out, trains):
+    rows = outcomes(Path(out), trains.get(str(out), DEFAULT_TRAINS))
     if not rows:
         raise LnposError(f"{out}: no finished run with a train.log: give a sweep's folder")
     return rows
@@ -139,19 +145,29 @@ def _main(argv):
     p.add_argument("--scan", action="store_true", help="also a grid of --after x --ratio, and the rule it chooses")
     p.add_argument("--score-on", nargs="+", default=[], metavar="OTHER",
                    help="score the rule (the scan's choice with --scan) on these sweeps' folders")
+    p.add_argument("--trains", action="append", default=[], type=_trains, metavar="DIR=T",
+                   help=f"judge 'trains' in the folder DIR (OUT or an OTHER, as given) at final NLL <= T x the unigram "
+                        f"bits, the --trains its map is judged with (default {DEFAULT_TRAINS:g}); repeatable")
     p.add_argument("--publish", metavar="DIR", help="also write the replay as a results page into DIR, with the "
                                                      "runs of every folder replayed")
     args = p.parse_args(argv)
     rule = StopRule(after=args.after, ratio=args.ratio, progress=args.progress, window=args.window)
-    rows = _replayable(args.out)
-    sections = [f"Replayed on {args.out}:", "", _block(report(replay(rows, rule), rule))]
+    trains = dict(args.trains)
+    unknown = sorted(set(trains) - {args.out, *args.score_on})
+    if unknown:
+        raise LnposError(f"--trains {unknown[0]}=...: not a folder this replay reads: give OUT or one of --score-on "
+                         f"as written there")
+    rows = _replayable(args.out, trains)
+    sections = [f"Replayed on {args.out}:", "",
+                _block(report(replay(rows, rule), rule, trains.get(args.out, DEFAULT_TRAINS)))]
     if args.scan:
         rule, lines = choose(rows, rule)
         sections += ["The scan (judged from a fraction of the budget x ratio):", ""] + lines + [
             "", f"chosen on {args.out}: after {rule.after:g}, ratio {rule.ratio:g}", ""]
     for other in args.score_on:
-        held = _replayable(other)
-        sections += [f"held out, {other} (the rule was not chosen on it):", "", _block(report(replay(held, rule), rule))]
+        held = _replayable(other, trains)
+        sections += [f"held out, {other} (the rule was not chosen on it):", "",
+                     _block(report(replay(held, rule), rule, trains.get(other, DEFAULT_TRAINS)))]
     md = "\n".join(sections)
     if args.publish:
         from fairseq_lnpos.analysis.frame import pandas
@@ -163,6 +179,18 @@ def _main(argv):
                 argv_of("python scripts/tools/early_stop_replay.py", argv))
     print(md, end="")
     return 0
+
+
+def _trains(text):
+    """argparse type of ``--trains DIR=T``: (DIR, T), T in (0, 1]."""
+    folder, _, value = text.rpartition("=")
+    try:
+        t = float(value)
+    except ValueError:
+        t = math.nan
+    if not folder or not 0 < t <= 1:
+        raise argparse.ArgumentTypeError(f"{text}: give a folder and a number in (0, 1], e.g. real-out=0.8")
+    return folder, t
 
 
 def _block(text):
