@@ -13,7 +13,8 @@ The budget is counted in updates (``--max-update``), so that cells are comparabl
 measures the learning rate it names. A run whose training loss stays above its first loss for
 ``--patience`` logged updates, or turns non-finite, stops early and is recorded as diverged; one
 whose training loss has stalled well above what a run that trains reaches is stopped early and
-recorded as such (:mod:`.early_stop`; ``--no-early-stop`` runs every cell to its budget). The CPU
+recorded as such (:mod:`.early_stop`; not with ``--real``, where it stopped runs that went on to
+train; ``--no-early-stop`` runs every cell to its budget, ``--early-stop`` asks for it). The CPU
 presets run 3 seeds per cell, so that the map reports a spread and a verdict that noise does not flip.
 
 Presets: the default is the laptop map (the `_tiny` archs on the generated corpus, validation loss
