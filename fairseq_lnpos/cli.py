@@ -250,6 +250,22 @@ def fraction(name):
     return parse
 
 
+def named_fraction(what, example, names=None):
+    """argparse type of ``WHAT=F`` (0 < F <= 1; WHAT one of ``names`` when given): (WHAT, F)."""
+    def parse(text):
+        name, _, value = text.rpartition("=")
+        try:
+            f = float(value)
+        except ValueError:
+            f = math.nan
+        if not name or (names is not None and name not in names) or not 0 < f <= 1:
+            one_of = [f"{what} one of {', '.join(names)}"] if names is not None else []
+            raise argparse.ArgumentTypeError(f"{text!r}: give {what}=F with {' and '.join(one_of + ['0 < F <= 1'])}, "
+                                             f"e.g. {example}")
+        return name, f
+    return parse
+
+
 def at_least(minimum, name, value):
     """``value`` if it is >= ``minimum``, else an :class:`LnposError` naming option ``name``."""
     return Range(minimum).check(name, value)

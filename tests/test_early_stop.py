@@ -186,7 +186,7 @@ def test_the_replay_judges_trains_at_the_threshold_a_folder_is_mapped_with(tmp_p
     assert "\n" not in err and err.endswith("not a folder this replay reads: give OUT or one of --score-on as written there")
     with pytest.raises(SystemExit) as bad:
         R.main([str(tmp_path), "--trains", f"{tmp_path}=1.5"])
-    assert bad.value.code == 2 and "give a folder and a number in (0, 1], e.g. real-out=0.8" in capsys.readouterr().err
+    assert bad.value.code == 2 and "give DIR=F with 0 < F <= 1, e.g. real-out=0.8" in capsys.readouterr().err
 
 
 def test_the_replay_refuses_a_sweep_made_with_early_stopping(tmp_path, capsys):

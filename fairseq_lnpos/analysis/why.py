@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli import CommandParser
+from ..cli import CommandParser, named_fraction
 from ..common import DIAGNOSTICS_JSONL, GRAD_NORMS_JSONL, write_text
 from ..errors import LnposError, run_main
 from ..experiments.runs import WHY_BASELINES, WHY_INTERVENTIONS
@@ -502,28 +502,14 @@ def plot_diagnostics(values, corpus, path, features=("train_loss", "update_ratio
 
 # ---------------------------------------------------------------- the command
 
-def trains_spec(text):
-    """``CORPUS=F`` of --trains, as (corpus, F)."""
-    import argparse
-
-    corpus, _, value = text.partition("=")
-    try:
-        f = float(value)
-    except ValueError:
-        f = math.nan
-    if corpus not in CORPORA or not 0 < f <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give CORPUS=F with CORPUS one of {', '.join(CORPORA)} and "
-                                         f"0 < F <= 1, e.g. multi30k=0.8")
-    return corpus, f
-
-
 def _main(argv):
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("out", nargs="+", help="the grid's --out folders holding the why-* runs, or pages of this study")
     p.add_argument("--out-dir", default="why-report", help="where to write the tables and figures (default: %(default)s)")
     p.add_argument("--allow-mixed-code", action="store_true",
                    help="judge runs trained by different versions of the model code")
-    p.add_argument("--trains", metavar="CORPUS=F", action="append", default=[], type=trains_spec,
+    p.add_argument("--trains", metavar="CORPUS=F", action="append", default=[],
+                   type=named_fraction("CORPUS", "multi30k=0.8", CORPORA),
                    help=f"a run of CORPUS ({', '.join(CORPORA)}) trains below F x its unigram bits, 0 < F <= 1 "
                         f"(default: the maps' {V.DEFAULT_TRAINS:g}); repeat for each corpus")
     p.add_argument("--publish", metavar="DIR", help="also write a results page into DIR")

@@ -2,14 +2,14 @@
 
     python scripts/tools/early_stop_replay.py OUT [--after F] [--ratio R] [--progress P]
                                               [--window W] [--scan] [--score-on OTHER ...]
-                                              [--trains DIR=T ...] [--publish DIR]
+                                              [--trains DIR=F ...] [--publish DIR]
 
 OUT is a sweep's folder (``grid.sh sweep --no-early-stop``): every run that finished is replayed
 update by update from its train.log (:func:`~fairseq_lnpos.experiments.early_stop.first_stop`) and
 judged by how it really ended (:mod:`fairseq_lnpos.analysis.verdict`, on the table of every run,
 :mod:`fairseq_lnpos.analysis.frame`): "good" (its cell is good against its architecture's cells),
 "trains" (its own NLL within the "trains" threshold of the unigram bits, its cell not good), "not
-trained". The threshold is the verdict's default (0.5) unless ``--trains DIR=T`` gives a folder the
+trained". The threshold is the verdict's default (0.5) unless ``--trains DIR=F`` gives a folder the
 one its map is judged with (``stability_map.sh --trains``: e.g. 0.8 for one epoch of real text, where
 no run reaches half the unigram bits and 0.5 would leave no run that a stop could wrong). Printed:
 the share of runs that end "not trained" that the rule stops and at which fraction of the budget,
@@ -24,14 +24,12 @@ it was not chosen on: a rule is only as good as it is on runs it was not tuned o
 writes all of it as a results page (:mod:`fairseq_lnpos.analysis.publish`) with the runs of every
 folder replayed.
 """
-import argparse
-import math
 import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-from fairseq_lnpos.cli import CommandParser, fraction
+from fairseq_lnpos.cli import CommandParser, fraction, named_fraction
 from fairseq_lnpos.errors import LnposError, run_main
 from fairseq_lnpos.experiments.early_stop import DEFAULT_RULE, StopRule, first_stop
 from fairseq_lnpos.fairseq_log import LogState
@@ -145,8 +143,9 @@ def _main(argv):
     p.add_argument("--scan", action="store_true", help="also a grid of --after x --ratio, and the rule it chooses")
     p.add_argument("--score-on", nargs="+", default=[], metavar="OTHER",
                    help="score the rule (the scan's choice with --scan) on these sweeps' folders")
-    p.add_argument("--trains", action="append", default=[], type=_trains, metavar="DIR=T",
-                   help=f"judge 'trains' in the folder DIR (OUT or an OTHER, as given) at final NLL <= T x the unigram "
+    p.add_argument("--trains", action="append", default=[], type=named_fraction("DIR", "real-out=0.8"),
+                   metavar="DIR=F",
+                   help=f"judge 'trains' in the folder DIR (OUT or an OTHER, as given) at final NLL <= F x the unigram "
                         f"bits, the --trains its map is judged with (default {DEFAULT_TRAINS:g}); repeatable")
     p.add_argument("--publish", metavar="DIR", help="also write the replay as a results page into DIR, with the "
                                                      "runs of every folder replayed")
@@ -179,18 +178,6 @@ def _main(argv):
                 argv_of("python scripts/tools/early_stop_replay.py", argv))
     print(md, end="")
     return 0
-
-
-def _trains(text):
-    """argparse type of ``--trains DIR=T``: (DIR, T), T in (0, 1]."""
-    folder, _, value = text.rpartition("=")
-    try:
-        t = float(value)
-    except ValueError:
-        t = math.nan
-    if not folder or not 0 < t <= 1:
-        raise argparse.ArgumentTypeError(f"{text}: give a folder and a number in (0, 1], e.g. real-out=0.8")
-    return folder, t
 
 
 def _block(text):
