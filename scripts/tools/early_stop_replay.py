@@ -128,7 +128,7 @@ def choose(rows, rule):
 
 
 def _replayable(out, trains):
-    rows = outcomes(Path(out), trains.get(str(out), DEFAULT_TRAINS))
+    rows = outcomes(Path(out), trains)
     if not rows:
         raise LnposError(f"{out}: no finished run with a train.log: give a sweep's folder")
     return rows
@@ -151,22 +151,22 @@ def _main(argv):
                                                      "runs of every folder replayed")
     args = p.parse_args(argv)
     rule = StopRule(after=args.after, ratio=args.ratio, progress=args.progress, window=args.window)
-    trains = dict(args.trains)
-    unknown = sorted(set(trains) - {args.out, *args.score_on})
+    trains = dict.fromkeys([args.out, *args.score_on], DEFAULT_TRAINS)  # each folder's threshold
+    unknown = sorted(set(dict(args.trains)) - set(trains))
     if unknown:
         raise LnposError(f"--trains {unknown[0]}=...: not a folder this replay reads: give OUT or one of --score-on "
                          f"as written there")
-    rows = _replayable(args.out, trains)
-    sections = [f"Replayed on {args.out}:", "",
-                _block(report(replay(rows, rule), rule, trains.get(args.out, DEFAULT_TRAINS)))]
+    trains.update(args.trains)
+    rows = _replayable(args.out, trains[args.out])
+    sections = [f"Replayed on {args.out}:", "", _block(report(replay(rows, rule), rule, trains[args.out]))]
     if args.scan:
         rule, lines = choose(rows, rule)
         sections += ["The scan (judged from a fraction of the budget x ratio):", ""] + lines + [
             "", f"chosen on {args.out}: after {rule.after:g}, ratio {rule.ratio:g}", ""]
     for other in args.score_on:
-        held = _replayable(other, trains)
+        held = _replayable(other, trains[other])
         sections += [f"held out, {other} (the rule was not chosen on it):", "",
-                     _block(report(replay(held, rule), rule, trains.get(other, DEFAULT_TRAINS)))]
+                     _block(report(replay(held, rule), rule, trains[other]))]
     md = "\n".join(sections)
     if args.publish:
         from fairseq_lnpos.analysis.frame import pandas
