@@ -167,15 +167,16 @@ def _main(argv):
     p.add_argument("--publish", metavar="DIR", help="also write the table as a results page into DIR")
     args = p.parse_args(argv)
     check(args.sims >= 100, f"--sims {args.sims}: give at least 100")
+    power_sims = max(args.sims // 4, 100)
     md = "\n".join(["# The verdict's error rate, simulated", "",
                      f"Identical cells (the same mean), each cell's standard deviation 0.1 bit times exp(spread x N(0, 1)); "
                      f"margin 0, alpha {DEFAULT_ALPHA:g}; {args.sims} simulated maps per entry; the share of maps in which "
                      "some cell is called poor (at most alpha is the claim).", ""] + check_table(args.sims) + [
                      "", "## Power", "", f"One cell worse than the others by a gap (bits); every cell's standard deviation "
                      f"0.1 bit times exp(N(0, 1)) (the maps' cells differ about that much), margin {DEFAULT_MARGIN:g}, alpha "
-                     f"{DEFAULT_ALPHA:g}; {max(args.sims // 4, 100)} simulated maps per entry; the share of maps in which that cell "
+                     f"{DEFAULT_ALPHA:g}; {power_sims} simulated maps per entry; the share of maps in which that cell "
                      "is called poor. 114 cells are an all-architecture map's family at one depth (its 'good (depth)').",
-                     ""] + power_table(max(args.sims // 4, 100))) + "\n"
+                     ""] + power_table(power_sims)) + "\n"
     print(md, end="")
     if args.publish:
         publish(args.publish, "The verdict's error rate, simulated", md, None, [],
