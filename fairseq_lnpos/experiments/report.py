@@ -106,8 +106,9 @@ def seeds_markdown(agg):
             + markdown_table(wide[["seeds", "status", *SEED_METRICS.values()]].rename_axis("run").reset_index()))
 
 
-def markdown(rows):
-    """results.md's text: a row per run and seed, the notes, then the table over seeds."""
+def markdown(rows, agg=None):
+    """results.md's text: a row per run and seed, the notes, then the table over seeds (``agg``, when the
+    caller has it: :func:`over_seeds` of ``rows``)."""
     t = table(rows, CSV_COLUMNS + ["signature"])
     at = lambda col, where: (_text(t[col]) + " (" + t[where].astype(str) + ")").where(t[col].notna(), "")  # noqa: E731
     show = {"run": t["run"], "arch": t["arch"], "opt": t["optimizer"], "lr": _text(t["lr"], lambda v: f"{v:g}"),
@@ -127,7 +128,7 @@ def markdown(rows):
               for source, names in published.groupby("source", sort=False)["run"].unique().items()]
     sigs = sorted(set(t["signature"].dropna()) - {""})
     lines += [f"sacreBLEU signature: {s}" for s in sigs] or ["sacreBLEU signature: (no run evaluated yet)"]
-    lines += ["", NOTE, ""] + seeds_markdown(over_seeds(rows))
+    lines += ["", NOTE, ""] + seeds_markdown(over_seeds(rows) if agg is None else agg)
     return "\n".join(lines) + "\n"
 
 
@@ -196,10 +197,11 @@ def make_table(out_dir, with_figures=True, skip_unreadable=False):
     :class:`StateError` is raised afterwards naming the first one."""
     out = Path(out_dir)
     rows = collect(grid_run_dirs(out, "the --out folder of `scripts/grid.sh run`"))
-    md, t = markdown(rows), table(rows, CSV_COLUMNS)
+    agg, t = over_seeds(rows), table(rows, CSV_COLUMNS)
+    md = markdown(rows, agg)
     files = {"results.md": (MD_MARKER, md), "results.csv": (",".join(CSV_COLUMNS), t.assign(
                  lr=_text(t["lr"], lambda v: f"{v:g}")).to_csv(index=False, lineterminator="\n")),
-             "results_by_run.csv": (",".join(SEED_COLUMNS), over_seeds(rows).to_csv(index=False, lineterminator="\n"))}
+             "results_by_run.csv": (",".join(SEED_COLUMNS), agg.to_csv(index=False, lineterminator="\n"))}
     for name, (first, _) in files.items():
         _check_ours(out / name, first)
     written = [write_text(out / name, text) for name, (_, text) in files.items()]
