@@ -6,18 +6,21 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from conftest import tool
 from fairseq_lnpos.analysis import verdict as V
+
+CHECK = tool("verdict_check")  # scripts/tools/verdict_check.py: the simulation
 
 
 @pytest.mark.parametrize("spread", [0.0, 0.5, 1.0])
-@pytest.mark.parametrize("cells, seeds", V.SHAPES)
+@pytest.mark.parametrize("cells, seeds", CHECK.SHAPES)
 def test_identical_cells_are_called_poor_at_most_five_percent_of_the_time(cells, seeds, spread):
     """The maps' shapes (a learning-rate map of one architecture: 6 cells of 3 seeds, or of 2; one
     setting of every architecture: 19 x 3; real text: 23 x 2): simulated maps of identical cells,
     margin 0 (the strictest), the rate at which some cell is called poor, every cell's spread the same
     and spreads that differ (log-normal, sd 0.5 and 1 in log units; the maps' cells differ about 1).
     Variances moderated towards the map's (Smyth) failed this: 6.1 % at 6 x 3, 9.9 % at 23 x 2 (4000 maps)."""
-    assert V.poor_rate(cells, seeds, sims=2000, sd_spread=spread, seed=1) <= 0.05
+    assert CHECK.poor_rate(cells, seeds, sims=2000, sd_spread=spread, seed=1) <= 0.05
 
 
 def test_a_cell_far_worse_than_the_others_is_found():
@@ -37,7 +40,7 @@ def test_a_cell_far_worse_than_the_others_is_found():
 def test_the_power_grows_with_the_gap_and_the_seeds_and_falls_with_the_cells():
     """The power table's simulation: a cell 1 bit worse than 113 others is called poor less often than
     among 5 others, more often with 5 seeds than with 3, and a 0.3-bit gap less often than a 2-bit one."""
-    rate = lambda cells, seeds, gap: V.poor_rate(cells, seeds, gap, sims=200, margin=0.1, sd_spread=1.0, seed=3)
+    rate = lambda cells, seeds, gap: CHECK.poor_rate(cells, seeds, gap, sims=200, margin=0.1, sd_spread=1.0, seed=3)
     assert rate(114, 3, 1.0) < rate(6, 3, 1.0) and rate(114, 3, 1.0) < rate(114, 5, 1.0)
     assert rate(6, 3, 0.3) < rate(6, 3, 2.0)
 
