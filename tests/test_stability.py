@@ -12,6 +12,7 @@ import pytest
 
 from fairseq_lnpos.analysis import stability as S
 from fairseq_lnpos.analysis.frame import read_runs_csv, runs_frame, write_runs_csv
+from fairseq_lnpos.errors import LnposError
 from fairseq_lnpos.experiments import report
 from fairseq_lnpos.experiments.records import DoneRecord, Outcome
 from fairseq_lnpos.experiments.rundir import RunDir, run_dirs
@@ -494,3 +495,20 @@ def test_a_published_runs_csv_keeps_identifiers_that_look_like_numbers(tmp_path)
     write_run(tmp_path / "out", "postln", 1e-3, 0, 1, final=3.0, model_code="36640e8826")
     write_runs_csv(runs_frame(tmp_path / "out"), tmp_path / "runs.csv")
     assert read_runs_csv(tmp_path / "runs.csv")["model_code"].tolist() == ["36640e8826"]
+
+
+def test_the_results_table_names_the_model_code_and_refuses_a_mix_unless_asked(tmp_path):
+    """make_table.sh, like the map: results.md says which model code trained the runs; runs of two versions
+    are refused with one line naming both and the option, before anything is written, unless allowed."""
+    write_run(tmp_path, "postln", 1e-3, 0, 1, final=3.0, bleu=20.0)
+    md, _, _ = report.make_table(tmp_path, with_figures=False)
+    assert "Runs trained by model code abc123 (1 run)." in md
+    d = write_run(tmp_path, "preln", 1e-3, 0, 1, final=2.0, bleu=30.0, model_code="def456")
+    for name in ("results.md", "results.csv", "results_by_run.csv", "runs.csv"):
+        (tmp_path / name).unlink()
+    with pytest.raises(LnposError, match=f"def456: 1 run, e.g. {d}.*--allow-mixed-code"):
+        report.make_table(tmp_path, with_figures=False)
+    assert not any((tmp_path / n).exists() for n in ("results.md", "results.csv", "runs.csv"))
+    assert report.main([str(tmp_path), "--no-figures"]) == 2
+    md, _, _ = report.make_table(tmp_path, with_figures=False, allow_mixed_code=True)
+    assert "Runs trained by model code abc123 (1 run), def456 (1 run)." in md

@@ -1,6 +1,6 @@
 """Results of a grid: Markdown table, results.csv and Fig. 2-style figures.
 
-    scripts/make_table.sh OUT_DIR [--no-figures]
+    scripts/make_table.sh OUT_DIR [--no-figures] [--allow-mixed-code]
 
 Writes into OUT_DIR: runs.csv (every run, :mod:`~fairseq_lnpos.analysis.frame`), results.md (a row per run
 and seed, then per run over its seeds: n, mean, min-max and 95 % CI, :mod:`~fairseq_lnpos.analysis.seeds`),
@@ -9,12 +9,14 @@ results.csv (per seed), results_by_run.csv (over seeds, a row per run and metric
 optimizer, warm-up as line styles. "best": the best epoch on the test set, as the paper's per-epoch curves;
 "selected": the scored epoch of lowest validation NLL, chosen without the test set. A results file this
 command did not write (without its first line: :data:`MD_MARKER`, the CSV header) is never overwritten.
+results.md names the model code that trained the runs; runs of different model code are refused
+(nothing written) unless ``--allow-mixed-code``.
 """
 import sys
 from itertools import product
 from pathlib import Path
 
-from ..analysis.frame import pandas, scores, tables, write_runs_csv
+from ..analysis.frame import check_model_code, pandas, scores, tables, write_runs_csv
 from ..analysis.map_common import markdown_table, missing, pyplot
 from ..analysis.seeds import ESTIMATOR, Spread, over_seeds as seeds_over_seeds
 from ..cli import CommandParser
@@ -106,9 +108,10 @@ def seeds_markdown(agg):
             + markdown_table(wide[["seeds", "status", *SEED_METRICS.values()]].rename_axis("run").reset_index()))
 
 
-def markdown(rows, agg=None):
-    """results.md's text: a row per run and seed, the notes, then the table over seeds (``agg``, when the
-    caller has it: :func:`over_seeds` of ``rows``)."""
+def markdown(rows, agg=None, code_line=None):
+    """results.md's text: a row per run and seed, the notes (``code_line``: which model code trained the
+    runs, :func:`~fairseq_lnpos.analysis.frame.check_model_code`), then the table over seeds (``agg``, when
+    the caller has it: :func:`over_seeds` of ``rows``)."""
     t = table(rows, CSV_COLUMNS + ["signature"])
     at = lambda col, where: (_text(t[col]) + " (" + t[where].astype(str) + ")").where(t[col].notna(), "")  # noqa: E731
     show = {"run": t["run"], "arch": t["arch"], "opt": t["optimizer"], "lr": _text(t["lr"], lambda v: f"{v:g}"),
@@ -128,6 +131,7 @@ def markdown(rows, agg=None):
               for source, names in published.groupby("source", sort=False)["run"].unique().items()]
     sigs = sorted(set(t["signature"].dropna()) - {""})
     lines += [f"sacreBLEU signature: {s}" for s in sigs] or ["sacreBLEU signature: (no run evaluated yet)"]
+    lines += [f"Runs trained by {code_line}."] if code_line else []
     lines += ["", NOTE, ""] + seeds_markdown(over_seeds(rows) if agg is None else agg)
     return "\n".join(lines) + "\n"
 
@@ -191,24 +195,26 @@ def _check_ours(path, first_line):
                               f"run make_table.sh again; nothing was written")
 
 
-def make_table(out_dir, with_figures=True, skip_unreadable=False):
+def make_table(out_dir, with_figures=True, skip_unreadable=False, allow_mixed_code=False):
     """Write OUT/results.md, results.csv (and the figures); returns (markdown, [written paths], rows). The table
     is written also when a run folder is unreadable (its row says why); then, unless ``skip_unreadable``,
-    :class:`StateError` is raised afterwards naming the first one."""
+    :class:`StateError` is raised afterwards naming the first one. Runs trained by different model code are
+    refused before anything is written, unless ``allow_mixed_code`` (results.md lists the versions)."""
     out = Path(out_dir)
     rows = collect(grid_run_dirs(out, "the --out folder of `scripts/grid.sh run`"))
+    bad = [r for r in rows if r.get("unreadable")]
+    runs = tables(sorted((r["record"] for r in rows if not r.get("unreadable")), key=lambda rec: rec.dir.path))[0]
+    code_line = check_model_code(runs, allow_mixed_code)
     agg, t = over_seeds(rows), table(rows, CSV_COLUMNS)
-    md = markdown(rows, agg)
+    md = markdown(rows, agg, code_line)
     files = {"results.md": (MD_MARKER, md), "results.csv": (",".join(CSV_COLUMNS), t.assign(
                  lr=_text(t["lr"], lambda v: f"{v:g}")).to_csv(index=False, lineterminator="\n")),
              "results_by_run.csv": (",".join(SEED_COLUMNS), agg.to_csv(index=False, lineterminator="\n"))}
     for name, (first, _) in files.items():
         _check_ours(out / name, first)
     written = [write_text(out / name, text) for name, (_, text) in files.items()]
-    bad = [r for r in rows if r.get("unreadable")]
-    if not bad:  # the per-seed table of every run (analysis/frame.py), as a results page publishes it
-        records = sorted((r["record"] for r in rows), key=lambda rec: rec.dir.path)  # runs_frame's order
-        written.append(write_runs_csv(tables(records)[0], out / "runs.csv"))
+    if not bad:  # the per-seed table of every run (analysis/frame.py, in runs_frame's order), as a page publishes it
+        written.append(write_runs_csv(runs, out / "runs.csv"))
     if with_figures:
         written += figures([r for r in rows if not r.get("unreadable")], out)
     if bad and not skip_unreadable:
@@ -223,12 +229,14 @@ def command(argv=None):
     p.add_argument("--no-figures", action="store_true")
     p.add_argument("--skip-unreadable", action="store_true",
                    help="exit 0 even when a run folder has an unreadable file (its row says why)")
+    p.add_argument("--allow-mixed-code", action="store_true",
+                   help="tabulate runs trained by different versions of the model code (listed in results.md)")
     a = p.parse_args(argv)
     out = Path(a.out_dir)
     if out.is_dir() and not run_dirs(out) and run_dirs(out / "grid"):  # a `make demo` folder: its grid
         out = out / "grid"
         print(f"{a.out_dir} is a demo folder: the table of its grid, {out}\n")
-    md, written, _ = make_table(out, not a.no_figures, a.skip_unreadable)
+    md, written, _ = make_table(out, not a.no_figures, a.skip_unreadable, a.allow_mixed_code)
     print(md, end="")
     print("\n" + "\n".join(f"wrote {path}" for path in written))
     return 0
