@@ -31,9 +31,9 @@ def nll_text(c, fmt=".2f"):
     return num(c.nll, fmt) + (f" [{c.nll_min:.2f} to {c.nll_max:.2f}]" if c.finished > 1 and not missing(c.nll) else "")
 
 
-def lost(c):
-    """``, x d/n, s k/n``: the seeds of a cell that diverged (x) or were stopped early (s)."""
-    return "".join(f", {mark} {k}/{c.seeds}" for mark, k in (("x", c.diverged), ("s", c.stopped)) if k)
+def lost(c, sep=", "):
+    """``, x d/n, s k/n``: the seeds of a cell that diverged (x) or were stopped early (s), each after ``sep``."""
+    return "".join(f"{sep}{mark} {k}/{c.seeds}" for mark, k in (("x", c.diverged), ("s", c.stopped)) if k)
 
 
 def markdown_table(df):

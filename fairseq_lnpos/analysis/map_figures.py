@@ -9,32 +9,22 @@ from ..common import FONT
 from ..experiments.runs import warmup_label
 from ..variants import variant_color
 from .frame import pandas
-from .map_common import RANK, axis, label, missing, num, ordered, panels, pyplot, save
+from .map_common import RANK, axis, label, lost, missing, num, ordered, panels, pyplot, save
 
 VERDICT_MARK = {"good": "G", "poor": "p", "no-train": "-", "NA": "·"}
 KEY = ("The mark: G good against its architecture's cells (white frame), + not shown worse than any cell at that "
        "depth,\np poor, - does not train, · one seed, ? seeds disagree (orange), x diverged, s stopped early")
 
 
-def cell_mark(c):
-    """A cell's short text (overview): the mean NLL (or x / s), its verdict mark (+: good at its depth) and n."""
+def cell_mark(c, sep=" ", bleu=False):
+    """A cell in short (the overview; with ``sep`` a newline and ``bleu``, the heatmaps): the mean NLL, test
+    BLEU where scored, its verdict mark (+: good at its depth; ?: the seeds disagree) and n, then the seeds
+    lost (x d/n diverged, s k/n stopped); x or s alone when every seed was."""
     if c.finished == 0:
-        head = "x" if c.diverged == c.seeds else "s" if c.stopped == c.seeds else f"x{c.diverged} s{c.stopped}"
-    else:
-        head = (f"{num(c.nll, '.2f')} {VERDICT_MARK.get(c.verdict, '')}{'+' if c.good_depth == True else ''}"  # noqa: E712
-                f"{'?' if c.disagree else ''}")
-    return f"{head} n{c.seeds}"
-
-
-def heat_text(c):
-    """A cell's text in its architecture's heatmap: NLL, BLEU, verdict mark and n; x / s for lost seeds."""
-    text = "" if missing(c.nll) else f"{c.nll:.2f}" + ("" if missing(c.bleu) else f"\n{c.bleu:.1f}")
-    text += f"\n{VERDICT_MARK.get(c.verdict, '')}{'?' if c.disagree else ''} n{c.seeds}"
-    if c.diverged:
-        text = "x" if c.diverged == c.seeds else f"{text}\nx {c.diverged}/{c.seeds}"
-    if c.stopped:
-        text = f"s {c.stopped}/{c.seeds}" if c.stopped + c.diverged == c.seeds else f"{text}\ns {c.stopped}/{c.seeds}"
-    return text
+        return ("x" if c.diverged == c.seeds else "s" if c.stopped == c.seeds else lost(c)[2:]) + f" n{c.seeds}"
+    parts = [num(c.nll, ".2f")] + ([f"{c.bleu:.1f}"] if bleu and not missing(c.bleu) else [])
+    mark = f"{VERDICT_MARK.get(c.verdict, '')}{'+' if c.good_depth == True else ''}{'?' if c.disagree else ''}"  # noqa: E712
+    return sep.join(parts + [f"{mark} n{c.seeds}"]) + lost(c, ", " if sep == " " else sep)
 
 
 def _heatmap(fig, ax, panel, cells, rows, cols, text, row_label, col_label, col_size=FONT):
@@ -71,7 +61,8 @@ def plot_heatmaps(cells, path):
                                   figsize=(3.6 * len(variants), 3.0 * len(depths)))
     for (v, layers), panel in cells.groupby(["variant", "layers"]):
         ax = axes[depths.index(layers)][variants.index(v)]
-        _heatmap(fig, ax, panel, cells, lambda c: c.warmup, lambda c: c.lr, heat_text, warmup_label, "{:g}".format)
+        _heatmap(fig, ax, panel, cells, lambda c: c.warmup, lambda c: c.lr, lambda c: cell_mark(c, "\n", True),
+                 warmup_label, "{:g}".format)
         ax.set_title(f"{label(v)}, {layers} layers", fontsize=FONT)
         ax.set_xlabel("learning rate (peak)", fontsize=FONT)
         ax.set_ylabel("warm-up (updates)", fontsize=FONT)
