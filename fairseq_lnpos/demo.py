@@ -37,6 +37,7 @@ The settings are the same for every architecture; with them Post-LN with warm-up
 the task within the 300 updates while Post-LN without warm-up does not (docs/results/demo/index.md).
 """
 import os
+import re
 import shlex
 import sys
 import textwrap
@@ -68,13 +69,8 @@ LEARNED = {"synthetic": LEARNED_BLEU, "multi30k_cpu": 5.0}
 def learned_bleu(need):
     """The tok BLEU every seed of a control must reach, by the dataset of the rows ``need``."""
     return LEARNED.get(BY_NAME[need[1]].dataset, LEARNED_BLEU) if need[1] in BY_NAME else LEARNED_BLEU
-# the default demo's wall time from an empty folder as measured on two 2-core machines: 862 s on the
-# results page docs/results/demo, about 7 and 28 minutes on a faster one ("The demo", "Real text on a
-# CPU" of `git show 36640e8:docs/results.md`); the real-text demo's 4260 s on docs/results/demo-real
-EXPECTED = {"synthetic": "6 to 15 minutes on 2 cores, depending on the CPU (docs/results/demo)",
-            "multi30k": "25 to 75 minutes on 2 cores, depending on the CPU (docs/results/demo-real), the data's "
-                        "preparation included (12 s from --orig)"}
-EXPECTED_QUICK = "about 1.5 minutes on 2 cores"
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"  # the results pages of a checkout
+PAGE = {"synthetic": "demo", "multi30k": "demo-real"}  # --data: the demo's results page under RESULTS
 WIDTH = 100  # the summary's prose lines
 MAKE = {"synthetic": "make demo", "multi30k": "make demo-real"}  # --data: the command a user types
 DEFAULT_OUT = {"synthetic": "demo-out", "multi30k": "demo-real-out"}
@@ -130,6 +126,24 @@ def run_grid(out, data, runs, seeds, jobs, quick, cpu_bf16=False):
     opts = grid_options(out, data, runs, seeds, jobs, quick, cpu_bf16=cpu_bf16)
     status = grid.run_grid(opts, plan.select_runs(opts))
     check(status == 0, f"the grid stopped with status {status} (message above); the same command resumes it")
+
+
+def expected_time(data, quick=False, results=RESULTS):
+    """The start line's expected time: the wall time and machine of the demo's results page (the
+    ``--publish`` run it records), else that it is not known here (an installed copy, ``--quick``)."""
+    if quick:
+        return "not measured for --quick (no results page times it)"
+    page = Path(results) / PAGE[data] / "index.md"
+    try:
+        text = page.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    wall = re.search(r"^Wall time: (\d+) s", text, re.M)
+    machine = re.search(r"^- Machine: (.+?) \(", text, re.M)
+    if not wall:
+        return f"not known here (no results page docs/results/{PAGE[data]} beside this code)"
+    return (f"{wall.group(1)} s on the run its results page records (docs/results/{PAGE[data]}: "
+            f"{machine.group(1) if machine else 'its machine'}), longer on a slower CPU")
 
 
 def make_table(out):
@@ -443,7 +457,7 @@ def run_steps(args, out, runs, core, asked, t0, argv=None):
             f"no estimate of the time left in this step (elapsed {time.time() - t0:.0f} s)")
 
     cadence = Cadence(status)
-    log(f"expected time: {EXPECTED_QUICK if args.quick else EXPECTED[args.data]}; the same "
+    log(f"expected time: {expected_time(args.data, args.quick)}; the same "
         "command resumes after an interruption")
     say(1)
     with cadence:

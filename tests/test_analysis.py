@@ -242,15 +242,24 @@ def test_width_builds_the_sweeps_model_size():
     assert "width" not in init_grad.settings_of(init_grad.parse_args([]), "d")
 
 
-def test_the_start_line_quotes_the_measured_time_only_for_the_settings_measured():
+def test_the_start_line_quotes_the_benchmark_pages_time_only_for_the_settings_it_measured(tmp_path):
+    """The expected time is the benchmark page's (bench.json), never a number typed into the code."""
     from fairseq_lnpos.analysis import init_grad
 
-    measured = "about 70 s on 2 idle cores, about 5 minutes on 2 cores shared with other jobs (measured at 36640e8)"
-    assert init_grad.expected_time(init_grad.Options().validate(), 20) == f"{measured} for these 20 models (the defaults)"
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"fig3_analysis_seconds": 137.6, "cpu_count": 2}))
+    measured = "138 s on 2 cores in the last benchmark (docs/results/benchmarks)"
+    defaults = init_grad.Options().validate()
+    assert init_grad.expected_time(defaults, 20, bench) == f"{measured} for these 20 models (the defaults)"
     demo = init_grad.Options(size="tiny", archs="postln,preln,deepnorm").validate()  # make demo's Fig. 3 step
-    assert init_grad.expected_time(demo, 30) == (f"not measured for these 30 models (--size tiny); the 20 models of "
-                                                 f"the defaults at d 512 take {measured}")
-    assert init_grad.expected_time(init_grad.Options(seeds=10).validate(), 100).startswith("not measured")
+    assert init_grad.expected_time(demo, 30, bench) == (f"not measured for these 30 models (--size tiny); the 20 models "
+                                                        f"of the defaults at d 512 took {measured}")
+    assert init_grad.expected_time(init_grad.Options(seeds=10).validate(), 100, bench).startswith("not measured")
+    for page in (tmp_path / "absent.json", tmp_path / "broken.json"):  # an installed copy; a page cut short
+        page.write_text("{") if page.name == "broken.json" else None
+        assert init_grad.expected_time(defaults, 20, page).startswith("not measured for these 20 models (no benchmark")
+    published = json.loads((REPO / "docs" / "results" / "benchmarks" / "bench.json").read_text())
+    assert f"{published['fig3_analysis_seconds']:.0f} s on" in init_grad.expected_time(defaults, 20)
 
 
 def test_a_results_page_holds_the_tables_of_fig3_json_and_its_records(tmp_path, capsys):

@@ -124,7 +124,7 @@ def test_quick_demo_writes_table_and_figures_and_resumes(tmp_path):
     assert "[demo] effect not shown: the controls did not train" in first.stdout
     assert json.loads((out / "summary.json").read_text())["verdict"]["shown"] is False
     assert "Next steps:" in (out / "summary.md").read_text() and "total wall time" in first.stdout
-    assert first.stdout.splitlines()[0].startswith("[demo] expected time: about")
+    assert first.stdout.splitlines()[0].startswith("[demo] expected time: not measured for --quick")
     # nothing of fairseq's, torch's or matplotlib's start-up on the terminal
     assert "UserWarning" not in first.stderr and "DEBUG:" not in first.stderr and "INFO:" not in first.stderr
     # a finished demo re-runs without training or evaluating anything again; its results page says
@@ -415,3 +415,17 @@ def test_the_disk_line_counts_every_file_and_the_checkpoints(tmp_path):
     (tmp_path / "summary.md").write_bytes(b"x" * 1_600_000)
     assert disk_line(tmp_path) == (f"Disk: 7 MB left in `{tmp_path.name}/`, 5 MB of it the runs' 2 checkpoints "
                                    "(`checkpoint_best.pt` and `checkpoint_last.pt`).")
+
+
+def test_the_expected_time_is_the_results_pages_never_a_number_typed_into_the_code(tmp_path):
+    """The start line quotes the wall time and machine each demo's page recorded; without a page (an
+    installed copy) it says it is not known."""
+    for data, page in demo.PAGE.items():
+        text = (REPO / "docs" / "results" / page / "index.md").read_text()
+        wall = re.search(r"^Wall time: (\d+) s from the command's start", text, re.M).group(1)
+        assert demo.expected_time(data).startswith(f"{wall} s on the run its results page records (docs/results/{page}: ")
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "index.md").write_text("- Machine: a CPU, 8 cores (8 runs).\n\nWall time: 99 s from the command's start\n")
+    assert demo.expected_time("synthetic", results=tmp_path) == ("99 s on the run its results page records "
+                                                                 "(docs/results/demo: a CPU, 8 cores), longer on a slower CPU")
+    assert demo.expected_time("multi30k", results=tmp_path).startswith("not known here")

@@ -478,21 +478,37 @@ def finish(out, records, settings, opts, t_start, command=None):
     return result
 
 
-MEASURED_TIME = "about 70 s on 2 idle cores, about 5 minutes on 2 cores shared with other jobs (measured at 36640e8)"
+# the benchmark page of a checkout of the repository (scripts/bench.sh --publish): it times these defaults
+BENCHMARK = Path(__file__).resolve().parents[2] / "docs" / "results" / "benchmarks" / "bench.json"
 MEASURED_SETTINGS = ("data", "archs", "size", "model_args", "depths", "seeds", "tokens", "batches", "vocab",
-                     "checkpoint", "spectral", "lemma2", "device")  # the defaults: what MEASURED_TIME timed
+                     "checkpoint", "spectral", "lemma2", "device")  # the defaults: what the benchmark times
 
 
-def expected_time(opts, models):
-    """What the start line says of the time ``models`` models of ``opts`` take: the measured time where
-    they are the defaults' 20 models at d 512, else that it was not measured."""
-    defaults = Options()
+def measured_time(bench=BENCHMARK):
+    """What the benchmark page's ``bench.json`` measured of the defaults ("138 s on 2 cores in the last
+    benchmark ..."), or None where there is no page (an installed copy) or it did not time them."""
+    try:
+        result = read_json(bench, missing_ok=True) or {}
+    except LnposError:  # a page that cannot be read is no reason not to run
+        return None
+    seconds = result.get("fig3_analysis_seconds")
+    if not isinstance(seconds, (int, float)):
+        return None
+    return f"{seconds:.0f} s on {result.get('cpu_count')} cores in the last benchmark (docs/results/benchmarks)"
+
+
+def expected_time(opts, models, bench=BENCHMARK):
+    """What the start line says of the time ``models`` models of ``opts`` take: the benchmark page's time
+    where they are the defaults' 20 models at d 512 (:func:`measured_time`), else that it was not measured."""
+    defaults, measured = Options(), measured_time(bench)
     same = all(tuple(getattr(opts, f)) == tuple(getattr(defaults, f)) if f in ("archs", "depths")
                else getattr(opts, f) == getattr(defaults, f) for f in MEASURED_SETTINGS)
+    if measured is None:
+        return f"not measured for these {models} models (no benchmark page beside this code: scripts/bench.sh --publish)"
     if same:
-        return f"{MEASURED_TIME} for these {models} models (the defaults)"
+        return f"{measured} for these {models} models (the defaults)"
     return (f"not measured for these {models} models (--size {opts.size or 'base'}); the 20 models of the "
-            f"defaults at d 512 take {MEASURED_TIME}")
+            f"defaults at d 512 took {measured}")
 
 
 def process_start_time():
