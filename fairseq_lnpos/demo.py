@@ -393,7 +393,8 @@ def command(argv=None):
     p.add_argument("--seeds", default="1,2", help="seeds, comma-separated (default 1,2)")
     for name in OPTIONAL:
         p.add_argument(f"--with-{name.replace('_', '-')}", action="store_true",
-                       help=f"add demo-{name}-nowu, about 2 more minutes (--data multi30k: real-{name}-nowu, about 9)")
+                       help=f"add the row demo-{name}-nowu (--data multi30k: real-{name}-nowu): its seeds take as long "
+                            "as a row of the demo's results page")
     p.add_argument("--jobs", type=whole_number(1), default=2, help="runs side by side on the CPU (default 2)")
     p.add_argument("--cpu-bf16", action="store_true",
                    help="train in bfloat16 mixed precision (grid.sh's --cpu-bf16; a CPU with AVX-512 BF16 or AMX; "
