@@ -199,8 +199,7 @@ class SweepOptions(RunFields, SweepAxes):
     early_stop: Optional[bool] = None  # the preset's: on, off with --real; --early-stop / --no-early-stop win
     final_validation_only: bool = True
     seeds: Optional[str] = option(help=(
-        "comma-separated seeds of every cell (default: %s: 3 seeds, %d runs, about 1.6 x the CPU time of the "
-        "earlier one-seed 5 x 3 grid, less with early stopping; the depth map's: %s, %d runs; with --real %s; "
+        "comma-separated seeds of every cell (default: %s, %d runs; the depth map's: %s, %d runs; with --real %s; "
         "--all-archs: %s, %d runs)" % (STABILITY_MAP["seeds"], _runs(STABILITY_MAP), DEPTH_MAP["seeds"],
                                       _runs(DEPTH_MAP), DEPTH_MAP_REAL["seeds"], ALL_MAP["seeds"], _runs(ALL_MAP))))
     arch_size: str = None  # the preset's; given, it must be the preset's
