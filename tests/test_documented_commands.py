@@ -1,6 +1,6 @@
-"""Every command the README, docs/ and the results pages show is one this checkout runs: its program
-exists and takes every option the text gives it (each program's --help lists them). Renaming or moving
-a command, or dropping an option, fails here until the docs follow."""
+"""Every command the README, docs/, the results pages and the modules' docstrings show is one this
+checkout runs: its program exists and takes every option the text gives it (each program's --help lists
+them). Renaming or moving a command, or dropping an option, fails here until the docs follow."""
 import re
 import shlex
 import subprocess
@@ -49,22 +49,32 @@ def commands(text):
     return found
 
 
+INTERNAL = {"-m fairseq_lnpos.forkserver"}  # a server the grid starts, reading requests on stdin: no options
+
+
 def documented():
     seen = {}
-    for page in pages():
+    sources = [*pages(), *sorted((REPO / "fairseq_lnpos").rglob("*.py")), *sorted((REPO / "scripts" / "tools").glob("*.py"))]
+    for page in sources:  # the docs, and the usage lines of the modules' docstrings
         for command in commands(page.read_text(encoding="utf-8")):
-            seen.setdefault(command, page.relative_to(REPO))
+            if PROGRAM.match(command).group(1) not in INTERNAL:
+                seen.setdefault(command, page.relative_to(REPO))
     return sorted(seen.items(), key=lambda kv: (str(kv[1]), kv[0]))
 
 
 @lru_cache(maxsize=None)
-def help_options(*argv):
-    """The long options the --help of ``argv`` (a program and its subcommand) lists."""
+def help_text(*argv):
+    """What ``argv --help`` (a program and its subcommand) prints: a usage, else an AssertionError."""
     res = subprocess.run([*argv, "--help"], cwd=REPO, capture_output=True, text=True,
                          env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "MPLBACKEND": "Agg"})
     assert res.returncode == 0 and "usage:" in res.stdout.lower(), (
         f"{' '.join(argv)} --help: exit {res.returncode}, no usage: {res.stderr[-500:]}")
-    return frozenset(re.findall(r"--[a-z][\w-]*", res.stdout))
+    return res.stdout
+
+
+def help_options(*argv):
+    """The long options the --help of ``argv`` lists."""
+    return frozenset(re.findall(r"--[a-z][\w-]*", help_text(*argv)))
 
 
 def program(name):
@@ -79,17 +89,22 @@ def program(name):
 def parts(command):
     """[(argv of the program's --help, the options given to it)] of one documented command."""
     name = PROGRAM.match(command).group(1)
+    rest = re.split(r"\s{2,}\(", command[PROGRAM.match(command).end():])[0]  # a docstring's "cmd    (a note)"
+    try:
+        split = shlex.split(rest, comments=True)
+    except ValueError:  # an apostrophe in a comment
+        split = rest.split("#")[0].split()
     words = []
-    for word in shlex.split(command[PROGRAM.match(command).end():], comments=True):
+    for word in split:
         if word in END:
             break
         words.append(word.strip("[]"))
-    argv = program(name)
-    if name.endswith("grid.sh") and words and not words[0].startswith("-"):
-        argv, words = argv + (words[0],), words[1:]
     if name.endswith("why_study.sh"):  # the grid's options, then after "--" the report's
         cut = words.index("--") if "--" in words else len(words)
         return [(program("grid.sh") + ("run",), words[:cut]), (program("-m fairseq_lnpos.analysis.why"), words[cut + 1:])]
+    argv = program(name)
+    if words and re.search(r"\{[\w,-]*\b%s\b[\w,-]*\}" % re.escape(words[0]), help_text(*argv)):  # a subcommand
+        argv, words = argv + (words[0],), words[1:]
     return [(argv, words)]
 
 
