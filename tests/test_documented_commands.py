@@ -26,9 +26,9 @@ def pages():
     return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "docs" / "results").glob("*/index.md"))]
 
 
-def commands(text):
-    """The commands of a Markdown text: in code blocks (fenced or indented, a line ending in \\ joined
-    with the next) and in `code` spans."""
+def commands(text, program=PROGRAM):
+    """The commands (of ``program``) of a Markdown text: in code blocks (fenced or indented, a line ending
+    in \\ joined with the next) and in `code` spans."""
     found, fenced, pending = [], False, ""
     for line in text.splitlines():
         if line.strip().startswith("```"):
@@ -44,7 +44,7 @@ def commands(text):
             pending = ""
         for span in spans:
             span = ENV.sub("", span.strip())
-            if PROGRAM.match(span):
+            if program.match(span):
                 found.append(span)
     return found
 
@@ -147,3 +147,52 @@ def test_every_make_target_the_docs_name_is_in_the_makefile():
         text = page.read_text(encoding="utf-8")
         named |= set(re.findall(r"`make ([a-z][\w-]*)", text) + re.findall(r"^\s+make ([a-z][\w-]*)", text, re.M))
     assert {"demo", "test"} <= named and named <= targets, sorted(named - targets)
+
+
+FAIRSEQ = re.compile(r"^(?:\.venv/bin/)?(fairseq-(?:train|generate|preprocess))(?=\s|$)")
+
+
+def fairseq_commands():
+    """The whole fairseq-train, fairseq-generate and fairseq-preprocess commands of the docs (a data
+    folder first; a mention such as `fairseq-generate --beam 5` is not one), without `--user-dir`."""
+    found = []
+    for page in pages():
+        for command in commands(page.read_text(encoding="utf-8"), FAIRSEQ):
+            words = []
+            for word in shlex.split(command[FAIRSEQ.match(command).end():], comments=True):
+                if word in END:
+                    break
+                words.append(word)
+            if words and (not words[0].startswith("-") or command.startswith("fairseq-preprocess")):
+                if "--user-dir" in words:
+                    del words[words.index("--user-dir"):words.index("--user-dir") + 2]
+                found.append((page.relative_to(REPO), FAIRSEQ.match(command).group(1), [w for w in words if w != "..."]))
+    return found
+
+
+def fairseq_parse(name, words):
+    """``words`` parsed by fairseq's own parser of ``name`` (the plugin registered): SystemExit on an
+    option fairseq or the plugin does not have."""
+    from fairseq import options
+
+    from fairseq_lnpos import register
+
+    register()
+    if name == "fairseq-preprocess":
+        return options.get_preprocessing_parser().parse_args(words)
+    parser = options.get_training_parser() if name == "fairseq-train" else options.get_generation_parser()
+    return options.parse_args_and_arch(parser, words)
+
+
+def test_every_documented_fairseq_command_parses_with_fairseqs_parser_and_the_plugin(capsys):
+    """The README's first run and the docs' fairseq commands use only options fairseq and the plugin
+    have (a plugin option renamed fails here); an option neither has is refused."""
+    found = fairseq_commands()
+    assert {("README.md", "fairseq-train"), ("README.md", "fairseq-generate")} <= {(str(p), n) for p, n, _ in found}
+    for page, name, words in found:
+        try:
+            fairseq_parse(name, words)
+        except SystemExit:
+            pytest.fail(f"{page}: {name} {' '.join(words)}: {capsys.readouterr().err.strip()[-300:]}")
+    with pytest.raises(SystemExit):
+        fairseq_parse("fairseq-train", ["data", "--arch", "transformer_preln_tiny", "--no-such-flag"])
