@@ -105,7 +105,8 @@ class RunFields(Options):
            "logged updates (0: only a non-finite loss counts; default %(default)s)", type=whole_number(0), metavar="N")
     early_stop: bool = option(
         False, "stop a run whose training loss has stalled well above what a run that trains reaches "
-               "(recorded as 'stopped early'; early_stop.py; on by default in sweeps but --real ones)")
+               "(recorded as 'stopped early'; early_stop.py; a sweep on the generated corpus does this by default, a "
+               "--real sweep does not: docs/results/early-stopping)")
     gpus: Optional[str] = option(help="GPU ids, e.g. 0,1: runs side by side on them")
     runs_per_gpu: int = option(1, "with --gpus: K runs at once on each GPU (group); default 1",
                                type=whole_number(1), metavar="K")
