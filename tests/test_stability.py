@@ -3,6 +3,8 @@ numbers worked out by hand, the LR sensitivity, the published runs.csv round tri
 import csv
 import json
 import math
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -10,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_lnpos.analysis import stability as S
+from fairseq_lnpos.analysis import stability as S, verdict as V
 from fairseq_lnpos.analysis.frame import read_runs_csv, runs_frame, write_runs_csv
 from fairseq_lnpos.errors import LnposError
 from fairseq_lnpos.experiments import report
 from fairseq_lnpos.experiments.records import DoneRecord, Outcome
 from fairseq_lnpos.experiments.rundir import RunDir, run_dirs
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "stability_map.sh"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = REPO_ROOT / "scripts" / "stability_map.sh"
 SMOOTHING = 1.0  # the fixtures' label-smoothed loss: the NLL plus this
 
 
@@ -516,3 +519,34 @@ def test_the_results_table_names_the_model_code_and_refuses_a_mix_unless_asked(t
     assert report.main([str(tmp_path), "--no-figures"]) == 2
     md, _, _ = report.make_table(tmp_path, with_figures=False, allow_mixed_code=True)
     assert "Runs trained by model code abc123 (1 run), def456 (1 run)." in md
+
+
+MAP_PAGES = sorted(p.parent.name for p in (REPO_ROOT / "docs" / "results").glob("*/cells.csv"))
+
+
+@pytest.mark.parametrize("name", MAP_PAGES)
+def test_every_published_maps_verdicts_follow_from_its_own_runs_csv_under_the_current_rule(name):
+    """A map page is a view of its per-seed data: its runs.csv judged now, with the rules its command
+    line gave (--trains, --margin, --alpha), gives the page's cells, their NLL and every verdict. A change
+    of the rule that would change a published claim fails here until the page is written again."""
+    import pandas as pd
+
+    page = REPO_ROOT / "docs" / "results" / name
+    command = shlex.split(re.search(r"^- Command: `(.*)`$", (page / "index.md").read_text(), re.M).group(1))
+    assert command[0].endswith("stability_map.sh")
+    given = lambda option, default: float(command[command.index(option) + 1]) if option in command else default  # noqa: E731
+    cells = S.make_cells(read_runs_csv(page / "runs.csv"), given("--trains", V.DEFAULT_TRAINS),
+                         given("--margin", V.DEFAULT_MARGIN), given("--alpha", V.DEFAULT_ALPHA))
+    published = pd.read_csv(page / "cells.csv")
+    keys = ["variant", "layers", "warmup", "lr", "seeds", "finished", "trains", "verdict", "good_own", "good_depth"]
+    assert cells[keys].astype(str).values.tolist() == published[keys].astype(str).values.tolist()
+    assert cells["nll"].round(5).fillna(-1).tolist() == published["nll"].round(5).fillna(-1).tolist()
+
+
+def test_the_published_map_check_sees_a_rule_that_changes_a_verdict():
+    """Not a check that cannot fail: the width-96 page judged with a 0.3-bit margin is another map."""
+    import pandas as pd
+
+    page = REPO_ROOT / "docs" / "results" / "all-archs"
+    cells = S.make_cells(read_runs_csv(page / "runs.csv"), margin=0.3)
+    assert cells["verdict"].tolist() != pd.read_csv(page / "cells.csv")["verdict"].tolist()
