@@ -138,3 +138,28 @@ def test_every_output_folder_the_docs_name_is_ignored_by_git():
     ignored = {line.strip().strip("/") for line in (REPO / ".gitignore").read_text(encoding="utf-8").splitlines()}
     assert {"demo-out", "demo-real-out", "all-out", "grid-out"} <= named
     assert named <= ignored, f"not in .gitignore: {sorted(named - ignored)}"
+
+
+REPORT_PAGES = {"why-warmup": ("fairseq_lnpos.analysis.why", "why.md"),
+                "real-text-epochs": ("fairseq_lnpos.analysis.curves", "curves.md"),
+                "warmup-control": ("fairseq_lnpos.analysis.curves", "curves.md")}
+
+
+@pytest.mark.parametrize("name", sorted(REPORT_PAGES))
+def test_a_study_page_is_what_its_command_writes_now_from_the_page_itself(name, tmp_path, monkeypatch, capsys):
+    """The warm-up study's and the curves' pages read their own published per-seed data (runs.csv and the
+    study's tables); their command line run again now, into another folder, writes the page's Markdown."""
+    import importlib
+    import shlex
+
+    module, md = REPORT_PAGES[name]
+    page = REPO / "docs" / "results" / name
+    argv = shlex.split(re.search(r"^- Command: `(.*)`$", (page / "index.md").read_text(), re.M).group(1))
+    assert argv[:3] == ["python", "-m", module]
+    argv = argv[3:]
+    del argv[argv.index("--publish"):argv.index("--publish") + 2]
+    argv[argv.index("--out-dir") + 1] = str(tmp_path / "out")
+    monkeypatch.chdir(REPO)
+    assert importlib.import_module(module).main(argv) == 0
+    capsys.readouterr()
+    assert (tmp_path / "out" / md).read_text(encoding="utf-8") == (page / md).read_text(encoding="utf-8")
