@@ -1,5 +1,7 @@
-"""The README and docs/: every relative link and anchor resolves, and the counts the README states
-(architectures, sizes) are the registry's (fairseq_lnpos/variants.py)."""
+"""The README and docs/: every relative link and anchor resolves, the counts the README states
+(architectures, sizes) are the registry's (fairseq_lnpos/variants.py), the numbers README and findings
+quote are on the pages they link, and the study pages that can be written again from the repository's
+own per-seed data are what their commands write now."""
 import re
 from pathlib import Path
 
@@ -163,3 +165,23 @@ def test_a_study_page_is_what_its_command_writes_now_from_the_page_itself(name, 
     assert importlib.import_module(module).main(argv) == 0
     capsys.readouterr()
     assert (tmp_path / "out" / md).read_text(encoding="utf-8") == (page / md).read_text(encoding="utf-8")
+
+
+def test_the_replication_page_is_what_agreement_writes_now_from_the_two_published_maps(tmp_path, monkeypatch, capsys):
+    """The all-archs replication page (seeds 1-3 against seeds 4-6) from the repository's own data: the
+    first map's runs.csv, and seeds 4-6 of the six-seed page's, give its agreement.md again."""
+    from fairseq_lnpos.analysis import agreement
+    from fairseq_lnpos.analysis.frame import read_runs_csv, write_runs_csv
+
+    results = REPO / "docs" / "results"
+    page = results / "all-archs-replication"
+    command = re.search(r"^- Command: `(.*)`$", (page / "index.md").read_text(), re.M).group(1).split()
+    a, b = command[3:5]
+    assert a == "docs/results/all-archs/runs.csv"
+    six = read_runs_csv(results / "all-archs-6-seeds" / "runs.csv")
+    later = write_runs_csv(six[six["seed"] >= 4].reset_index(drop=True), tmp_path / "seeds456.csv")
+    monkeypatch.chdir(REPO)
+    assert agreement.main([a, str(later), "--out-dir", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    written = (tmp_path / "out" / "agreement.md").read_text(encoding="utf-8").replace(str(later), b)
+    assert written == (page / "agreement.md").read_text(encoding="utf-8")

@@ -92,3 +92,16 @@ def test_the_difference_of_seeds_equal_to_the_logged_digits_is_quiet_and_finite(
         warnings.simplefilter("error")  # scipy's precision warning would be printed to the user
         d, low, high = V.welch([4.229, 4.214], [5.225, 5.225])[:3]
     assert d == pytest.approx(-1.0035) and low < d < high and math.isfinite(low) and math.isfinite(high)
+
+
+@pytest.mark.slow
+def test_the_verdict_check_page_is_what_the_tool_writes_now(tmp_path, capsys):
+    """docs/results/verdict-check: the simulation is seeded, so the tool run again writes the same tables
+    (the page's command, date and code lines aside)."""
+    from conftest import REPO
+
+    assert CHECK.main(["--publish", str(tmp_path / "page")]) == 0
+    capsys.readouterr()
+    keep = lambda path: [line for line in path.read_text().splitlines()  # noqa: E731
+                         if not line.startswith(("- Command:", "- Written:", "- Code:", "- Machine:"))]
+    assert keep(tmp_path / "page" / "index.md") == keep(REPO / "docs" / "results" / "verdict-check" / "index.md")
