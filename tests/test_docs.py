@@ -167,21 +167,36 @@ def test_a_study_page_is_what_its_command_writes_now_from_the_page_itself(name, 
     assert (tmp_path / "out" / md).read_text(encoding="utf-8") == (page / md).read_text(encoding="utf-8")
 
 
-def test_the_replication_page_is_what_agreement_writes_now_from_the_two_published_maps(tmp_path, monkeypatch, capsys):
-    """The all-archs replication page (seeds 1-3 against seeds 4-6) from the repository's own data: the
-    first map's runs.csv, and seeds 4-6 of the six-seed page's, give its agreement.md again."""
+# the agreement pages: how each page's runs.csv splits into the command's two sources (the first: A)
+AGREEMENT_PAGES = {"all-archs-replication": lambda runs: runs["seed"] <= 3,
+                   "all-archs-second-machine": lambda runs: runs["cpu"] == "AMD EPYC",
+                   "precision-all-archs": lambda runs: runs["precision"] == "float32",
+                   "precision-demo": lambda runs: runs["precision"] == "float32",
+                   "precision-demo-real": lambda runs: runs["precision"] == "float32"}
+
+
+@pytest.mark.parametrize("name", sorted(AGREEMENT_PAGES))
+def test_an_agreement_page_is_what_its_command_writes_now_from_the_pages_own_runs(name, tmp_path, capsys):
+    """Two runs of a map (other seeds, another machine, another precision) compared: the page's runs.csv
+    split back into its two sources and given to its command line again writes its agreement.md (the
+    sources' paths aside)."""
+    import shlex
+
     from fairseq_lnpos.analysis import agreement
     from fairseq_lnpos.analysis.frame import read_runs_csv, write_runs_csv
 
-    results = REPO / "docs" / "results"
-    page = results / "all-archs-replication"
-    command = re.search(r"^- Command: `(.*)`$", (page / "index.md").read_text(), re.M).group(1).split()
-    a, b = command[3:5]
-    assert a == "docs/results/all-archs/runs.csv"
-    six = read_runs_csv(results / "all-archs-6-seeds" / "runs.csv")
-    later = write_runs_csv(six[six["seed"] >= 4].reset_index(drop=True), tmp_path / "seeds456.csv")
-    monkeypatch.chdir(REPO)
-    assert agreement.main([a, str(later), "--out-dir", str(tmp_path / "out")]) == 0
+    page = REPO / "docs" / "results" / name
+    argv = shlex.split(re.search(r"^- Command: `(.*)`$", (page / "index.md").read_text(), re.M).group(1))
+    assert argv[:3] == ["python", "-m", "fairseq_lnpos.analysis.agreement"]
+    (a, b), options = argv[3:5], argv[5:]
+    del options[options.index("--publish"):options.index("--publish") + 2]
+    options[options.index("--out-dir") + 1] = str(tmp_path / "out")
+    runs = read_runs_csv(page / "runs.csv")
+    first = AGREEMENT_PAGES[name](runs)
+    assert 0 < first.sum() < len(runs)
+    sources = [write_runs_csv(part.reset_index(drop=True), tmp_path / f"{x}.csv")
+               for x, part in (("a", runs[first]), ("b", runs[~first]))]
+    assert agreement.main([*map(str, sources), *options]) == 0
     capsys.readouterr()
-    written = (tmp_path / "out" / "agreement.md").read_text(encoding="utf-8").replace(str(later), b)
-    assert written == (page / "agreement.md").read_text(encoding="utf-8")
+    written = (tmp_path / "out" / "agreement.md").read_text(encoding="utf-8")
+    assert written.replace(str(sources[0]), a).replace(str(sources[1]), b) == (page / "agreement.md").read_text(encoding="utf-8")
