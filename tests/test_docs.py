@@ -200,3 +200,25 @@ def test_an_agreement_page_is_what_its_command_writes_now_from_the_pages_own_run
     capsys.readouterr()
     written = (tmp_path / "out" / "agreement.md").read_text(encoding="utf-8")
     assert written.replace(str(sources[0]), a).replace(str(sources[1]), b) == (page / "agreement.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "docs" / "results").glob("fig3-*")))
+def test_a_fig3_page_is_the_summary_of_its_own_per_model_records(name):
+    """Fig. 3 pages: the means and spreads over seeds of fig3.json are summarize() of the page's
+    records.jsonl (one record per model and seed), and every line of the page's tables is fig3.json's
+    (fig3.json keeps its keys sorted, so a table's rows may come in another order)."""
+    import json
+
+    from fairseq_lnpos.analysis import summary
+
+    page = REPO / "docs" / "results" / name
+    result = json.loads((page / "fig3.json").read_text())
+    records = [json.loads(line) for line in (page / "records.jsonl").read_text().splitlines()]
+    given = dict(result["settings"])
+    again = summary.summarize(records, {k: v for k, v in given.items()
+                                        if k not in ("archs", "depths", "layers_depth", "seeds", "lemma2")},
+                              depths=given["depths"], layers_depth=given["layers_depth"], seeds=given["seeds"],
+                              lemma2=given["lemma2"])
+    assert json.loads(json.dumps(again)) == {k: v for k, v in result.items() if k not in ("seconds", "cpu_seconds")}
+    text = (page / "index.md").read_text()
+    assert [line for line in summary.markdown(result).splitlines() if line.strip() and line not in text] == []
