@@ -429,3 +429,20 @@ def test_the_expected_time_is_the_results_pages_never_a_number_typed_into_the_co
     assert demo.expected_time("synthetic", results=tmp_path) == ("99 s on the run its results page records "
                                                                  "(docs/results/demo: a CPU, 8 cores), longer on a slower CPU")
     assert demo.expected_time("multi30k", results=tmp_path).startswith("not known here")
+
+
+@pytest.mark.parametrize("page", ["demo", "demo-real"])
+def test_a_demo_page_is_the_summary_of_its_own_runs_csv(page):
+    """The demo pages' table over seeds and verdict ("effect SHOWN") follow from their per-seed runs.csv:
+    summarize() of its rows gives summary.json's runs, and effect_shown() its verdict."""
+    from fairseq_lnpos.analysis.frame import read_runs_csv
+
+    folder = REPO / "docs" / "results" / page
+    published = json.loads((folder / "summary.json").read_text())
+    summary = summarize(read_runs_csv(folder / "runs.csv").to_dict("records"))
+    again = {run: {**s, **{k: s[k].as_dict() if s.get(k) else None for k in demo.SUMMARY_METRICS}}
+             for run, s in summary.items()}
+    assert json.loads(json.dumps(again)) == published["runs"]
+    verdict = published["verdict"]
+    need = tuple(r for r in published["runs"] if r.endswith("postln-nowu")) + tuple(verdict["controls"])
+    assert effect_shown(summary, need) == (verdict["shown"], verdict["text"]) and verdict["shown"] is True
