@@ -78,11 +78,17 @@ def read_map(path, allow_mixed_code=False):
     return runs, check_model_code(runs, allow_mixed_code)
 
 
+def init_files(path):
+    """(records.jsonl, fig3.json) of ``--init``: a folder of init_grad, or its records.jsonl."""
+    path = Path(path)
+    folder, records_path = (path.parent, path) if path.is_file() else (path, path / "records.jsonl")
+    return records_path, folder / "fig3.json"
+
+
 def read_init(path):
     """init_grad's per-model records (``records.jsonl`` in ``path``, or that file itself) and its fig3.json
     (None where absent)."""
-    path = Path(path)
-    folder, records_path = (path.parent, path) if path.is_file() else (path, path / "records.jsonl")
+    records_path, fig3_path = init_files(path)
     if not records_path.is_file():
         raise LnposError(f"--init {path}: no records.jsonl there: give the --out folder of python -m "
                          f"fairseq_lnpos.analysis.init_grad, run on the map's model size for its architectures")
@@ -96,7 +102,7 @@ def read_init(path):
         except (ValueError, KeyError, TypeError) as e:
             raise StateError(f"{records_path} line {i} is not a record of init_grad ({type(e).__name__}: {e}): "
                              f"run init_grad again into a fresh --out") from None
-    return records, read_json(folder / "fig3.json", missing_ok=True, what_to_do="run init_grad again to rewrite it")
+    return records, read_json(fig3_path, missing_ok=True, what_to_do="run init_grad again to rewrite it")
 
 
 def map_settings(runs):
@@ -401,8 +407,9 @@ def _main(argv):
     if args.publish:
         from .publish import publish
 
+        init = [f for f in init_files(args.init) if f.is_file()]  # the per-seed data of both sides: rebuildable
         publish(args.publish, "Fig. 3 at initialization as a predictor of warm-up need", result["md"],
-                result["runs"], [p for p in written if p.name != "predictor.md"], argv_of(PROG, argv))
+                result["runs"], [p for p in written if p.name != "predictor.md"] + init, argv_of(PROG, argv))
     print(result["md"], end="")
     return 0
 
