@@ -222,3 +222,26 @@ def test_a_fig3_page_is_the_summary_of_its_own_per_model_records(name):
     assert json.loads(json.dumps(again)) == {k: v for k, v in result.items() if k not in ("seconds", "cpu_seconds")}
     text = (page / "index.md").read_text()
     assert [line for line in summary.markdown(result).splitlines() if line.strip() and line not in text] == []
+
+
+def test_the_warmup_predictor_page_is_what_its_command_writes_now_from_the_pages_own_data(tmp_path, monkeypatch, capsys):
+    """The predictor page publishes both sides' per-seed data (the map's runs.csv, the Fig. 3 side's
+    records.jsonl and fig3.json): its command run again with --init the page itself writes the same
+    tables and Markdown (the --init folder's name aside)."""
+    import shlex
+
+    from fairseq_lnpos.analysis import predictor
+
+    page = REPO / "docs" / "results" / "warmup-predictor"
+    argv = shlex.split(re.search(r"^- Command: `(.*)`$", (page / "index.md").read_text(), re.M).group(1))[3:]
+    init = argv[argv.index("--init") + 1]
+    argv[argv.index("--init") + 1] = str(page)
+    argv[argv.index("--out") + 1] = str(tmp_path / "out")
+    del argv[argv.index("--publish"):argv.index("--publish") + 2]
+    monkeypatch.chdir(REPO)
+    assert predictor.main(argv) == 0
+    capsys.readouterr()
+    for table in ("predictor.csv", "predictor_seeds.csv"):
+        assert (tmp_path / "out" / table).read_text() == (page / table).read_text(), table
+    body = (tmp_path / "out" / "predictor.md").read_text().replace(str(page), init).split("\n", 1)[1]  # its title: the page's
+    assert body.strip() in (page / "index.md").read_text()
