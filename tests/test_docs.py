@@ -142,6 +142,19 @@ def test_every_output_folder_the_docs_name_is_ignored_by_git():
     assert named <= ignored, f"not in .gitignore: {sorted(named - ignored)}"
 
 
+def page_command(page, out, module):
+    """The arguments of the command line ``page`` records (``python -m module ...``), without --publish and
+    writing into ``out`` instead of its --out-dir (or --out)."""
+    import shlex
+
+    argv = shlex.split(re.search(r"^- Command: `(.*)`$", (page / "index.md").read_text(), re.M).group(1))
+    assert argv[:3] == ["python", "-m", module], argv[:3]
+    argv = argv[3:]
+    del argv[argv.index("--publish"):argv.index("--publish") + 2]
+    argv[argv.index("--out-dir" if "--out-dir" in argv else "--out") + 1] = str(out)
+    return argv
+
+
 REPORT_PAGES = {"why-warmup": ("fairseq_lnpos.analysis.why", "why.md"),
                 "real-text-epochs": ("fairseq_lnpos.analysis.curves", "curves.md"),
                 "warmup-control": ("fairseq_lnpos.analysis.curves", "curves.md")}
@@ -152,15 +165,10 @@ def test_a_study_page_is_what_its_command_writes_now_from_the_page_itself(name, 
     """The warm-up study's and the curves' pages read their own published per-seed data (runs.csv and the
     study's tables); their command line run again now, into another folder, writes the page's Markdown."""
     import importlib
-    import shlex
 
     module, md = REPORT_PAGES[name]
     page = REPO / "docs" / "results" / name
-    argv = shlex.split(re.search(r"^- Command: `(.*)`$", (page / "index.md").read_text(), re.M).group(1))
-    assert argv[:3] == ["python", "-m", module]
-    argv = argv[3:]
-    del argv[argv.index("--publish"):argv.index("--publish") + 2]
-    argv[argv.index("--out-dir") + 1] = str(tmp_path / "out")
+    argv = page_command(page, tmp_path / "out", module)
     monkeypatch.chdir(REPO)
     assert importlib.import_module(module).main(argv) == 0
     capsys.readouterr()
@@ -180,17 +188,12 @@ def test_an_agreement_page_is_what_its_command_writes_now_from_the_pages_own_run
     """Two runs of a map (other seeds, another machine, another precision) compared: the page's runs.csv
     split back into its two sources and given to its command line again writes its agreement.md (the
     sources' paths aside)."""
-    import shlex
-
     from fairseq_lnpos.analysis import agreement
     from fairseq_lnpos.analysis.frame import read_runs_csv, write_runs_csv
 
     page = REPO / "docs" / "results" / name
-    argv = shlex.split(re.search(r"^- Command: `(.*)`$", (page / "index.md").read_text(), re.M).group(1))
-    assert argv[:3] == ["python", "-m", "fairseq_lnpos.analysis.agreement"]
-    (a, b), options = argv[3:5], argv[5:]
-    del options[options.index("--publish"):options.index("--publish") + 2]
-    options[options.index("--out-dir") + 1] = str(tmp_path / "out")
+    argv = page_command(page, tmp_path / "out", "fairseq_lnpos.analysis.agreement")
+    (a, b), options = argv[:2], argv[2:]
     runs = read_runs_csv(page / "runs.csv")
     first = AGREEMENT_PAGES[name](runs)
     assert 0 < first.sum() < len(runs)
@@ -228,16 +231,12 @@ def test_the_warmup_predictor_page_is_what_its_command_writes_now_from_the_pages
     """The predictor page publishes both sides' per-seed data (the map's runs.csv, the Fig. 3 side's
     records.jsonl and fig3.json): its command run again with --init the page itself writes the same
     tables and Markdown (the --init folder's name aside)."""
-    import shlex
-
     from fairseq_lnpos.analysis import predictor
 
     page = REPO / "docs" / "results" / "warmup-predictor"
-    argv = shlex.split(re.search(r"^- Command: `(.*)`$", (page / "index.md").read_text(), re.M).group(1))[3:]
+    argv = page_command(page, tmp_path / "out", "fairseq_lnpos.analysis.predictor")
     init = argv[argv.index("--init") + 1]
     argv[argv.index("--init") + 1] = str(page)
-    argv[argv.index("--out") + 1] = str(tmp_path / "out")
-    del argv[argv.index("--publish"):argv.index("--publish") + 2]
     monkeypatch.chdir(REPO)
     assert predictor.main(argv) == 0
     capsys.readouterr()
