@@ -109,16 +109,13 @@ def test_each_further_placement_trains_and_generates(toy_data, tmp_path, variant
 
 
 def readme_generate_line():
-    """The README's first-run fairseq-generate command, its continuation lines joined."""
+    """The README's first-run fairseq-generate command, its continuation lines joined (as the check of
+    every documented command reads the docs' code blocks)."""
     from conftest import REPO
+    from test_documented_commands import FAIRSEQ, commands
 
-    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
-    start = next(i for i, line in enumerate(lines) if line.strip().startswith(".venv/bin/fairseq-generate"))
-    cmd = []
-    for line in lines[start:]:
-        cmd.append(line.strip().rstrip("\\").strip())
-        if not line.endswith("\\"):
-            return " ".join(cmd)
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    return next(c for c in commands(text, FAIRSEQ) if c.startswith(".venv/bin/fairseq-generate"))
 
 
 @pytest.mark.slow

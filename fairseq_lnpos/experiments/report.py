@@ -202,8 +202,8 @@ def make_table(out_dir, with_figures=True, skip_unreadable=False, allow_mixed_co
     refused before anything is written, unless ``allow_mixed_code`` (results.md lists the versions)."""
     out = Path(out_dir)
     rows = collect(grid_run_dirs(out, "the --out folder of `scripts/grid.sh run`"))
-    bad = [r for r in rows if r.get("unreadable")]
-    runs = tables(sorted((r["record"] for r in rows if not r.get("unreadable")), key=lambda rec: rec.dir.path))[0]
+    readable, bad = [r for r in rows if not r.get("unreadable")], [r for r in rows if r.get("unreadable")]
+    runs = tables(sorted((r["record"] for r in readable), key=lambda rec: rec.dir.path))[0]
     code_line = check_model_code(runs, allow_mixed_code)
     agg, t = over_seeds(rows), table(rows, CSV_COLUMNS)
     md = markdown(rows, agg, code_line)
@@ -216,7 +216,7 @@ def make_table(out_dir, with_figures=True, skip_unreadable=False, allow_mixed_co
     if not bad:  # the per-seed table of every run (analysis/frame.py, in runs_frame's order), as a page publishes it
         written.append(write_runs_csv(runs, out / "runs.csv"))
     if with_figures:
-        written += figures([r for r in rows if not r.get("unreadable")], out)
+        written += figures(readable, out)
     if bad and not skip_unreadable:
         raise StateError(f"{len(bad)} run folder(s) unreadable, marked in {out / 'results.md'}; the first: "
                          f"{bad[0]['unreadable']} (or pass --skip-unreadable)")
