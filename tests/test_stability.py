@@ -77,7 +77,7 @@ def sweep(tmp_path):
 
 
 def cell(cells, variant, layers, warmup, lr):
-    (c,) = [c for c in S.rows(cells) if (c.variant, c.layers, c.warmup, c.lr) == (variant, layers, warmup, lr)]
+    (c,) = [c for c in cells.itertuples() if (c.variant, c.layers, c.warmup, c.lr) == (variant, layers, warmup, lr)]
     return c
 
 
@@ -335,7 +335,7 @@ def test_the_overview_names_both_verdicts(sweep):
     assert table[4] == "| Post-LN | 4.03 p n2 | 3.02 G n2 | 5.90 - n2, x 1/2 | 3.11 G n2 | 3.18 · n1 |"
     assert table[5] == "| Pre-LN |  | 1.31 G+ n2 | 1.35 · n1 |  |  |"
     # the heatmaps' text: the same words, a line each, with the test BLEU where scored
-    heat = [S.cell_mark(c, "\n", True) for c in S.rows(cells)]
+    heat = [S.cell_mark(c, "\n", True) for c in cells.itertuples()]
     assert heat[1] == "3.02\n21.5\nG n2" and heat[2] == "5.90\n- n2\nx 1/2"
 
 

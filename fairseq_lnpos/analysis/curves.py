@@ -140,20 +140,16 @@ def curves(epochs, reference, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
         out = out.join(g[m].agg(["mean", "min", "max"]).add_prefix(f"{m}_"))
     out["nll_var"] = g["valid_nll_loss"].var(ddof=1)
     out = out.reset_index()
-    out["diff"], out["diff_low"], out["diff_high"], out["good"] = math.nan, math.nan, math.nan, None
+    out["diff"], out["diff_low"], out["diff_high"] = math.nan, math.nan, math.nan
     for epoch, idx in out.groupby("epoch").groups.items():
         ref = epochs.loc[(epochs["run"] == reference) & (epochs["epoch"] == epoch), "valid_nll_loss"].dropna().to_numpy()
         for i in idx:
             if out.at[i, "run"] != reference:
                 x = epochs.loc[(epochs["run"] == out.at[i, "run"]) & (epochs["epoch"] == epoch), "valid_nll_loss"].dropna()
                 out.loc[i, ["diff", "diff_low", "diff_high"]] = V.welch(x, ref)[:3]
-        fam = out.loc[idx]
-        fam = fam[fam["valid_nll_loss_mean"].notna()]
-        if len(fam) < 2:
-            continue
-        for i, g in zip(fam.index, V.good(fam["valid_nll_loss_mean"].to_numpy(), fam["nll_var"].to_numpy(),
-                                          fam["seeds"].to_numpy(), margin, alpha)):
-            out.at[i, "good"] = g
+    fam = out[out["valid_nll_loss_mean"].notna()]
+    fam = fam[fam.groupby("epoch")["epoch"].transform("size") > 1]  # an epoch with one row compares nothing
+    out["good"] = V.good(fam, "epoch", "valid_nll_loss_mean", "nll_var", "seeds", margin, alpha, index=out.index)
     return out.sort_values(["run", "epoch"], key=lambda s: s.map(order) if s.name == "run" else s,
                            kind="stable").reset_index(drop=True)
 

@@ -15,7 +15,6 @@ results page (:mod:`.publish`).
 import math
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -24,8 +23,8 @@ from ..cli import CommandParser
 from ..errors import check, run_main
 from ..experiments.runs import warmup_label
 from . import depth, verdict as V
-from .frame import GATHERED, COUNTED, check_model_code, check_one_experiment, gather, pandas, write_runs_csv
-from .map_common import label, lost, nll_text, num, ordered, pivot
+from .frame import GATHERED, COUNTED, check_model_code, check_one_experiment, gather, write_runs_csv
+from .map_common import label, lost, missing, nll_text, num, ordered, pivot
 from .map_figures import cell_mark, plot_bleu, plot_heatmaps, plot_loss_vs_lr, plot_overview, plot_sensitivity
 from .publish import argv_of, publish
 
@@ -69,21 +68,13 @@ def make_cells(runs, trains=V.DEFAULT_TRAINS, margin=V.DEFAULT_MARGIN, alpha=V.D
     cells["disagree"] = (cells["seeds_train"] > 0) & (cells["seeds_train"] < cells["seeds"])
     trained = cells[cells["trains"]]
     for family, keys in V.FAMILIES.items():
-        by = trained.groupby(list(keys))
-        good = {i: g for _, f in by for i, g in zip(f.index, V.good(
-            f["nll"].to_numpy(), f["nll_var"].to_numpy(), f["finished"].to_numpy(), margin, alpha, lone=True))}
-        cells[f"good_{family}"] = pandas().Series([good.get(i, False) for i in cells.index], cells.index, dtype=object)
-        cells[f"gap_{family}"] = trained["nll"] - by["nll"].transform("min")
+        cells[f"good_{family}"] = V.good(trained, list(keys), margin=margin, alpha=alpha, lone=True, index=cells.index,
+                                         other=False)
+        cells[f"gap_{family}"] = trained["nll"] - trained.groupby(list(keys))["nll"].transform("min")
     own, lost_all = cells["good_own"], cells["diverged"] + cells["stopped"] == cells["seeds"]
     cells["verdict"] = np.select([cells["diverged"] == cells["seeds"], lost_all, ~cells["trains"], own.isna(),
                                   own == True], ["diverged", "stopped", "no-train", "NA", "good"], "poor")  # noqa: E712
     return order(cells)
-
-
-def rows(cells):
-    """The cells as objects with attributes (None for a missing number), as the tables read them."""
-    return [SimpleNamespace(**{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()})
-            for r in cells.to_dict("records")]
 
 
 def lr_sensitivity(runs):
@@ -102,14 +93,14 @@ def cell_text(c):
     """A cell in the map's tables: NLL mean [min-max] n, BLEU, verdicts; x d/n diverged, s k/n stopped."""
     if c.finished == 0:
         return lost(c)[2:]
-    text = nll_text(c, ".3f") + f" n{c.seeds}" + (f" BLEU {c.bleu:.1f}" if c.bleu is not None else "")
+    text = nll_text(c, ".3f") + f" n{c.seeds}" + ("" if missing(c.bleu) else f" BLEU {c.bleu:.1f}")
     text += f" **{c.verdict}**" if c.verdict == "good" else f" {c.verdict}"
     return text + (" +depth" if c.good_depth else "") + ("?" if c.disagree else "") + lost(c)
 
 
 def _texts(cells, fmt):
     """``cells`` with a column ``text``: ``fmt`` of each cell."""
-    return cells.assign(text=[fmt(c) for c in rows(cells)])
+    return cells.assign(text=[fmt(c) for c in cells.itertuples()])
 
 
 def overview_table(cells):

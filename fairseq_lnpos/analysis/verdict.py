@@ -101,10 +101,20 @@ def welch(x, ref):
     return x.mean() - ref.mean(), ci.low, ci.high, float(test.pvalue)
 
 
-def good(means, variances, ns, margin=DEFAULT_MARGIN, alpha=DEFAULT_ALPHA, lone=None):
-    """The verdict of each cell of one family that trains (see :func:`poor`): True (good), False (poor) or
-    None (not compared: no variance); ``lone``, when given, is that of a family's only cell."""
-    if len(means) == 1 and lone is not None:
-        return [lone]
-    bad, tested = poor(means, variances, ns, margin, alpha)
-    return [False if b else (True if t else None) for b, t in zip(bad, tested)]
+def good(table, by, mean="nll", var="nll_var", n="finished", margin=DEFAULT_MARGIN, alpha=DEFAULT_ALPHA, lone=None,
+         index=None, other=None):
+    """The verdict of each row of ``table`` (cells that train; its columns ``mean``, ``var`` and ``n``: the
+    seeds' mean, sample variance and number), its families the groups of ``by`` (:func:`poor`): True (good),
+    False (poor) or None (not compared: no variance); ``lone``, when given, is that of a family's only cell.
+    A Series of objects over ``index`` (default: ``table``'s), ``other`` where a row is not in ``table``."""
+    import pandas as pd
+
+    got = {}
+    for _, f in table.groupby(by):
+        if len(f) == 1 and lone is not None:
+            got[f.index[0]] = lone
+            continue
+        bad, tested = poor(f[mean].to_numpy(), f[var].to_numpy(), f[n].to_numpy(), margin, alpha)
+        got.update((i, False if b else True if t else None) for i, b, t in zip(f.index, bad, tested))
+    index = table.index if index is None else index
+    return pd.Series([got.get(i, other) for i in index], index, dtype=object)

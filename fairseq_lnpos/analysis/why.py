@@ -180,13 +180,7 @@ def row_table(runs, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
             rec["trains"] = rec["seeds_train"] == rec["seeds"]  # a seed that trains finished
             out.append(rec)
     table = pandas().DataFrame(out)
-    table["good"] = None
-    for _, idx in table[table["trains"]].groupby("corpus").groups.items():
-        fam = table.loc[idx]
-        for i, g in zip(idx, V.good(fam["nll"].to_numpy(), fam["nll_var"].to_numpy(), fam["finished"].to_numpy(),
-                                    margin, alpha)):
-            table.at[i, "good"] = g
-    table.loc[~table["trains"], "good"] = False
+    table["good"] = V.good(table[table["trains"]], "corpus", margin=margin, alpha=alpha, index=table.index, other=False)
     return table
 
 
