@@ -1,13 +1,15 @@
 """The verdict's statistics: Welch's t against scipy's, Holm's procedure by hand, and the error rate
 on identical cells checked by simulation for the maps' shapes."""
 import math
+import re
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import tool
+from conftest import REPO, tool
 from fairseq_lnpos.analysis import verdict as V
+from fairseq_lnpos.analysis.frame import read_runs_csv
 
 CHECK = tool("verdict_check")  # scripts/tools/verdict_check.py: the simulation
 
@@ -98,10 +100,29 @@ def test_the_difference_of_seeds_equal_to_the_logged_digits_is_quiet_and_finite(
 def test_the_verdict_check_page_is_what_the_tool_writes_now(tmp_path, capsys):
     """docs/results/verdict-check: the simulation is seeded, so the tool run again writes the same tables
     (the page's command, date and code lines aside)."""
-    from conftest import REPO
-
     assert CHECK.main(["--publish", str(tmp_path / "page")]) == 0
     capsys.readouterr()
     keep = lambda path: [line for line in path.read_text().splitlines()  # noqa: E731
                          if not line.startswith(("- Command:", "- Written:", "- Code:", "- Machine:"))]
     assert keep(tmp_path / "page" / "index.md") == keep(REPO / "docs" / "results" / "verdict-check" / "index.md")
+
+
+RESULTS = REPO / "docs" / "results"
+
+
+def test_the_trains_threshold_lies_between_the_demos_runs_that_learn_and_those_that_stall():
+    """The basis DEFAULT_TRAINS states: on the demo's page, every run of a warm-up or Pre-LN-like row
+    ends below it (as a fraction of the unigram bits) and Post-LN without warm-up above it."""
+    runs = read_runs_csv(RESULTS / "demo" / "runs.csv")
+    stalled = runs["run"] == "demo-postln-nowu"
+    assert stalled.any() and (~stalled).any()
+    assert runs.loc[~stalled, "nll_ratio"].max() < V.DEFAULT_TRAINS < runs.loc[stalled, "nll_ratio"].min()
+
+
+def test_the_margin_is_above_what_a_rerun_on_another_machine_moves_a_cell():
+    """The basis DEFAULT_MARGIN states: the re-run page (same seeds, another machine) says how far 95 % of
+    its cells moved; the margin lies above it. (test_docs rebuilds that page from its own runs.csv.)"""
+    page = (RESULTS / "all-archs-second-machine" / "index.md").read_text(encoding="utf-8")
+    assert "the same seeds (a re-run)" in page
+    (moved,) = re.findall(r"\|B - A\| at most (\d+\.\d+) in 95 % of the cells", page)
+    assert 0 < float(moved) < V.DEFAULT_MARGIN

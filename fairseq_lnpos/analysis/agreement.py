@@ -18,7 +18,9 @@ learning rates of one architecture are not: read it as a description of this map
 
 Per cell, also the difference of the final validation NLL, B minus A, with Welch's 95 % interval
 over the finished seeds, and whether it exceeds the seeds' noise: Welch's two-sided test, Holm over the
-cells compared, at 5 % (:func:`differences`).
+cells compared, at 5 % (:func:`differences`); over the cells, its mean, median, largest, and the size
+|B - A| that 95 % of the cells stay within (for a re-run with the same seeds: how much training again
+alone moves a cell, the basis of the verdict's margin, :data:`.verdict.DEFAULT_MARGIN`).
 
 The earlier rule (:func:`earlier_verdicts`), kept here only to be compared: on the label-smoothed
 validation loss; trains = no seed diverged or stopped and the mean loss is at most 0.6 x the mean
@@ -177,7 +179,8 @@ def noise_lines(both, across=None):
     tested, beyond = d["p"].notna().sum(), d[d["beyond_noise"] == True]  # noqa: E712
     big = d.loc[d["diff"].abs().idxmax()]
     lines = [f"Final validation NLL, B minus A{f' (across {across})' if across else ''}, over the {len(d)} cells with "
-             f"finished seeds in both: mean {d['diff'].mean():+.3f} bits, median {d['diff'].median():+.3f}, largest "
+             f"finished seeds in both: mean {d['diff'].mean():+.3f} bits, median {d['diff'].median():+.3f}, |B - A| at "
+             f"most {d['diff'].abs().quantile(0.95, interpolation='higher'):.3f} in 95 % of the cells, largest "
              f"{big['diff']:+.3f} ({big['variant']}, warm-up {big['warmup']}, lr {big['lr']:g}); beyond the seeds' "
              f"noise (Welch, two-sided, Holm over the {tested} cells with two seeds or more in each, 5 %): "
              f"{len(beyond)}.", ""]
