@@ -1,5 +1,6 @@
 """fairseq-train runs forked from a process that imported fairseq once: a sweep pays fairseq's
-import and the plugin's registration (about 5 s on 2 cores) once per worker instead of once per run.
+import and the plugin's registration once per worker instead of once per run (what that saves:
+``scripts/bench.sh``'s fork-server line, docs/results/benchmarks).
 
 The server (``python -m fairseq_lnpos.forkserver``) imports ``fairseq_cli.train`` and registers the
 plugin as fairseq-train's ``--user-dir`` would, then reads one request per line on stdin, a JSON

@@ -689,11 +689,11 @@ def main(argv=None):
     out.parent.mkdir(parents=True, exist_ok=True)
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     if not (args.no_throughput and args.no_overhead and (args.no_autocast or args.device != "cpu")):
-        log("expected time: --quick about 5 minutes on 2 cores shared with other jobs (docs/benchmarks.md); "
-            f"the time grows with {args.steps * args.reps} timed updates per configuration and size")
+        log(f"expected time: it grows with the {args.steps * args.reps} timed updates per configuration and size "
+            f"(docs/results/benchmarks records the time of its run and its machine)")
     if args.sweep_cells:
-        log(f"expected time: {2 * args.sweep_cells} runs of a map cell, each about a minute of a core "
-            "(docs/results/sweep-validation)")
+        log(f"expected time: {2 * args.sweep_cells} runs of a map cell (docs/results/sweep-validation records the "
+            f"time of its run and its machine)")
     data = Path(args.data) if args.data else default_data(out.parent, log)
     if args.threads:
         import torch
