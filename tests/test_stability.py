@@ -504,6 +504,18 @@ def test_a_published_runs_csv_keeps_identifiers_that_look_like_numbers(tmp_path)
     assert read_runs_csv(tmp_path / "runs.csv")["model_code"].tolist() == ["36640e8826"]
 
 
+def test_a_runs_csv_without_a_column_of_this_version_is_one_line_that_says_what_to_do(tmp_path, capsys):
+    """A runs.csv of an earlier version (here without ``precision``) or of something else is refused by name."""
+    from fairseq_lnpos.analysis.frame import write_runs_csv
+
+    write_run(tmp_path / "out", "postln", 1e-3, 0, 1, final=3.0)
+    write_runs_csv(runs_frame(tmp_path / "out").drop(columns=["precision"]), tmp_path / "old.csv")
+    assert S.main(["--runs-csv", str(tmp_path / "old.csv"), "--out-dir", str(tmp_path / "map")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "old.csv is not a runs.csv of this version of the project (no column 'precision')" in err
+    assert "publish the page again with this version's command" in err
+
+
 def test_the_results_table_names_the_model_code_and_refuses_a_mix_unless_asked(tmp_path):
     """make_table.sh, like the map: results.md says which model code trained the runs; runs of two versions
     are refused with one line naming both and the option, before anything is written, unless allowed."""

@@ -288,15 +288,6 @@ def write_runs_csv(runs, path):
     return write_text(path, runs.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
 
 
-def _precision_of_settings(text):
-    """The precision of a run of a runs.csv without the column, from its settings (JSON, :func:`settings`)."""
-    try:
-        cfg = json.loads(text)
-    except (TypeError, ValueError):
-        return ""
-    return precision(cfg, None) if isinstance(cfg, dict) else ""
-
-
 def read_runs_csv(path):
     """The table of :func:`write_runs_csv` (a published ``runs.csv``)."""
     pd = pandas()
@@ -305,12 +296,10 @@ def read_runs_csv(path):
         runs = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=dict.fromkeys(text, str))
     except (OSError, ValueError) as e:
         raise LnposError(f"{path}: cannot read it as a runs.csv ({e}): give a runs.csv a results page published") from None
-    if "precision" not in runs.columns:  # a page published before runs.csv had the column: its runs' settings say
-        runs.insert(RUN_COLUMNS.index("precision"), "precision", [_precision_of_settings(t) for t in runs["settings"]])
     missing = [c for c in RUN_COLUMNS if c not in runs.columns]
     if missing:
-        raise LnposError(f"{path} is not a runs.csv of this project (no column {missing[0]!r}): give one a results "
-                         f"page published")
+        raise LnposError(f"{path} is not a runs.csv of this version of the project (no column {missing[0]!r}): give "
+                         f"one a results page published, or publish the page again with this version's command")
     for c in text[:-1]:
         runs[c] = runs[c].astype(object).where(runs[c].notna(), "").astype(str)
     return runs
