@@ -24,12 +24,15 @@ it was not chosen on: a rule is only as good as it is on runs it was not tuned o
 writes all of it as a results page (:mod:`fairseq_lnpos.analysis.publish`) with the runs of every
 folder replayed.
 """
+import gzip
 import statistics
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 from fairseq_lnpos.cli import CommandParser, fraction, named_fraction
+from fairseq_lnpos.common import replace_file
 from fairseq_lnpos.errors import LnposError, run_main
 from fairseq_lnpos.experiments.early_stop import DEFAULT_RULE, StopRule, first_stop
 from fairseq_lnpos.fairseq_log import LogState
@@ -41,13 +44,27 @@ SCAN_AFTER = (0.3, 0.4, 0.5, 0.6, 0.7)
 SCAN_RATIO = (0.6, 0.7, 0.8)
 
 
-def outcomes(out, trains=DEFAULT_TRAINS):
+def logged_losses(path):
+    """The (update, loss) pairs of the train.log in run folder ``path``; None without one."""
+    log = Path(path) / "train.log"
+    return LogState.of(log.read_text(encoding="utf-8", errors="replace")).losses if log.is_file() else None
+
+
+def outcomes(out, trains=DEFAULT_TRAINS, page=None):
     """[(run row, how it ended: good | trains | not trained, [(update, loss)], budget)] of the runs of
     ``out`` that finished, "trains" at NLL <= ``trains`` x the unigram bits. A run's budget is its
     ``--max-update``, or for a run budgeted in epochs (the demo) the updates it ran, which a finished
     run ran in full. A folder where runs were stopped early is refused: how a stopped run would have
-    ended is not known, and leaving it out would leave out the runs the rule is to stop."""
-    runs = runs_frame(out, "a sweep's output folder, made with --no-early-stop")
+    ended is not known, and leaving it out would leave out the runs the rule is to stop. With ``page``
+    (:func:`read_page`), ``out`` names a folder that page replayed, and its runs and losses are the page's."""
+    if page is None:
+        runs, losses_of = runs_frame(out, "a sweep's output folder, made with --no-early-stop"), logged_losses
+    else:
+        tables, losses = page
+        runs, losses_of = tables.get(str(out)), losses.get
+        if runs is None:
+            raise LnposError(f"{out}: the page replayed no such folder (it replayed {', '.join(tables)}): give them "
+                             f"as its command line does")
     stopped = runs[runs["outcome"] == "stopped early"]
     if len(stopped):
         raise LnposError(f"{out}: {len(stopped)} of its {len(runs)} runs were stopped early ({stopped['path'].iloc[0]}, "
@@ -56,11 +73,10 @@ def outcomes(out, trains=DEFAULT_TRAINS):
     cells = S.make_cells(runs, trains=trains).set_index(S.KEYS)
     rows = []
     for r in runs[runs["outcome"] == "finished"].itertuples():
-        log = Path(r.path) / "train.log"
         budget = r.max_update if r.max_update == r.max_update and r.max_update else r.updates
-        if not budget or budget != budget or not log.is_file():
+        losses = losses_of(r.path)
+        if not budget or budget != budget or losses is None:
             continue
-        losses = LogState.of(log.read_text(encoding="utf-8", errors="replace")).losses
         trained = r.nll_ratio <= trains
         good = trained and cells.loc[(r.variant, r.layers, r.warmup, r.lr), "good_own"] is True
         rows.append((r, "good" if good else "trains" if trained else "not trained", losses, int(budget)))
@@ -127,11 +143,63 @@ def choose(rows, rule):
     return (best[1] if best else rule), lines
 
 
-def _replayable(out, trains):
-    rows = outcomes(Path(out), trains)
+def _replayable(out, trains, page=None):
+    rows = outcomes(out if page else Path(out), trains, page)
     if not rows:
         raise LnposError(f"{out}: no finished run with a train.log: give a sweep's folder")
     return rows
+
+
+# ---------------------------------------------------------------- the page's losses
+
+LOSSES = "losses.csv.gz"  # a page's logged training losses of the runs it replayed (with runs.csv: the whole replay)
+
+
+def _spans(updates):
+    """[1, 2, 3, 1, 2] -> ``1-3 1-2``: runs of consecutive updates (a log restarted from scratch starts again)."""
+    spans = []
+    for u in updates:
+        if spans and u == spans[-1][1] + 1:
+            spans[-1][1] = u
+        else:
+            spans.append([u, u])
+    return " ".join(f"{a}-{b}" for a, b in spans)
+
+
+def _updates(text):
+    return [u for span in text.split() for a, b in [span.split("-")] for u in range(int(a), int(b) + 1)]
+
+
+def write_losses(runs, path):
+    """``losses.csv.gz`` (its path): a row per run of ``runs`` with a train.log, its folder (``path``), the
+    updates logged (:func:`_spans`) and their losses as the log wrote them (a float's shortest digits)."""
+    from fairseq_lnpos.analysis.frame import pandas
+
+    rows = [(p, _spans([u for u, _ in got]), " ".join(repr(loss) for _, loss in got))
+            for p in runs["path"] for got in [logged_losses(p)] if got is not None]
+    text = pandas().DataFrame(rows, columns=["path", "updates", "losses"]).to_csv(index=False, lineterminator="\n")
+    return replace_file(path, lambda f: f.write(gzip.compress(text.encode("utf-8"), mtime=0)))  # same data, same bytes
+
+
+def read_page(page):
+    """({folder as the page's command named it: its runs}, {run folder: [(update, loss)]}) of a page this
+    command published (runs.csv, column ``map``; :data:`LOSSES`)."""
+    from fairseq_lnpos.analysis.frame import pandas, read_runs_csv
+
+    page = Path(page)
+    if not (page / LOSSES).is_file() or not (page / "runs.csv").is_file():
+        raise LnposError(f"{page}: no {LOSSES} and runs.csv: give a page this command published")
+    runs = read_runs_csv(page / "runs.csv")
+    try:
+        table = pandas().read_csv(page / LOSSES, dtype=str, keep_default_na=False)
+        losses = {p: list(zip(_updates(u), map(float, v.split())))
+                  for p, u, v in zip(table["path"], table["updates"], table["losses"])}
+    except (OSError, ValueError, EOFError, KeyError) as e:
+        raise LnposError(f"{page / LOSSES}: cannot read it ({e}): give a page this command published") from None
+    maps = runs.pop("map") if "map" in runs else None
+    if maps is None:
+        raise LnposError(f"{page / 'runs.csv'} has no column 'map': give a page this command published")
+    return {m: runs[maps == m].reset_index(drop=True) for m in dict.fromkeys(maps)}, losses
 
 
 def _main(argv):
@@ -148,8 +216,11 @@ def _main(argv):
                    help=f"judge 'trains' in the folder DIR (OUT or an OTHER, as given) at final NLL <= F x the unigram "
                         f"bits, the --trains its map is judged with (default {DEFAULT_TRAINS:g}); repeatable")
     p.add_argument("--publish", metavar="DIR", help="also write the replay as a results page into DIR, with the "
-                                                     "runs of every folder replayed")
+                                                     "runs of every folder replayed and their logged losses")
+    p.add_argument("--from-page", metavar="PAGE", help="replay the runs and losses a page of this command published "
+                                                       "instead of the folders (OUT and OTHER as its command names them)")
     args = p.parse_args(argv)
+    page = read_page(args.from_page) if args.from_page else None
     rule = StopRule(after=args.after, ratio=args.ratio, progress=args.progress, window=args.window)
     trains = dict.fromkeys([args.out, *args.score_on], DEFAULT_TRAINS)  # each folder's threshold
     unknown = sorted(set(dict(args.trains)) - set(trains))
@@ -157,14 +228,14 @@ def _main(argv):
         raise LnposError(f"--trains {unknown[0]}=...: not a folder this replay reads: give OUT or one of --score-on "
                          f"as written there")
     trains.update(args.trains)
-    rows = _replayable(args.out, trains[args.out])
+    rows = _replayable(args.out, trains[args.out], page)
     sections = [f"Replayed on {args.out}:", "", _block(report(replay(rows, rule), rule, trains[args.out]))]
     if args.scan:
         rule, lines = choose(rows, rule)
         sections += ["The scan (judged from a fraction of the budget x ratio):", ""] + lines + [
             "", f"chosen on {args.out}: after {rule.after:g}, ratio {rule.ratio:g}", ""]
     for other in args.score_on:
-        held = _replayable(other, trains[other])
+        held = _replayable(other, trains[other], page)
         sections += [f"held out, {other} (the rule was not chosen on it):", "",
                      _block(report(replay(held, rule), rule, trains[other]))]
     md = "\n".join(sections)
@@ -172,10 +243,12 @@ def _main(argv):
         from fairseq_lnpos.analysis.frame import pandas
         from fairseq_lnpos.analysis.publish import argv_of, publish
 
-        runs = pandas().concat([runs_frame(Path(o)).assign(map=str(o)) for o in [args.out] + args.score_on],
-                               ignore_index=True)
-        publish(args.publish, "Early stopping replayed", md, runs, [],
-                argv_of("python scripts/tools/early_stop_replay.py", argv))
+        read = (lambda o: page[0][o]) if page else (lambda o: runs_frame(Path(o)))  # noqa: E731
+        runs = pandas().concat([read(o).assign(map=str(o)) for o in [args.out] + args.score_on], ignore_index=True)
+        with tempfile.TemporaryDirectory() as tmp:  # the page's code version is read before its files change
+            losses = Path(args.from_page) / LOSSES if page else write_losses(runs, Path(tmp) / LOSSES)
+            publish(args.publish, "Early stopping replayed", md, runs, [losses],
+                    argv_of("python scripts/tools/early_stop_replay.py", argv))
     print(md, end="")
     return 0
 
