@@ -2,11 +2,13 @@
 applies it, the outcome record, and the grid stopping a stand-in fairseq-train that stalls (the
 stand-in blocks after logging its stall, so only the grid's stop can end it before its own limit)."""
 import json
+import re
+import shutil
 import sys
 
 import pytest
 
-from conftest import tool
+from conftest import REPO, tool
 from fairseq_lnpos.experiments import grid as G
 from fairseq_lnpos.experiments.commands import Job
 from fairseq_lnpos.experiments.early_stop import StopRule, first_stop
@@ -156,7 +158,7 @@ def test_the_replay_reports_stops_fractions_false_stops_and_time_saved(tmp_path,
     assert R.main([str(tmp_path), "--scan", "--score-on", str(tmp_path), "--publish", str(tmp_path / "page")]) == 0
     page = (tmp_path / "page" / "index.md").read_text()
     assert f"Command: `python scripts/tools/early_stop_replay.py {tmp_path} --scan" in page
-    assert "chosen on" in page and "held out" in page and (tmp_path / "page" / "runs.csv").read_text().count("\n") == 1 + 2 * 7
+    assert "chosen on" in page and "held out" in page and (tmp_path / "page" / "runs.csv").read_text().count("\n") == 1 + 7  # each run once
     capsys.readouterr()
     assert R.main([str(tmp_path), "--scan", "--score-on", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -165,6 +167,49 @@ def test_the_replay_reports_stops_fractions_false_stops_and_time_saved(tmp_path,
     with pytest.raises(SystemExit) as bad:
         R.main([str(tmp_path), "--after", "1.5"])
     assert bad.value.code == 2 and "argument --after: 1.5: give a fraction between 0 and 1" in capsys.readouterr().err
+
+
+def test_a_published_replay_replays_again_from_its_page_alone(tmp_path, capsys):
+    """--publish keeps every replayed run's logged losses (losses.csv.gz, a restarted log's updates as
+    spans); --from-page replays them with the page's runs.csv as the folders would be, the folders gone."""
+    R = tool("early_stop_replay")
+
+    assert R._spans([1, 2, 3, 1, 2, 3, 4, 9]) == "1-3 1-4 9-9"
+    assert R._updates("1-3 1-4 9-9") == [1, 2, 3, 1, 2, 3, 4, 9]
+    runs = tmp_path / "runs"
+    for seed in (1, 2):
+        _run_with_log(runs, "preln", 1e-3, seed, [(u, 9.0 - 0.035 * u) for u in range(1, 201)], final=1.0 + seed / 100)
+        restarted = [(u, 9.0) for u in range(1, 19)] + flat()  # a log that starts again from update 1
+        _run_with_log(runs, "postln", 3e-3, seed, restarted, final=5.6 + seed / 100)
+    argv = [str(runs), "--scan", "--score-on", str(runs), "--trains", f"{runs}=0.6"]
+    assert R.main(argv + ["--publish", str(tmp_path / "page")]) == 0
+    from_folders = capsys.readouterr().out
+    assert "false stops: 2 of runs that end good" in from_folders  # the threshold given for the folder is used
+    shutil.rmtree(runs)
+    assert R.main(argv + ["--from-page", str(tmp_path / "page"), "--publish", str(tmp_path / "again")]) == 0
+    assert capsys.readouterr().out == from_folders
+    for name in ("runs.csv", "losses.csv.gz"):
+        assert (tmp_path / "again" / name).read_bytes() == (tmp_path / "page" / name).read_bytes()
+    assert R.main([str(tmp_path / "other"), "--from-page", str(tmp_path / "page")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"{tmp_path / 'other'}: the page replayed no such folder (it replayed {runs})" in err
+    assert R.main([str(runs), "--from-page", str(tmp_path)]) == 2
+    assert f"{tmp_path}: no losses.csv.gz and runs.csv: give a page this command published" in capsys.readouterr().err
+
+
+def test_the_early_stopping_page_is_what_its_command_writes_now_from_the_page_itself(capsys):
+    """docs/results/early-stopping: its command line, given the page instead of the run folders it read
+    (--from-page), writes the page's text again, every rule's stops and the scan's choice."""
+    import shlex
+
+    R = tool("early_stop_replay")
+    page = REPO / "docs" / "results" / "early-stopping"
+    text = (page / "index.md").read_text(encoding="utf-8")
+    argv = shlex.split(re.search(r"^- Command: `python scripts/tools/early_stop_replay.py (.*)`$", text, re.M).group(1))
+    del argv[argv.index("--publish"):argv.index("--publish") + 2]
+    assert R.main(argv + ["--from-page", str(page)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Replayed on ") and text.endswith("\n" + out + "\n")
 
 
 def test_the_replay_judges_trains_at_the_threshold_a_folder_is_mapped_with(tmp_path, capsys):

@@ -2,7 +2,7 @@
 
     python scripts/tools/early_stop_replay.py OUT [--after F] [--ratio R] [--progress P]
                                               [--window W] [--scan] [--score-on OTHER ...]
-                                              [--trains DIR=F ...] [--publish DIR]
+                                              [--trains DIR=F ...] [--publish DIR] [--from-page PAGE]
 
 OUT is a sweep's folder (``grid.sh sweep --no-early-stop``): every run that finished is replayed
 update by update from its train.log (:func:`~fairseq_lnpos.experiments.early_stop.first_stop`) and
@@ -22,7 +22,8 @@ runs that end not trained without a false stop of a good run (then the one that 
 ``--score-on OTHER`` that chosen rule (without --scan: the given one) is then scored on OTHER, maps
 it was not chosen on: a rule is only as good as it is on runs it was not tuned on. ``--publish DIR``
 writes all of it as a results page (:mod:`fairseq_lnpos.analysis.publish`) with the runs of every
-folder replayed.
+folder replayed and their logged training losses (:data:`LOSSES`); ``--from-page PAGE`` replays such a
+page again, its runs and losses in place of the folders (named as its command named them).
 """
 import gzip
 import statistics
@@ -244,7 +245,8 @@ def _main(argv):
         from fairseq_lnpos.analysis.publish import argv_of, publish
 
         read = (lambda o: page[0][o]) if page else (lambda o: runs_frame(Path(o)))  # noqa: E731
-        runs = pandas().concat([read(o).assign(map=str(o)) for o in [args.out] + args.score_on], ignore_index=True)
+        runs = pandas().concat([read(o).assign(map=str(o)) for o in dict.fromkeys([args.out] + args.score_on)],
+                               ignore_index=True)  # each folder once, also where it was scored on as well
         with tempfile.TemporaryDirectory() as tmp:  # the page's code version is read before its files change
             losses = Path(args.from_page) / LOSSES if page else write_losses(runs, Path(tmp) / LOSSES)
             publish(args.publish, "Early stopping replayed", md, runs, [losses],
