@@ -42,7 +42,7 @@ import numpy as np
 from ..cli import CommandParser
 from ..common import write_text
 from ..errors import LnposError, run_main
-from .frame import COUNTED, check_model_code, check_one_experiment, pandas, read_runs
+from .frame import COUNTED, FINISHED, check_model_code, check_one_experiment, pandas, read_runs
 from .publish import argv_of, write_outputs
 from .stability import KEYS, make_cells, order
 
@@ -63,7 +63,7 @@ def load(source, allow_mixed=False):
 def earlier_verdicts(runs, ratio=EARLIER["ratio"], near=EARLIER["near"], noise_k=EARLIER["noise_k"]):
     """The earlier rule's verdict of each cell (a Series indexed by the cells' keys): good, poor or no-train."""
     counted = runs[runs["outcome"].isin(COUNTED)]
-    fin = counted[counted["outcome"] == "finished"]
+    fin = counted[counted["outcome"] == FINISHED]
     cells = counted.groupby(KEYS).agg(seeds=("seed", "size"), initial=("initial_loss", "mean")).join(
         fin.groupby(KEYS)["final_valid_loss"].agg(loss="mean", n="size", var="var"))
     cells["trains"] = (cells["n"] == cells["seeds"]) & (cells["loss"] <= ratio * cells["initial"])
@@ -137,7 +137,7 @@ def differences(runs_a, runs_b, alpha=0.05):
     or p-value below two seeds each)."""
     from .verdict import holm_rejects, welch
 
-    fin = [r[r["outcome"] == "finished"].groupby(KEYS)["final_valid_nll"].apply(list) for r in (runs_a, runs_b)]
+    fin = [r[r["outcome"] == FINISHED].groupby(KEYS)["final_valid_nll"].apply(list) for r in (runs_a, runs_b)]
     rows = {key: welch(fin[1][key], fin[0][key]) for key in fin[0].index.intersection(fin[1].index)}
     pd = pandas()
     out = pd.DataFrame(list(rows.values()), columns=["diff", "diff_low", "diff_high", "p"],

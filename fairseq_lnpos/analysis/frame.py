@@ -44,7 +44,8 @@ from .depth import grad_ratios
 DEFAULT_LAYERS = 6  # "layers" absent or null: the arch's default depth (6 for every size)
 # fields of a recorded run that are the maps' axes or only name or describe it
 NOT_SETTINGS = {"name", "ln", "layers", "warmup", "lr", "figure", "paper_bleu", "paper_valid_loss", "paper_note"}
-COUNTED = (Outcome.FINISHED.value, Outcome.DIVERGED.value, Outcome.STOPPED.value)  # what a cell counts
+FINISHED, DIVERGED, STOPPED = Outcome.FINISHED.value, Outcome.DIVERGED.value, Outcome.STOPPED.value  # the column's words
+COUNTED = (FINISHED, DIVERGED, STOPPED)  # what a cell counts
 RUN_COLUMNS = ["run", "variant", "arch", "layers", "warmup", "lr", "seed", "optimizer", "max_update", "precision", "outcome",
                "diverged_at", "stopped_at", "updates", "epochs", "initial_loss", "final_valid_loss", "final_valid_nll",
                "unigram_bits", "nll_ratio", "bleu_tok", "sacrebleu", "best_bleu_tok", "train_seconds",

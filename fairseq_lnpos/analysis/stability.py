@@ -21,9 +21,11 @@ import numpy as np
 from ..common import write_text
 from ..cli import CommandParser
 from ..errors import check, run_main
+from ..experiments.records import Outcome
 from ..experiments.runs import warmup_label
 from . import depth, verdict as V
-from .frame import GATHERED, COUNTED, check_model_code, check_one_experiment, gather, write_runs_csv
+from .frame import (COUNTED, DIVERGED, FINISHED, GATHERED, STOPPED, check_model_code, check_one_experiment, gather,
+                    write_runs_csv)
 from .map_common import label, lost, missing, nll_text, num, ordered, pivot
 from .map_figures import cell_mark, plot_bleu, plot_heatmaps, plot_loss_vs_lr, plot_overview, plot_sensitivity
 from .publish import argv_of, publish
@@ -54,8 +56,8 @@ def make_cells(runs, trains=V.DEFAULT_TRAINS, margin=V.DEFAULT_MARGIN, alpha=V.D
     """The cells of the counted runs (a DataFrame, a row per cell) with their seeds' statistics and
     verdicts (:mod:`.verdict`); ``verdict`` in a word against its own architecture."""
     runs = counted(runs)
-    runs = runs.assign(diverged=runs["outcome"] == "diverged", stopped=runs["outcome"] == "stopped early",
-                       finished=runs["outcome"] == "finished")
+    runs = runs.assign(diverged=runs["outcome"] == DIVERGED, stopped=runs["outcome"] == STOPPED,
+                       finished=runs["outcome"] == FINISHED)
     runs = runs.assign(seeds_train=runs["finished"] & (runs["nll_ratio"] <= trains))
     cells = runs.groupby(KEYS).agg(seeds=("seed", "size"), **{c: (c, f) for c, f in OVER_SEEDS.items()})
     nll, bleu = "final_valid_nll", "bleu_tok"
@@ -80,7 +82,7 @@ def make_cells(runs, trains=V.DEFAULT_TRAINS, margin=V.DEFAULT_MARGIN, alpha=V.D
 def lr_sensitivity(runs):
     """{(variant, layers, warmup): the LR sensitivity over the learning rates run (:data:`SENSITIVITY`)}."""
     runs = counted(runs)
-    final = runs["final_valid_nll"].where(runs["outcome"] == "finished", runs["unigram_bits"])
+    final = runs["final_valid_nll"].where(runs["outcome"] == FINISHED, runs["unigram_bits"])
     by_lr = runs.assign(final=final, clipped=final.clip(upper=runs["unigram_bits"])).groupby(KEYS)[
         ["final", "clipped"]].mean()
     per = by_lr.groupby(["variant", "layers", "warmup"])
@@ -149,7 +151,7 @@ def cost_line(runs):
 def markdown(title, runs, cells, rules, code_line):
     """The map's Markdown; ``rules``: (trains, margin, alpha)."""
     counts = runs["outcome"].value_counts()
-    outcomes = ("finished", "diverged", "stopped early", "failed", "unfinished", "not started")
+    outcomes = [o.value for o in Outcome]
     uni = runs["unigram_bits"].dropna()
     lines = [f"# Stability map of {title}", "",
              f"{len(runs)} runs: " + ", ".join(f"{int(counts.get(s, 0))} {s}" for s in outcomes if counts.get(s, 0))

@@ -46,7 +46,7 @@ from ..errors import LnposError, run_main
 from ..experiments.runs import WHY_BASELINES, WHY_INTERVENTIONS
 from ..fairseq_log import LogState
 from . import verdict as V
-from .frame import COUNTED, check_model_code, gather, pandas
+from .frame import COUNTED, FINISHED, check_model_code, gather, pandas
 from .map_common import markdown_table, num, panels, save
 from .publish import argv_of, write_outputs
 from .train_curves import read_records
@@ -152,7 +152,7 @@ def load(sources, allow_mixed=False, trains=None):
     for _, part in runs.groupby("corpus"):  # the rows compared with each other, those of one corpus, share it
         check_model_code(part, allow_mixed)
     runs["trains_at"] = runs["corpus"].map(lambda c: (trains or {}).get(c, V.DEFAULT_TRAINS))
-    runs["trains"] = (runs["outcome"] == "finished") & (runs["nll_ratio"] <= runs["trains_at"])
+    runs["trains"] = (runs["outcome"] == FINISHED) & (runs["nll_ratio"] <= runs["trains_at"])
     order = {r: i for i, r in enumerate(ROWS)}
     runs = runs.sort_values(["corpus", "row", "seed"], key=lambda s: s.map(order) if s.name == "row" else s,
                             kind="stable").reset_index(drop=True)
@@ -164,10 +164,10 @@ def row_table(runs, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
     from Pre-LN (Welch's 95 % interval) and the maps' verdict among the corpus's rows."""
     out = []
     for corpus, part in runs.groupby("corpus", sort=False):
-        fin = part[part["outcome"] == "finished"]
+        fin = part[part["outcome"] == FINISHED]
         pre = fin.loc[fin["row"] == PRELN, "final_valid_nll"].to_numpy()
         for row, r in part.groupby("row", sort=False):
-            nll = r.loc[r["outcome"] == "finished", "final_valid_nll"].to_numpy()
+            nll = r.loc[r["outcome"] == FINISHED, "final_valid_nll"].to_numpy()
             rec = {"corpus": corpus, "row": row, "seeds": len(r), "seeds_train": int(r["trains"].sum()),
                    "nll": nll.mean() if len(nll) else math.nan, "nll_var": nll.var(ddof=1) if len(nll) > 1 else math.nan,
                    "nll_min": nll.min() if len(nll) else math.nan, "nll_max": nll.max() if len(nll) else math.nan,

@@ -38,7 +38,7 @@ from fairseq_lnpos.errors import LnposError, run_main
 from fairseq_lnpos.experiments.early_stop import DEFAULT_RULE, StopRule, first_stop
 from fairseq_lnpos.fairseq_log import LogState
 from fairseq_lnpos.analysis import stability as S
-from fairseq_lnpos.analysis.frame import runs_frame
+from fairseq_lnpos.analysis.frame import FINISHED, STOPPED, runs_frame
 from fairseq_lnpos.analysis.verdict import DEFAULT_TRAINS
 
 SCAN_AFTER = (0.3, 0.4, 0.5, 0.6, 0.7)
@@ -66,14 +66,14 @@ def outcomes(out, trains=DEFAULT_TRAINS, page=None):
         if runs is None:
             raise LnposError(f"{out}: the page replayed no such folder (it replayed {', '.join(tables)}): give them "
                              f"as its command line does")
-    stopped = runs[runs["outcome"] == "stopped early"]
+    stopped = runs[runs["outcome"] == STOPPED]
     if len(stopped):
         raise LnposError(f"{out}: {len(stopped)} of its {len(runs)} runs were stopped early ({stopped['path'].iloc[0]}, "
                          f"...), and the replay judges each run by how it ended at its budget: replay a sweep made "
                          f"with --no-early-stop")
     cells = S.make_cells(runs, trains=trains).set_index(S.KEYS)
     rows = []
-    for r in runs[runs["outcome"] == "finished"].itertuples():
+    for r in runs[runs["outcome"] == FINISHED].itertuples():
         budget = r.max_update if r.max_update == r.max_update and r.max_update else r.updates
         losses = losses_of(r.path)
         if not budget or budget != budget or losses is None:
