@@ -162,24 +162,16 @@ def load(sources, allow_mixed=False, trains=None):
 def row_table(runs, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
     """One row per corpus and row of the study: seeds, trained, NLL and BLEU over seeds, the difference
     from Pre-LN (Welch's 95 % interval) and the maps' verdict among the corpus's rows."""
-    out = []
-    for corpus, part in runs.groupby("corpus", sort=False):
-        fin = part[part["outcome"] == FINISHED]
-        pre = fin.loc[fin["row"] == PRELN, "final_valid_nll"].to_numpy()
-        for row, r in part.groupby("row", sort=False):
-            nll = r.loc[r["outcome"] == FINISHED, "final_valid_nll"].to_numpy()
-            rec = {"corpus": corpus, "row": row, "seeds": len(r), "seeds_train": int(r["trains"].sum()),
-                   "nll": nll.mean() if len(nll) else math.nan, "nll_var": nll.var(ddof=1) if len(nll) > 1 else math.nan,
-                   "nll_min": nll.min() if len(nll) else math.nan, "nll_max": nll.max() if len(nll) else math.nan,
-                   "finished": len(nll), "bleu": r["bleu_tok"].mean(), "unigram_bits": r["unigram_bits"].mean(),
-                   "trains_at": r["trains_at"].iloc[0],
-                   "cpu_seconds": r["train_cpu_seconds"].sum(), "diff_preln": math.nan, "diff_low": math.nan,
-                   "diff_high": math.nan}
-            if row != PRELN:
-                rec["diff_preln"], rec["diff_low"], rec["diff_high"] = V.welch(nll, pre)[:3]
-            rec["trains"] = rec["seeds_train"] == rec["seeds"]  # a seed that trains finished
-            out.append(rec)
-    table = pandas().DataFrame(out)
+    fin = runs["final_valid_nll"].where(runs["outcome"] == FINISHED)  # the seeds that finished
+    table = runs.assign(fin=fin).groupby(["corpus", "row"], sort=False).agg(
+        seeds=("seed", "size"), seeds_train=("trains", "sum"), nll=("fin", "mean"), nll_var=("fin", "var"),
+        nll_min=("fin", "min"), nll_max=("fin", "max"), finished=("fin", "count"), bleu=("bleu_tok", "mean"),
+        unigram_bits=("unigram_bits", "mean"), trains_at=("trains_at", "first"),
+        cpu_seconds=("train_cpu_seconds", "sum")).reset_index()
+    seeds = lambda c, r: fin[(runs["corpus"] == c) & (runs["row"] == r)].dropna()  # noqa: E731
+    table[["diff_preln", "diff_low", "diff_high"]] = [V.welch(seeds(c, r), seeds(c, PRELN))[:3] if r != PRELN else
+                                                      (math.nan,) * 3 for c, r in zip(table["corpus"], table["row"])]
+    table["trains"] = table["seeds_train"] == table["seeds"]  # a seed that trains finished
     table["good"] = V.good(table[table["trains"]], "corpus", margin=margin, alpha=alpha, index=table.index, other=False)
     return table
 
