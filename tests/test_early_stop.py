@@ -195,6 +195,11 @@ def test_a_published_replay_replays_again_from_its_page_alone(tmp_path, capsys):
     assert "\n" not in err and f"{tmp_path / 'other'}: the page replayed no such folder (it replayed {runs})" in err
     assert R.main([str(runs), "--from-page", str(tmp_path)]) == 2
     assert f"{tmp_path}: no losses.csv.gz and runs.csv: give a page this command published" in capsys.readouterr().err
+    damaged = tmp_path / "page" / "losses.csv.gz"
+    damaged.write_bytes(damaged.read_bytes()[:40])  # a cut archive
+    assert R.main([str(runs), "--from-page", str(tmp_path / "page")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"{damaged}: cannot read it" in err and err.endswith("give a page this command published")
 
 
 def test_the_early_stopping_page_is_what_its_command_writes_now_from_the_page_itself(capsys):
