@@ -69,6 +69,18 @@ def test_every_relative_link_and_anchor_resolves(page):
     assert not bad, "\n".join(bad)
 
 
+def test_every_figure_the_docs_show_is_a_results_pages():
+    """A figure in README.md or docs/ is one a command of the lab wrote into a results page (with its
+    command, data and code), never an image kept beside the code."""
+    shown = [(page, target) for page in PAGES
+             for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", page.read_text(encoding="utf-8"))]
+    assert shown  # the README's demo figure at least
+    results = (REPO / "docs" / "results").resolve()
+    for page, target in shown:
+        figure = (page.parent / target).resolve()
+        assert figure.parent.parent == results and (figure.parent / "index.md").is_file(), (page.name, target)
+
+
 def test_the_link_check_finds_a_broken_link_and_a_broken_anchor(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "data.md").write_text("# Data\n\n## The synthetic corpus (`make-synthetic.sh`)\n")
