@@ -14,7 +14,7 @@ import pytest
 
 from fairseq_lnpos.analysis import stability as S, verdict as V
 from fairseq_lnpos.analysis.frame import read_runs_csv, runs_frame, write_runs_csv
-from fairseq_lnpos.errors import LnposError
+from fairseq_lnpos.errors import LnposError, StateError
 from fairseq_lnpos.experiments import report
 from fairseq_lnpos.experiments.records import DoneRecord, Outcome
 from fairseq_lnpos.experiments.rundir import RunDir, run_dirs
@@ -514,6 +514,22 @@ def test_a_runs_csv_without_a_column_of_this_version_is_one_line_that_says_what_
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "old.csv is not a runs.csv of this version of the project (no column 'precision')" in err
     assert "publish the page again with this version's command" in err
+
+
+def test_a_run_whose_gradient_log_is_damaged_is_marked_in_the_results_table_which_is_still_written(tmp_path):
+    """make_table.sh loses nothing it can compute: a run folder whose table row cannot be built (here its
+    grad_norms.jsonl is damaged) is a row that says why, the other runs' rows and results.md are written,
+    and the command then ends in the one-line error (exit 2 from the command)."""
+    write_run(tmp_path, "postln", 1e-3, 0, 1, final=3.0, bleu=20.0)
+    bad = write_run(tmp_path, "preln", 1e-3, 0, 1, final=2.0, bleu=30.0)
+    (bad / "checkpoints").mkdir()
+    (bad / "checkpoints" / "grad_norms.jsonl").write_text('{"norms": {"encoder/0": 1.0}}\n')  # no "update"
+    with pytest.raises(StateError, match=r"1 run folder\(s\) unreadable, .*grad_norms\.jsonl cannot be read as a "
+                                         r"gradient-norm log .*delete it to map the run without its gradient norms"):
+        report.make_table(tmp_path, with_figures=False)
+    md = (tmp_path / "results.md").read_text()
+    assert "| postln-L6-lr0.001-w0 |" in md and "unreadable: " in md and "grad_norms.jsonl" in md
+    assert not (tmp_path / "runs.csv").exists()  # the table of every run is not written with a run left out
 
 
 def test_the_results_table_names_the_model_code_and_refuses_a_mix_unless_asked(tmp_path):

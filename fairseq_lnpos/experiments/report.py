@@ -16,7 +16,7 @@ import sys
 from itertools import product
 from pathlib import Path
 
-from ..analysis.frame import check_model_code, pandas, scores, tables, write_runs_csv
+from ..analysis.frame import RUN_COLUMNS, check_model_code, pandas, run_row, scores, write_runs_csv
 from ..analysis.map_common import markdown_table, missing, pyplot
 from ..analysis.seeds import ESTIMATOR, Spread, over_seeds as seeds_over_seeds
 from ..cli import CommandParser
@@ -55,9 +55,10 @@ RUN_FIELDS = ("optimizer", "lr", "warmup", "schedule", "paper_bleu", "paper_vali
 
 def collect(run_dirs):
     """One dict per run folder of ``run_dirs``, in the run table's order: the run's fields (:data:`RUN_FIELDS`),
-    scores (:func:`~fairseq_lnpos.analysis.frame.scores`), ``curve`` (its epoch records), ``record``, ``status``
-    (the outcome in words) and ``outcome`` (:class:`~.records.Outcome`'s value). A folder with a file that
-    cannot be read: status ``unreadable: ...`` (the path and what to do) and ``unreadable`` set."""
+    scores (:func:`~fairseq_lnpos.analysis.frame.scores`), ``curve`` (its epoch records), ``record``, ``frame`` (its
+    row of the table of every run, :func:`~fairseq_lnpos.analysis.frame.run_row`), ``status`` (the outcome in
+    words) and ``outcome`` (:class:`~.records.Outcome`'s value). A folder with a file that cannot be read:
+    status ``unreadable: ...`` (the path and what to do) and ``unreadable`` set."""
     order = {r.name: i for i, r in enumerate(R.RUNS)}
     rows = []
     for rd in run_dirs:
@@ -65,7 +66,7 @@ def collect(run_dirs):
             rec = rd.record()
             row = {"run": rec.run.name, "arch": rec.config["arch"], "seed": rec.seed, "status": rec.outcome_text,
                    "outcome": rec.outcome.value, "curve": rec.evals, "epochs": len(rec.evals), "record": rec,
-                   **{k: getattr(rec.run, k) for k in RUN_FIELDS}, **scores(rec)}
+                   "frame": run_row(rec), **{k: getattr(rec.run, k) for k in RUN_FIELDS}, **scores(rec)}
         except StateError as e:
             row = {"run": rd.path.parent.name, "seed": rd.path.name[4:], "status": f"unreadable: {e}",
                    "outcome": "unreadable", "unreadable": str(e), "curve": [], "epochs": 0, "figure": "misc"}
@@ -203,7 +204,8 @@ def make_table(out_dir, with_figures=True, skip_unreadable=False, allow_mixed_co
     out = Path(out_dir)
     rows = collect(grid_run_dirs(out, "the --out folder of `scripts/grid.sh run`"))
     readable, bad = [r for r in rows if not r.get("unreadable")], [r for r in rows if r.get("unreadable")]
-    runs = tables(sorted((r["record"] for r in readable), key=lambda rec: rec.dir.path))[0]
+    runs = pandas().DataFrame([r["frame"] for r in sorted(readable, key=lambda r: r["record"].dir.path)],
+                              columns=RUN_COLUMNS)
     code_line = check_model_code(runs, allow_mixed_code)
     agg, t = over_seeds(rows), table(rows, CSV_COLUMNS)
     md = markdown(rows, agg, code_line)
