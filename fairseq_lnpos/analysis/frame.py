@@ -158,12 +158,7 @@ def read_folder(out, what="the output folder of a sweep or grid (OUT/NAME/seedS/
     """(runs, epochs): :data:`RUN_COLUMNS`, one row per run folder of ``out``, and :data:`EPOCH_COLUMNS`, one
     row per run and recorded epoch, each run read once; a run folder that cannot be read raises
     :class:`StateError` naming it."""
-    return tables([rd.record() for rd in grid_run_dirs(out, what)])
-
-
-def tables(records):
-    """(runs, epochs) of the run records ``records`` (:class:`~fairseq_lnpos.experiments.rundir.RunRecord`),
-    in their order: :data:`RUN_COLUMNS` one row per run, :data:`EPOCH_COLUMNS` one per run and epoch."""
+    records = [rd.record() for rd in grid_run_dirs(out, what)]
     pd = pandas()
     return (pd.DataFrame([run_row(rec) for rec in records], columns=RUN_COLUMNS),
             pd.DataFrame([row for rec in records for row in epoch_rows(rec)], columns=EPOCH_COLUMNS))

@@ -204,8 +204,7 @@ def make_table(out_dir, with_figures=True, skip_unreadable=False, allow_mixed_co
     out = Path(out_dir)
     rows = collect(grid_run_dirs(out, "the --out folder of `scripts/grid.sh run`"))
     readable, bad = [r for r in rows if not r.get("unreadable")], [r for r in rows if r.get("unreadable")]
-    runs = pandas().DataFrame([r["frame"] for r in sorted(readable, key=lambda r: r["record"].dir.path)],
-                              columns=RUN_COLUMNS)
+    runs = pandas().DataFrame(sorted((r["frame"] for r in readable), key=lambda f: Path(f["path"])), columns=RUN_COLUMNS)
     code_line = check_model_code(runs, allow_mixed_code)
     agg, t = over_seeds(rows), table(rows, CSV_COLUMNS)
     md = markdown(rows, agg, code_line)
