@@ -38,7 +38,7 @@ from fairseq_lnpos.errors import LnposError, run_main
 from fairseq_lnpos.experiments.early_stop import DEFAULT_RULE, StopRule, first_stop
 from fairseq_lnpos.fairseq_log import LogState
 from fairseq_lnpos.analysis import stability as S
-from fairseq_lnpos.analysis.frame import FINISHED, STOPPED, runs_frame
+from fairseq_lnpos.analysis.frame import FINISHED, STOPPED, pandas, read_runs_csv, runs_frame
 from fairseq_lnpos.analysis.verdict import DEFAULT_TRAINS
 
 SCAN_AFTER = (0.3, 0.4, 0.5, 0.6, 0.7)
@@ -174,8 +174,6 @@ def _updates(text):
 def write_losses(runs, path):
     """``losses.csv.gz`` (its path): a row per run of ``runs`` with a train.log, its folder (``path``), the
     updates logged (:func:`_spans`) and their losses as the log wrote them (a float's shortest digits)."""
-    from fairseq_lnpos.analysis.frame import pandas
-
     rows = [(p, _spans([u for u, _ in got]), " ".join(repr(loss) for _, loss in got))
             for p in runs["path"] for got in [logged_losses(p)] if got is not None]
     text = pandas().DataFrame(rows, columns=["path", "updates", "losses"]).to_csv(index=False, lineterminator="\n")
@@ -185,8 +183,6 @@ def write_losses(runs, path):
 def read_page(page):
     """({folder as the page's command named it: its runs}, {run folder: [(update, loss)]}) of a page this
     command published (runs.csv, column ``map``; :data:`LOSSES`)."""
-    from fairseq_lnpos.analysis.frame import pandas, read_runs_csv
-
     page = Path(page)
     if not (page / LOSSES).is_file() or not (page / "runs.csv").is_file():
         raise LnposError(f"{page}: no {LOSSES} and runs.csv: give a page this command published")
@@ -197,9 +193,9 @@ def read_page(page):
                   for p, u, v in zip(table["path"], table["updates"], table["losses"])}
     except (OSError, ValueError, EOFError, KeyError) as e:
         raise LnposError(f"{page / LOSSES}: cannot read it ({e}): give a page this command published") from None
-    maps = runs.pop("map") if "map" in runs else None
-    if maps is None:
+    if "map" not in runs:
         raise LnposError(f"{page / 'runs.csv'} has no column 'map': give a page this command published")
+    maps = runs.pop("map")
     return {m: runs[maps == m].reset_index(drop=True) for m in dict.fromkeys(maps)}, losses
 
 
@@ -241,7 +237,6 @@ def _main(argv):
                      _block(report(replay(held, rule), rule, trains[other]))]
     md = "\n".join(sections)
     if args.publish:
-        from fairseq_lnpos.analysis.frame import pandas
         from fairseq_lnpos.analysis.publish import argv_of, publish
 
         read = (lambda o: page[0][o]) if page else (lambda o: runs_frame(Path(o)))  # noqa: E731
