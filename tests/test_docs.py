@@ -69,7 +69,7 @@ def test_every_relative_link_and_anchor_resolves(page):
     assert not bad, "\n".join(bad)
 
 
-def test_every_figure_the_docs_show_is_a_results_pages():
+def test_every_figure_the_docs_show_is_one_a_results_page_holds():
     """A figure in README.md or docs/ is one a command of the lab wrote into a results page (with its
     command, data and code), never an image kept beside the code."""
     shown = [(page, target) for page in PAGES
