@@ -106,12 +106,17 @@ def pin():
     model_code_hash()
 
 
+def software():
+    """The versions a run or a measurement ran with: python, torch, fairseq and fairseq_dist (its distribution)."""
+    fairseq_dist, fairseq_version = _version("fairseq-fixed", "fairseq")
+    return {"python": platform.python_version(), "torch": _version("torch")[1], "fairseq": fairseq_version,
+            "fairseq_dist": fairseq_dist}
+
+
 def provenance():
     """The JSON object a run records (see the module's docstring)."""
-    fairseq_dist, fairseq_version = _version("fairseq-fixed", "fairseq")
-    return {"code": code_version(), "model_code": model_code_hash(), "python": platform.python_version(),
-            "torch": _version("torch")[1], "fairseq": fairseq_version, "fairseq_dist": fairseq_dist,
-            **machine(), "load": round(os.getloadavg()[0], 2)}
+    return {"code": code_version(), "model_code": model_code_hash(), **software(), **machine(),
+            "load": round(os.getloadavg()[0], 2)}
 
 
 def describe_code(code):

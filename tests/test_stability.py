@@ -466,9 +466,17 @@ def test_a_run_with_an_outcome_but_no_config_is_not_dropped_without_a_word(sweep
 def test_a_page_without_runs_links_no_runs_csv(tmp_path):
     from fairseq_lnpos.analysis.publish import publish
 
+    import platform
+
+    import torch
+
     text = publish(tmp_path / "page", "A check", "# A check\n\nbody\n", None, [], "cmd").read_text()
     assert "- Data: none beside this page" in text and "runs.csv" not in text
     assert not (tmp_path / "page" / "runs.csv").exists()
+    # a measurement without runs (a benchmark) names the versions it ran with, as a run's record does
+    (line,) = [line for line in text.splitlines() if line.startswith("- Machine: ")]
+    assert f"; Python {platform.python_version()}, torch {torch.__version__}, fairseq " in line
+    assert line.endswith(" (this page's)")
 
 
 

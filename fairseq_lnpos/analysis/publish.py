@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ..common import n_runs, replace_file, write_text
-from ..provenance import code_version, describe_code, machine
+from ..provenance import code_version, describe_code, machine, software
 from .frame import COUNTED, GATHERED, write_runs_csv
 
 PAGE = "index.md"
@@ -20,7 +20,8 @@ MARKER = "<!-- written by the lab's own command (see below); run it again to rew
 
 
 def _machine_line(runs):
-    """Where the runs ran, from their records; the publishing machine where they recorded nothing."""
+    """Where the runs ran, from their records (their versions are in runs.csv); the publishing machine and
+    its Python, torch and fairseq where they recorded nothing (a measurement without runs: a benchmark)."""
     if runs is not None and len(runs) and (runs["cpu"] != "").any():
         rec = runs[runs["cpu"] != ""]
         machines = rec.groupby(["cpu", "cores", "gpu"], dropna=False).size()
@@ -34,8 +35,9 @@ def _machine_line(runs):
         if len(cpu):
             text += f". Training CPU time: {cpu.sum():.0f} CPU-s over {n_runs(len(cpu))}"
         return text
-    m = machine()
-    return f"{m['cpu']}, {m['cores']} cores" + (f", {', '.join(m['gpu'])}" if m["gpu"] else "") + " (this page's)"
+    m, v = machine(), software()
+    return (f"{m['cpu']}, {m['cores']} cores" + (f", {', '.join(m['gpu'])}" if m["gpu"] else "")
+            + f"; Python {v['python']}, torch {v['torch']}, fairseq {v['fairseq']} (this page's)")
 
 
 def _code_line(runs, page_code):
