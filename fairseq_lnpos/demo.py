@@ -245,7 +245,7 @@ SUMMARY_METRICS = {"best_bleu_tok": (0.0, 100.0), "final_valid_nll": (0.0, None)
 def summarize(rows):
     """Per run: its label, seeds, outcomes, and the :class:`~.analysis.seeds.Spread` over seeds of
     best tokenized BLEU and the final validation NLL (None without a value); ``rows``: the rows of the
-    table of every run (:func:`~.analysis.frame.runs_frame`'s records)."""
+    table of every run (dicts of :data:`~.analysis.frame.RUN_COLUMNS`: make_table's, or a runs.csv's records)."""
     by_run = {}
     for r in rows:
         by_run.setdefault(r["run"], []).append(r)
@@ -474,9 +474,9 @@ def run_steps(args, out, runs, core, asked, t0, argv=None):
     fig3_dir = fig3(out, variants, args.quick)  # a line per model
     figures += [fig3_dir / "fig3.png", fig3_dir / "lemma2.png"]
 
-    from .analysis.frame import runs_frame
+    from .experiments.report import run_table
 
-    runs_table = runs_frame(out / "grid")
+    runs_table = run_table(rows)  # the table of every run, as make_table built it while reading the folders
     summary = summarize(runs_table.to_dict("records"))
     shown_text = effect_shown(summary, tuple(core[:3]))
     md = write_summary(out, summary, runs, shown_text, figures, time_split(rows), str(asked[0]), core[1:3], args.data,

@@ -12,6 +12,7 @@ from conftest import REPO
 from fairseq_lnpos.analysis.seeds import ESTIMATOR, spread
 from fairseq_lnpos.demo import LEARNED_BLEU, effect_shown, summarize, write_summary
 from fairseq_lnpos.experiments import report
+from fairseq_lnpos.experiments.rundir import run_dirs
 
 
 def summary(bad, warmup, preln):
@@ -381,7 +382,8 @@ def test_a_rerun_with_other_seeds_says_which_seeds_it_merged(tmp_path, capsys, m
     record_grid(out, {run: {0: curve, 1: curve} for run, seeds in MEASURED.items() for curve in seeds.values()})
     monkeypatch.setattr(demo, "make_data", lambda *a, **k: out / "data" / "bin")
     monkeypatch.setattr(demo, "run_grid", lambda *a, **k: None)
-    monkeypatch.setattr(demo, "make_table", lambda out: ([], []))  # its figures: test_real_verdict_on_recorded_results
+    # the table's rows without its files and figures (those: test_real_verdict_on_recorded_results)
+    monkeypatch.setattr(demo, "make_table", lambda out: (report.collect(run_dirs(out / "grid")), []))
     monkeypatch.setattr(demo, "fig3", lambda out, *a: out / "fig3")
     monkeypatch.setattr(demo, "grad_norm_figure", lambda out, *a: out / "grad_norms_first_updates.png")
     assert demo.main(["--data", "multi30k", "--seeds", "0", "--out", str(out)]) == 0

@@ -75,6 +75,13 @@ def collect(run_dirs):
     return rows
 
 
+def run_table(rows):
+    """The table of every run (:mod:`~fairseq_lnpos.analysis.frame`) of the readable ``rows``, in the order of
+    their folders (as :func:`~fairseq_lnpos.analysis.frame.runs_frame` reads them)."""
+    return pandas().DataFrame(sorted((r["frame"] for r in rows if "frame" in r), key=lambda f: Path(f["path"])),
+                              columns=RUN_COLUMNS)
+
+
 def table(rows, columns):
     """``rows`` (dicts, a key missing: empty) as a DataFrame of ``columns`` holding the values themselves."""
     return pandas().DataFrame(rows, columns=columns, dtype=object)
@@ -204,7 +211,7 @@ def make_table(out_dir, with_figures=True, skip_unreadable=False, allow_mixed_co
     out = Path(out_dir)
     rows = collect(grid_run_dirs(out, "the --out folder of `scripts/grid.sh run`"))
     readable, bad = [r for r in rows if not r.get("unreadable")], [r for r in rows if r.get("unreadable")]
-    runs = pandas().DataFrame(sorted((r["frame"] for r in readable), key=lambda f: Path(f["path"])), columns=RUN_COLUMNS)
+    runs = run_table(readable)
     code_line = check_model_code(runs, allow_mixed_code)
     agg, t = over_seeds(rows), table(rows, CSV_COLUMNS)
     md = markdown(rows, agg, code_line)
