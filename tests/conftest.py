@@ -22,6 +22,14 @@ def needs_realdata(name):
     return pytest.mark.skipif(not (REALDATA / name).is_dir(), reason=f"{name} is absent from {REALDATA} (LNPOS_REALDATA)")
 
 
+def page_argv(page):
+    """The command line a results page ``page`` (its folder) records (``- Command: `...```), as argv."""
+    import re
+    import shlex
+
+    return shlex.split(re.search(r"^- Command: `(.*)`$", (Path(page) / "index.md").read_text(), re.M).group(1))
+
+
 def tool(name):
     """The script ``scripts/tools/<name>.py`` as a module (``tool("bench").summary``), loaded from its
     file once; it imports the package as any other code does."""

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import page_argv
 from fairseq_lnpos.variants import SIZES, VARIANTS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,9 +158,7 @@ def test_every_output_folder_the_docs_name_is_ignored_by_git():
 def page_command(page, out, module):
     """The arguments of the command line ``page`` records (``python -m module ...``), without --publish and
     writing into ``out`` instead of its --out-dir (or --out)."""
-    import shlex
-
-    argv = shlex.split(re.search(r"^- Command: `(.*)`$", (page / "index.md").read_text(), re.M).group(1))
+    argv = page_argv(page)
     assert argv[:3] == ["python", "-m", module], argv[:3]
     argv = argv[3:]
     del argv[argv.index("--publish"):argv.index("--publish") + 2]

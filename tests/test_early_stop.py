@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, tool
+from conftest import REPO, page_argv, tool
 from fairseq_lnpos.experiments import grid as G
 from fairseq_lnpos.experiments.commands import Job
 from fairseq_lnpos.experiments.early_stop import StopRule, first_stop
@@ -205,12 +205,12 @@ def test_a_published_replay_replays_again_from_its_page_alone(tmp_path, capsys):
 def test_the_early_stopping_page_is_what_its_command_writes_now_from_the_page_itself(capsys):
     """docs/results/early-stopping: its command line, given the page instead of the run folders it read
     (--from-page), writes the page's text again, every rule's stops and the scan's choice."""
-    import shlex
-
     R = tool("early_stop_replay")
     page = REPO / "docs" / "results" / "early-stopping"
     text = (page / "index.md").read_text(encoding="utf-8")
-    argv = shlex.split(re.search(r"^- Command: `python scripts/tools/early_stop_replay.py (.*)`$", text, re.M).group(1))
+    argv = page_argv(page)
+    assert argv[:2] == ["python", "scripts/tools/early_stop_replay.py"]
+    argv = argv[2:]
     del argv[argv.index("--publish"):argv.index("--publish") + 2]
     assert R.main(argv + ["--from-page", str(page)]) == 0
     out = capsys.readouterr().out

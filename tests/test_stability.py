@@ -3,8 +3,6 @@ numbers worked out by hand, the LR sensitivity, the published runs.csv round tri
 import csv
 import json
 import math
-import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -12,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import page_argv
 from fairseq_lnpos.analysis import stability as S, verdict as V
 from fairseq_lnpos.analysis.frame import read_runs_csv, runs_frame, write_runs_csv
 from fairseq_lnpos.errors import LnposError, StateError
@@ -568,7 +567,7 @@ def test_every_published_maps_verdicts_follow_from_its_own_runs_csv_under_the_cu
     import pandas as pd
 
     page = REPO_ROOT / "docs" / "results" / name
-    command = shlex.split(re.search(r"^- Command: `(.*)`$", (page / "index.md").read_text(), re.M).group(1))
+    command = page_argv(page)
     assert command[0].endswith("stability_map.sh")
     given = lambda option, default: float(command[command.index(option) + 1]) if option in command else default  # noqa: E731
     cells = S.make_cells(read_runs_csv(page / "runs.csv"), given("--trains", V.DEFAULT_TRAINS),
