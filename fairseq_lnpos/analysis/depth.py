@@ -10,7 +10,7 @@ from ..common import FONT, GRAD_NORMS_JSONL, write_text
 from ..errors import StateError
 from ..experiments.runs import warmup_label
 from ..variants import variant_color
-from .map_common import axis, label, lost, missing, nll_text, panels, pivot, save
+from .map_common import all_lost, axis, label, lost, missing, nll_text, panels, pivot, save
 from .train_curves import read_jsonl
 
 GRAD_UPDATES = 10  # "the first updates": the ratio is summed over updates 1 .. GRAD_UPDATES
@@ -85,7 +85,7 @@ def write_csv(cells, path):
 
 def _cell_loss(c):
     if c.finished == 0:
-        return "x" if c.diverged == c.seeds else "s" if c.stopped == c.seeds else lost(c)[2:]
+        return all_lost(c)
     text = nll_text(c)
     return (f"**{text}**" if c.good_depth else text if c.trains else f"({text})") + f" n{c.seeds}" + (
         "?" if c.disagree else "") + lost(c)

@@ -36,6 +36,12 @@ def lost(c, sep=", "):
     return "".join(f"{sep}{mark} {k}/{c.seeds}" for mark, k in (("x", c.diverged), ("s", c.stopped)) if k)
 
 
+def all_lost(c):
+    """A cell none of whose seeds finished: ``x`` (every seed diverged), ``s`` (every one stopped early), else
+    ``x d/n, s k/n``."""
+    return "x" if c.diverged == c.seeds else "s" if c.stopped == c.seeds else lost(c)[2:]
+
+
 def markdown_table(df):
     """``df`` as Markdown lines, its columns the header, every cell as text ('|' written '/'). Unlike
     DataFrame.to_markdown, columns are not padded: a line of a table can be found by its text."""

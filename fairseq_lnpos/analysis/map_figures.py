@@ -9,7 +9,7 @@ from ..common import FONT
 from ..experiments.runs import warmup_label
 from ..variants import variant_color
 from .frame import pandas
-from .map_common import RANK, axis, label, lost, missing, num, ordered, panels, pyplot, save
+from .map_common import RANK, all_lost, axis, label, lost, missing, num, ordered, panels, pyplot, save
 
 VERDICT_MARK = {"good": "G", "poor": "p", "no-train": "-", "NA": "·"}
 KEY = ("The mark: G good against its architecture's cells (white frame), + not shown worse than any cell at that "
@@ -21,7 +21,7 @@ def cell_mark(c, sep=" ", bleu=False):
     BLEU where scored, its verdict mark (+: good at its depth; ?: the seeds disagree) and n, then the seeds
     lost (x d/n diverged, s k/n stopped); x or s alone when every seed was."""
     if c.finished == 0:
-        return ("x" if c.diverged == c.seeds else "s" if c.stopped == c.seeds else lost(c)[2:]) + f" n{c.seeds}"
+        return f"{all_lost(c)} n{c.seeds}"
     parts = [num(c.nll, ".2f")] + ([f"{c.bleu:.1f}"] if bleu and not missing(c.bleu) else [])
     mark = f"{VERDICT_MARK.get(c.verdict, '')}{'+' if c.good_depth == True else ''}{'?' if c.disagree else ''}"  # noqa: E712
     return sep.join(parts + [f"{mark} n{c.seeds}"]) + lost(c, ", " if sep == " " else sep)
