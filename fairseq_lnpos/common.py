@@ -1,6 +1,7 @@
 """Small helpers shared by the plugin and the tooling around it; imports nothing heavy.
 
-- ``USER_DIR``: the folder to pass to fairseq's ``--user-dir``.
+- ``USER_DIR``: the folder to pass to fairseq's ``--user-dir``; ``RESULTS``: the results pages of a checkout
+  (``docs/results/``; absent from an installed copy).
 - ``write_text`` / ``write_json`` / ``write_figure`` (``replace_file`` under them): write to a
   temporary file beside the target, then rename, so a reader never sees half a file, an interruption
   leaves the old file (or none), and a symbolic link at the target is replaced, never written through.
@@ -27,6 +28,7 @@ from pathlib import Path
 from .errors import LnposError, StateError
 
 USER_DIR = Path(__file__).resolve().parent
+RESULTS = USER_DIR.parent / "docs" / "results"
 GRAD_NORMS_JSONL = "grad_norms.jsonl"  # --task translation_lnpos --log-grad-norms writes it into --save-dir
 DIAGNOSTICS_JSONL = "diagnostics.jsonl"  # --task translation_lnpos --log-diagnostics writes it into --save-dir
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")

@@ -46,8 +46,8 @@ from pathlib import Path
 
 from .analysis.seeds import ESTIMATOR, spread
 from .cli import CommandParser, whole_number
-from .common import (FONT, GRAD_NORMS_JSONL, hold_lock, integer_ticks, legend_right, release_lock, write_figure,
-                     write_json, write_text)
+from .common import (FONT, GRAD_NORMS_JSONL, RESULTS, hold_lock, integer_ticks, legend_right, release_lock,
+                     write_figure, write_json, write_text)
 from .errors import LnposError, check, run_main
 from .experiments.runs import BY_NAME, DEMO_OPTIONAL, DEMO_ROWS
 from .progress import Cadence
@@ -69,7 +69,6 @@ LEARNED = {"synthetic": LEARNED_BLEU, "multi30k_cpu": 5.0}
 def learned_bleu(need):
     """The tok BLEU every seed of a control must reach, by the dataset of the rows ``need``."""
     return LEARNED.get(BY_NAME[need[1]].dataset, LEARNED_BLEU) if need[1] in BY_NAME else LEARNED_BLEU
-RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"  # the results pages of a checkout
 PAGE = {"synthetic": "demo", "multi30k": "demo-real"}  # --data: the demo's results page under RESULTS
 WIDTH = 100  # the summary's prose lines
 MAKE = {"synthetic": "make demo", "multi30k": "make demo-real"}  # --data: the command a user types

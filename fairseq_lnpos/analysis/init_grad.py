@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Optional, Tuple
 
-from fairseq_lnpos.common import fmt_time, read_json, write_json, write_text
+from fairseq_lnpos.common import RESULTS, fmt_time, read_json, write_json, write_text
 from fairseq_lnpos.cli import CommandParser, Options as CommandOptions, Range, at_least, comma_list, option, whole_number
 from fairseq_lnpos.errors import MAX_SEED, LnposError, check, run_main
 from fairseq_lnpos.experiments.sweep import width_args
@@ -479,7 +479,7 @@ def finish(out, records, settings, opts, t_start, command=None):
 
 
 # the benchmark page of a checkout of the repository (scripts/bench.sh --publish): it times these defaults
-BENCHMARK = Path(__file__).resolve().parents[2] / "docs" / "results" / "benchmarks" / "bench.json"
+BENCHMARK = RESULTS / "benchmarks" / "bench.json"
 MEASURED_SETTINGS = ("data", "archs", "size", "model_args", "depths", "seeds", "tokens", "batches", "vocab",
                      "checkpoint", "spectral", "lemma2", "device")  # the defaults: what the benchmark times
 
