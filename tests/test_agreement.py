@@ -151,6 +151,71 @@ def test_a_shift_beyond_the_seeds_noise_is_flagged_and_one_within_it_is_not(tmp_
     assert abs(rows.loc[("postln", 1e-3), "diff"] - 0.30) < 1e-9
 
 
+STUDY = {  # a study's named rows (the warm-up study's kind): Post-LN at one lr and warm-up, other clipping
+    "row-noclip": (0.0, (5.00, 5.02, 5.04)),
+    "row-clip1": (1.0, (5.50, 5.52, 5.54)),  # 0.5 bit worse: poor against the other row
+}
+
+
+def write_study(out, rows=STUDY):
+    """The rows of a study ({name: (clip_norm, NLL of seeds 1-3)}) as the grid writes them: the same
+    architecture, learning rate and warm-up, differing in a setting that is not one of the map's axes."""
+    for name, (clip, finals) in rows.items():
+        for seed, final in enumerate(finals, 1):
+            d = write_run(out / "tmp", "postln", 1e-3, 0, seed, final=final, unigram=8.0)
+            cfg = json.loads((d / "config.json").read_text())
+            cfg["run"].update(name=name, clip_norm=clip)
+            (d / "config.json").write_text(json.dumps(cfg))
+        (out / "tmp" / "postln-L6-lr0.001-w0").rename(out / name)
+    return out
+
+
+def test_a_study_of_named_runs_is_compared_run_by_run(tmp_path, capsys):
+    moved = {"row-noclip": STUDY["row-noclip"], "row-clip1": (1.0, (5.80, 5.82, 5.84))}  # +0.3 bit on B
+    a, b = write_study(tmp_path / "a"), write_study(tmp_path / "b", moved)
+    assert A.main([str(a), str(b), "--out-dir", str(tmp_path / "cmp")]) == 2  # a map's cell would lump the rows
+    err = capsys.readouterr().err.strip()
+    assert "differ in clip_norm" in err and len(err.splitlines()) == 1
+    argv = [str(a), str(b), "--by-run", "--trains", "0.8", "--out-dir", str(tmp_path / "cmp")]
+    assert A.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# Verdicts of two runs of one study")
+    assert "| the map's rule (every named run one family) | 2 | 2 | 100% |" in out  # clip1 poor in both
+    assert "earlier rule" not in out and "under the rule." in out
+    assert "| run | NLL A | NLL B | B - A |" in out  # every row's difference listed
+    assert "| row-clip1 | 5.520 | 5.820 | +0.300 |" in out and "| row-noclip | 5.020 | 5.020 | +0.000 |" in out
+    both = A.compare(runs_frame(a), runs_frame(b), keys=A.BY_RUN, trains=0.8).set_index("run")
+    assert (both.loc["row-clip1", "rule_a"], both.loc["row-noclip", "rule_a"]) == ("poor", "good")
+    assert both.loc["row-clip1", "beyond_noise"] and not both.loc["row-noclip", "beyond_noise"]
+    # 'trains' at half the unigram bits (4.0): no row trains
+    assert set(A.compare(runs_frame(a), runs_frame(b), keys=A.BY_RUN)["rule_a"]) == {"no-train"}
+
+
+def test_only_and_seeds_select_the_runs_of_both(tmp_path, capsys):
+    a = write_study(tmp_path / "a")
+    b = write_study(tmp_path / "b", {"row-noclip": (0.0, (5.10, 5.12)), "row-clip1": STUDY["row-clip1"]})
+    argv = [str(a), str(b), "--by-run", "--out-dir", str(tmp_path / "cmp")]
+    assert A.main(argv + ["--seeds", "1,2", "--only", "row-no*"]) == 0
+    out = capsys.readouterr().out
+    assert "1 cells complete in both" in out and "Seeds: A 1, 2; B 1, 2: the same seeds (a re-run)." in out
+    assert "| row-noclip | 5.010 | 5.110 | +0.100 |" in out  # seeds 1 and 2 of A only
+    assert A.main(argv + ["--only", "row-none"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no run selected finished" in err and "check --only and --seeds" in err and len(err.splitlines()) == 1
+    with pytest.raises(SystemExit) as bad:
+        A.main(argv + ["--seeds", "1,x"])
+    assert bad.value.code == 2 and "--seeds: 'x' is not a whole number" in capsys.readouterr().err
+
+
+def test_the_seeds_of_one_named_run_must_share_its_settings(tmp_path, capsys):
+    a = write_study(tmp_path / "a")
+    cfg = a / "row-clip1" / "seed2" / "config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "fp16": True}))
+    assert A.main([str(a), str(a), "--by-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "differ in fp16" in err and "not only in the run and seed" in err and len(err.splitlines()) == 1
+
+
 def test_identical_cells_are_called_beyond_the_noise_in_at_most_5_percent_of_maps():
     """The rule's error rate, simulated: two runs of a map of 38 identical cells (one column of the
     all-archs map), 3 seeds each with seed noise of different size per cell; a map has a false finding

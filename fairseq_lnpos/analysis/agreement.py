@@ -1,8 +1,8 @@
 """Do two runs of one map reach the same verdicts? Each cell judged in both, by the map's rule
 (:mod:`.verdict`, on NLL) and by the earlier rule, side by side.
 
-    python -m fairseq_lnpos.analysis.agreement A B [--across SETTING] [--allow-mixed-code] [--out-dir D]
-        [--publish DIR]
+    python -m fairseq_lnpos.analysis.agreement A B [--across SETTING] [--by-run] [--only NAME,...]
+        [--seeds S,...] [--trains F] [--allow-mixed-code] [--out-dir D] [--publish DIR]
 
 ``A`` and ``B`` are two runs of the same sweep (its folder, or the ``runs.csv`` a results page
 published): the same cells and settings, trained on another machine or another day, with the same
@@ -10,7 +10,10 @@ seeds (a re-run) or with other seeds (a replication: ``grid.sh sweep --seeds 4,5
 ``--across SETTING`` the two differ in that one setting (e.g. ``precision``: the sweep with and without
 ``--cpu-bf16``) and the question is whether it changes the findings. Only the cells
 complete in both (every seed finished, diverged or stopped) are judged, over those cells, so a map
-still running can be compared on what it has. For each
+still running can be compared on what it has. ``--only`` and ``--seeds`` select the runs of both (e.g. the
+seeds a re-run trained again). With ``--by-run`` a cell is a named run of a study whose rows differ in
+more than the map's axes (the warm-up study's ``why-*`` rows: :mod:`.why`), all of them one family, and
+the earlier rule is not applied. For each
 rule, a cell's verdict is one of good, poor, no-train (diverged and stopped count as no-train) or NA
 (not compared); the share of the cells judged in both (NA in neither) whose verdicts are equal is
 reported with its 95 % interval (Wilson's, treating the cells as independent, which neighbouring
@@ -32,6 +35,7 @@ Writes ``agreement.csv`` (one row per cell: both runs' means and verdicts under 
 ``agreement.md`` into ``--out-dir`` (default: the current folder), and with ``--publish DIR`` a
 results page whose ``runs.csv`` holds both runs (column ``map``: A or B).
 """
+import fnmatch
 import json
 import math
 import sys
@@ -39,24 +43,35 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli import CommandParser
+from ..cli import CommandParser, comma_list, comma_list_type, fraction
 from ..common import write_text
 from ..errors import LnposError, run_main
+from . import verdict as V
 from .frame import COUNTED, FINISHED, check_model_code, check_one_experiment, pandas, read_runs
 from .publish import argv_of, write_outputs
-from .stability import KEYS, make_cells, order
+from .stability import KEYS, make_cells, order, ordered
 
 EARLIER = dict(ratio=0.6, near=0.10, noise_k=2.0)
 NO_TRAIN = {"no-train", "diverged", "stopped"}
+BY_RUN = ["run"]  # the keys of a cell with --by-run; else the map's (KEYS)
+RULES = {"rule": "the map's rule (own architecture)", "rule_depth": "the map's rule (every cell at the depth)",
+         "earlier": "the earlier rule (own architecture)"}
+RULE_BY_RUN = {"rule": "the map's rule (every named run one family)"}
+SHORT = {"rule": "rule", "rule_depth": "depth", "earlier": "earlier"}  # a rule's columns in the page's tables
 
 
-def load(source, allow_mixed=False):
-    """The table of every run of a map: a sweep's folder or a published runs.csv."""
+def load(source, allow_mixed=False, keys=KEYS, keep=None):
+    """The table of every run of a map: a sweep's folder or a published runs.csv; ``keep`` (the table ->
+    booleans), where given, selects its runs; ``keys``: a cell's (:data:`BY_RUN`: a named run)."""
     runs = read_runs(source, "the output folder of a sweep (OUT/NAME/seedS/)")
-    check_one_experiment(source, runs)
+    if keep is not None:
+        runs = runs[keep(runs)].reset_index(drop=True)
+    check_one_experiment(source, runs, None if keys == KEYS else keys[0])
     check_model_code(runs, allow_mixed)
     if not runs["outcome"].isin(COUNTED).any():
-        raise LnposError(f"{source}: no run finished, diverged or was stopped early: run or resume the sweep first")
+        raise LnposError(f"{source}: no run" + (" selected" if keep is not None else "") + " finished, diverged or "
+                         "was stopped early: run or resume the sweep first" + (", or check --only and --seeds"
+                                                                               if keep is not None else ""))
     return runs
 
 
@@ -78,20 +93,27 @@ def earlier_verdicts(runs, ratio=EARLIER["ratio"], near=EARLIER["near"], noise_k
     return verdict
 
 
-def verdicts(runs):
-    """Both rules' verdicts and the mean NLL of every cell of ``runs`` (a DataFrame indexed by the keys)."""
-    cells = make_cells(runs).set_index(KEYS)
-    now = cells["verdict"].where(~cells["verdict"].isin(NO_TRAIN), "no-train")
-    depth = cells["good_depth"].map({True: "good", False: "poor"}).where(cells["trains"], "no-train").fillna("NA")
-    return pandas().DataFrame({"nll": cells["nll"], "loss": cells["loss"], "rule": now, "rule_depth": depth,
-                               "earlier": earlier_verdicts(runs)})
+def verdicts(runs, keys=KEYS, trains=V.DEFAULT_TRAINS):
+    """The rules' verdicts (:data:`RULES`; with ``keys`` :data:`BY_RUN`, the map's rule with every named run one
+    family) and the mean NLL of every cell of ``runs`` (a DataFrame indexed by the keys)."""
+    if keys != KEYS:
+        cells = make_cells(runs, trains, keys=keys, families={"own": ()}).set_index(keys)
+    else:
+        cells = make_cells(runs, trains).set_index(KEYS)
+    out = {"nll": cells["nll"], "loss": cells["loss"],
+           "rule": cells["verdict"].where(~cells["verdict"].isin(NO_TRAIN), "no-train")}
+    if keys == KEYS:
+        out["rule_depth"] = cells["good_depth"].map({True: "good", False: "poor"}).where(cells["trains"],
+                                                                                          "no-train").fillna("NA")
+        out["earlier"] = earlier_verdicts(runs)
+    return pandas().DataFrame(out)
 
 
-def complete_cells(runs):
-    """The keys of the cells of ``runs`` whose every seed finished, diverged or was stopped (a set)."""
-    seeds = runs.groupby(KEYS)["seed"].nunique()
-    counted = runs[runs["outcome"].isin(COUNTED)].groupby(KEYS)["seed"].nunique()
-    return set(counted[counted == seeds.reindex(counted.index)].index)
+def complete_cells(runs, keys=KEYS):
+    """The keys of the cells of ``runs`` whose every seed finished, diverged or was stopped (a set of tuples)."""
+    seeds = runs.groupby(keys)["seed"].nunique()
+    counted = runs[runs["outcome"].isin(COUNTED)].groupby(keys)["seed"].nunique()
+    return {k if isinstance(k, tuple) else (k,) for k in counted[counted == seeds.reindex(counted.index)].index}
 
 
 def setting_values(runs):
@@ -103,13 +125,24 @@ def setting_values(runs):
     return out
 
 
-def compare(runs_a, runs_b, across=None):
+def setting_differences(runs_a, runs_b, keys=KEYS):
+    """The settings (but ``data``) whose values differ between the two maps; with ``keys`` :data:`BY_RUN`,
+    between the runs of one name in both."""
+    def per_cell(runs):
+        return {k: setting_values(g) for k, g in runs.groupby(keys[0])} if keys != KEYS else {
+            None: setting_values(runs)}
+    a, b = per_cell(runs_a), per_cell(runs_b)
+    return sorted({s for c in a.keys() & b.keys() for s in a[c].keys() | b[c].keys()
+                   if s != "data" and a[c].get(s) != b[c].get(s)})
+
+
+def compare(runs_a, runs_b, across=None, keys=KEYS, trains=V.DEFAULT_TRAINS):
     """One row per cell complete in both maps: each map's means and verdicts (suffixes _a, _b), both
     judged over the same cells (a map still running, or run in part, is compared on what both have),
     and the NLL difference (:func:`differences`); ``attrs["left_out"]``: how many cells only one map has
-    complete. The maps must have the same settings but ``across`` (a setting name), which must differ."""
-    a, b = setting_values(runs_a), setting_values(runs_b)
-    differ = sorted(k for k in a.keys() | b.keys() if k != "data" and a.get(k) != b.get(k))
+    complete. The maps must have the same settings but ``across`` (a setting name), which must differ.
+    ``keys``: a cell's; ``trains``: the map's rule's (:func:`verdicts`)."""
+    differ = setting_differences(runs_a, runs_b, keys)
     if across is not None and across not in differ:
         raise LnposError(f"--across {across}: the two maps do not differ in it ({', '.join(differ) or 'nor in any other'}"
                          f"): give the setting they differ in")
@@ -117,31 +150,33 @@ def compare(runs_a, runs_b, across=None):
     if other:
         raise LnposError(f"the two maps differ in a setting other than their axes ({other[0]}): compare two "
                          f"runs of the same sweep" + ("" if across else ", or name the one setting with --across"))
-    ca, cb = complete_cells(runs_a), complete_cells(runs_b)
+    ca, cb = complete_cells(runs_a, keys), complete_cells(runs_b, keys)
     common = ca & cb
     if not common:
         raise LnposError("the two maps have no cell complete in both: run or resume the sweeps first")
-    keep = [r[[k in common for k in r[KEYS].itertuples(index=False, name=None)]] for r in (runs_a, runs_b)]
-    both = verdicts(keep[0]).merge(verdicts(keep[1]), left_index=True, right_index=True, suffixes=("_a", "_b"))
-    both = both.join(differences(*keep))
+    keep = [r[[k in common for k in r[keys].itertuples(index=False, name=None)]] for r in (runs_a, runs_b)]
+    both = verdicts(keep[0], keys, trains).merge(verdicts(keep[1], keys, trains), left_index=True, right_index=True,
+                                                 suffixes=("_a", "_b"))
+    both = both.join(differences(*keep, keys=keys))
     both["beyond_noise"] = both["beyond_noise"].astype(object).fillna(False).astype(bool)  # cells without an NLL
-    both = order(both.reset_index())
+    both = order(both.reset_index()) if keys == KEYS else ordered(both.reset_index(), *keys).reset_index(drop=True)
     both.attrs["left_out"] = len(ca ^ cb)
     return both
 
 
-def differences(runs_a, runs_b, alpha=0.05):
+def differences(runs_a, runs_b, alpha=0.05, keys=KEYS):
     """Per cell of both (indexed by the keys): ``diff`` (B's mean final NLL minus A's, finished seeds),
     ``diff_low`` / ``diff_high`` (Welch's 95 % interval), ``p`` (Welch's two-sided p-value) and ``beyond_noise``
     (Holm over the cells with a p-value, at ``alpha``); NaN where a map has no finished seed (no interval
     or p-value below two seeds each)."""
     from .verdict import holm_rejects, welch
 
-    fin = [r[r["outcome"] == FINISHED].groupby(KEYS)["final_valid_nll"].apply(list) for r in (runs_a, runs_b)]
+    fin = [r[r["outcome"] == FINISHED].groupby(keys)["final_valid_nll"].apply(list) for r in (runs_a, runs_b)]
     rows = {key: welch(fin[1][key], fin[0][key]) for key in fin[0].index.intersection(fin[1].index)}
     pd = pandas()
     out = pd.DataFrame(list(rows.values()), columns=["diff", "diff_low", "diff_high", "p"],
-                       index=pd.MultiIndex.from_tuples(list(rows), names=KEYS))
+                       index=pd.MultiIndex.from_tuples(list(rows), names=keys) if len(keys) > 1
+                       else pd.Index(list(rows), name=keys[0]))
     out["beyond_noise"] = holm_rejects(out["p"].to_numpy(float), alpha)
     return out
 
@@ -151,13 +186,34 @@ def seeds_text(runs):
     return ", ".join(map(str, sorted(runs["seed"].astype(int).unique())))
 
 
+def rules_of(both):
+    """The rules ``both`` judged by (:func:`compare`), in :data:`RULES`' order."""
+    return [rule for rule in RULES if f"{rule}_a" in both.columns]
+
+
+def by_run(both):
+    """Whether the cells of ``both`` are named runs (``--by-run``)."""
+    return "variant" not in both.columns
+
+
+def cell_head(both):
+    """A cell's columns in the page's tables: its header and rule lines' start."""
+    return ("| run |", "|---|") if by_run(both) else ("| arch | layers | warm-up | lr |", "|---|---:|---:|---:|")
+
+
+def cell_row(r):
+    """A cell's columns in a line of the page's tables (``r`` a row of :func:`compare`'s table)."""
+    return "| " + " | ".join(map(str, [r.run] if getattr(r, "variant", None) is None else
+                                 [r.variant, r.layers, r.warmup, f"{r.lr:g}"])) + " |"
+
+
 def shares(both):
     """Per rule: cells judged in both, how many agree, the share and its 95 % Wilson interval."""
     from scipy.stats import binomtest
 
     rows = []
-    for rule, words in (("rule", "the map's rule (own architecture)"), ("rule_depth", "the map's rule (every cell at the depth)"),
-                        ("earlier", "the earlier rule (own architecture)")):
+    for rule in rules_of(both):
+        words = (RULE_BY_RUN if by_run(both) else RULES)[rule]
         judged = both[both[f"{rule}_a"].notna() & both[f"{rule}_b"].notna()
                       & (both[f"{rule}_a"] != "NA") & (both[f"{rule}_b"] != "NA")]
         agree = int((judged[f"{rule}_a"] == judged[f"{rule}_b"]).sum())
@@ -167,8 +223,9 @@ def shares(both):
     return pandas().DataFrame(rows)
 
 
-def title(across=None):
-    return f"One map trained two ways: across {across}" if across else "Verdicts of two runs of one map"
+def title(across=None, study=False):
+    return (f"One map trained two ways: across {across}" if across else
+            f"Verdicts of two runs of one {'study' if study else 'map'}")
 
 
 def noise_lines(both, across=None):
@@ -178,18 +235,19 @@ def noise_lines(both, across=None):
         return []
     tested, beyond = d["p"].notna().sum(), d[d["beyond_noise"] == True]  # noqa: E712
     big = d.loc[d["diff"].abs().idxmax()]
+    name = big["run"] if by_run(d) else f"{big['variant']}, warm-up {big['warmup']}, lr {big['lr']:g}"
     lines = [f"Final validation NLL, B minus A{f' (across {across})' if across else ''}, over the {len(d)} cells with "
              f"finished seeds in both: mean {d['diff'].mean():+.3f} bits, median {d['diff'].median():+.3f}, |B - A| at "
              f"most {d['diff'].abs().quantile(0.95, interpolation='higher'):.3f} in 95 % of the cells, largest "
-             f"{big['diff']:+.3f} ({big['variant']}, warm-up {big['warmup']}, lr {big['lr']:g}); beyond the seeds' "
-             f"noise (Welch, two-sided, Holm over the {tested} cells with two seeds or more in each, 5 %): "
-             f"{len(beyond)}.", ""]
-    shown = d if across else beyond  # across a setting, every cell's difference is the finding
+             f"{big['diff']:+.3f} ({name}); beyond the seeds' noise (Welch, two-sided, Holm over the {tested} cells "
+             f"with two seeds or more in each, 5 %): {len(beyond)}.", ""]
+    shown = d if across or by_run(d) else beyond  # across a setting or for a study's rows, every difference is the finding
     if len(shown):
-        lines += ["Every cell:" if across else "The cells beyond the noise:", "",
-                  "| arch | layers | warm-up | lr | NLL A | NLL B | B - A | 95 % interval | p | beyond the noise |",
-                  "|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
-        lines += [f"| {r.variant} | {r.layers} | {r.warmup} | {r.lr:g} | {r.nll_a:.3f} | {r.nll_b:.3f} | {r.diff:+.3f} | "
+        head, rule = cell_head(d)
+        lines += ["Every cell:" if len(shown) == len(d) and (across or by_run(d)) else "The cells beyond the noise:", "",
+                  head + " NLL A | NLL B | B - A | 95 % interval | p | beyond the noise |",
+                  rule + "---:|---:|---:|---|---:|---|"]
+        lines += [cell_row(r) + f" {r.nll_a:.3f} | {r.nll_b:.3f} | {r.diff:+.3f} | "
                   f"{r.diff_low:+.3f} to {r.diff_high:+.3f} | {r.p:.2g} | {'yes' if r.beyond_noise else 'no'} |"
                   for r in shown.itertuples()] + [""]
     return lines
@@ -201,7 +259,8 @@ def markdown(name_a, name_b, both, table, seeds=None, across=None):
     kind = ("" if seeds is None else f" Seeds: A {seeds[0]}; B {seeds[1]}: " + (
         "the same seeds (a re-run)." if same else "other seeds (a replication: the verdicts are drawn anew)."))
     left = both.attrs.get("left_out", 0)
-    lines = [f"# {title(across)}", "",
+    rules = rules_of(both)
+    lines = [f"# {title(across, by_run(both))}", "",
              f"A: `{name_a}`; B: `{name_b}`" + (f", differing in {across}" if across else "")
              + f". {len(both)} cells complete in both, judged over those cells only"
              + (f" ({left} cells complete in one map only are left out)" if left else "") + f".{kind}", "",
@@ -210,20 +269,22 @@ def markdown(name_a, name_b, both, table, seeds=None, across=None):
               for r in table.itertuples()]
     lines += ["", "Verdicts: good, poor, no-train (diverged or stopped count as no-train), NA (not compared). "
               "The map's rule: final validation NLL, Welch per ordered pair, Holm (fairseq_lnpos/analysis/verdict.py). "
-              "The earlier rule: label-smoothed loss within max(10 % of the best, 2 pooled sd) of the "
-              "architecture's best (fairseq_lnpos/analysis/agreement.py). The interval treats cells as independent.", ""]
+              + ("The earlier rule: label-smoothed loss within max(10 % of the best, 2 pooled sd) of the "
+                 "architecture's best (fairseq_lnpos/analysis/agreement.py). " if "earlier" in rules else "")
+              + "The interval treats cells as independent.", ""]
     lines += noise_lines(both, across)
-    differ = both[(both["rule_a"] != both["rule_b"]) | (both["earlier_a"] != both["earlier_b"])
-                  | (both["rule_depth_a"] != both["rule_depth_b"])]
+    differ = both[np.logical_or.reduce([both[f"{rule}_a"] != both[f"{rule}_b"] for rule in rules])]
     if len(differ):
+        head, rule_line = cell_head(both)
         lines += ["Cells whose verdicts differ between the runs under either rule:", "",
-                  "| arch | layers | warm-up | lr | NLL A | NLL B | rule A | rule B | depth A | depth B | earlier A | earlier B |",
-                  "|---|---:|---:|---:|---:|---:|---|---|---|---|---|---|"]
-        lines += [f"| {r.variant} | {r.layers} | {r.warmup} | {r.lr:g} | {r.nll_a:.3f} | {r.nll_b:.3f} | {r.rule_a} | "
-                  f"{r.rule_b} | {r.rule_depth_a} | {r.rule_depth_b} | {r.earlier_a} | {r.earlier_b} |"
+                  head + " NLL A | NLL B | " + " | ".join(f"{SHORT[r]} A | {SHORT[r]} B" for r in rules) + " |",
+                  rule_line + "---:|---:|" + "---|---|" * len(rules)]
+        lines += [cell_row(r) + f" {r.nll_a:.3f} | {r.nll_b:.3f} | "
+                  + " | ".join(f"{getattr(r, rule + '_a')} | {getattr(r, rule + '_b')}" for rule in rules) + " |"
                   for r in differ.itertuples()]
     else:
-        lines += ["Every cell has the same verdicts in both runs under both rules."]
+        lines += ["Every cell has the same verdicts in both runs under " + ("both rules." if len(rules) > 1 else
+                                                                           "the rule.")]
     return "\n".join(lines) + "\n"
 
 
@@ -233,13 +294,25 @@ def _main(argv):
     p.add_argument("b", help="the second run, the same way")
     p.add_argument("--across", metavar="SETTING",
                    help="the one setting the two maps differ in (a key of runs.csv's settings, e.g. precision)")
+    p.add_argument("--by-run", action="store_true",
+                   help="a cell is a named run of a study (e.g. the warm-up study's why-* rows), all one family")
+    p.add_argument("--only", help="comma-separated run names or globs: compare these runs only (default: every run)")
+    p.add_argument("--seeds", type=comma_list_type(int), help="comma-separated seeds: compare these seeds only")
+    p.add_argument("--trains", type=fraction("trains"), default=V.DEFAULT_TRAINS,
+                   help="the map's rule's 'trains': final NLL at most this times the unigram bits (default: %(default)s)")
     p.add_argument("--allow-mixed-code", action="store_true",
                    help="judge a map whose runs were trained by different versions of the model code")
     p.add_argument("--out-dir", default=".", help="where to write agreement.csv and agreement.md (default: here)")
     p.add_argument("--publish", metavar="DIR", help="also write a results page into DIR")
     args = p.parse_args(argv)
-    runs_a, runs_b = (load(s, args.allow_mixed_code) for s in (args.a, args.b))
-    both = compare(runs_a, runs_b, args.across)
+    only = comma_list(args.only, "--only") if args.only else None
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
+    keep = None if only is None and seeds is None else lambda r: (
+        r["run"].map(lambda n: only is None or any(fnmatch.fnmatchcase(n, g) for g in only))
+        & (seeds is None or r["seed"].isin(seeds)))
+    keys = BY_RUN if args.by_run else KEYS
+    runs_a, runs_b = (load(s, args.allow_mixed_code, keys, keep) for s in (args.a, args.b))
+    both = compare(runs_a, runs_b, args.across, keys, args.trains)
     md = markdown(args.a, args.b, both, shares(both), (seeds_text(runs_a), seeds_text(runs_b)), args.across)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -247,7 +320,7 @@ def _main(argv):
     write_text(written[0], both.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
     write_text(written[1], md)
     runs = pandas().concat([runs_a.assign(map="A"), runs_b.assign(map="B")], ignore_index=True)
-    write_outputs(out, args.publish, title(args.across), md, runs, written,
+    write_outputs(out, args.publish, title(args.across, args.by_run), md, runs, written,
                   argv_of("python -m fairseq_lnpos.analysis.agreement", argv))
     print(md, end="")
     return 0

@@ -232,10 +232,12 @@ def gather(sources, page_tables, what="the output folder of a sweep or grid (OUT
                          else pd.DataFrame(columns=list(page_tables[name]))) for name, parts in tables.items()}
 
 
-def check_one_experiment(out, runs):
+def check_one_experiment(out, runs, by=None):
     """A map compares runs along its axes only: refuse ``runs`` that differ in another setting, and
     cells whose seeds are not distinct runs (the same seed twice: a copied folder). The corpus is the
-    same where its unigram bits are (its folder may differ: runs of another machine or day)."""
+    same where its unigram bits are (its folder may differ: runs of another machine or day). With ``by``
+    (a column: ``run`` for a study of named runs, whose settings differ from row to row), a cell is a
+    value of ``by`` and only its seeds must share every setting."""
     if runs.empty:
         return
     bits = runs.dropna(subset=["unigram_bits"])
@@ -243,18 +245,20 @@ def check_one_experiment(out, runs):
         a, b = bits.iloc[0], bits[bits["unigram_bits"].round(5) != round(bits["unigram_bits"].iloc[0], 5)].iloc[0]
         raise LnposError(f"{out}: its runs were trained on different corpora (unigram bits {a['unigram_bits']:.5f} in "
                          f"{a['path']}, {b['unigram_bits']:.5f} in {b['path']}): map one corpus at a time")
-    first = json.loads(runs["settings"].iloc[0])
-    for _, r in runs.iterrows():
-        other = json.loads(r["settings"])
-        differ = sorted(k for k in first.keys() | other.keys()
-                        if k != "data" and first.get(k, "(absent)") != other.get(k, "(absent)"))
-        if differ:
-            k = differ[0]
-            raise LnposError(
-                f"{out}: its runs differ in {', '.join(differ)} ({k} {first.get(k, '(absent)')!r} in "
-                f"{runs['path'].iloc[0]}, {other.get(k, '(absent)')!r} in {r['path']}), not only in the map's axes "
-                f"(architecture, depth, warm-up, learning rate, seed): map one experiment per folder (a sweep's --out)")
-    twice = runs[runs.duplicated(["variant", "layers", "warmup", "lr", "seed"], keep=False)]
+    for _, cell in runs.groupby(by, sort=False) if by else [(None, runs)]:
+        first = json.loads(cell["settings"].iloc[0])
+        for _, r in cell.iterrows():
+            other = json.loads(r["settings"])
+            differ = sorted(k for k in first.keys() | other.keys()
+                            if k != "data" and first.get(k, "(absent)") != other.get(k, "(absent)"))
+            if differ:
+                k = differ[0]
+                raise LnposError(
+                    f"{out}: its runs differ in {', '.join(differ)} ({k} {first.get(k, '(absent)')!r} in "
+                    f"{cell['path'].iloc[0]}, {other.get(k, '(absent)')!r} in {r['path']}), not only in the "
+                    + (f"{by} and seed" if by else "map's axes (architecture, depth, warm-up, learning rate, seed)")
+                    + ": map one experiment per folder (a sweep's --out)")
+    twice = runs[runs.duplicated([by, "seed"] if by else ["variant", "layers", "warmup", "lr", "seed"], keep=False)]
     if not twice.empty:
         paths = sorted(twice["path"])
         raise LnposError(f"{out}: {len(paths)} run folders hold the same cell and seed ({paths[0]}, {paths[1]}): "

@@ -52,16 +52,19 @@ def counted(runs):
     return runs[runs["outcome"].isin(COUNTED)]
 
 
-def make_cells(runs, trains=V.DEFAULT_TRAINS, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA):
+def make_cells(runs, trains=V.DEFAULT_TRAINS, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA, keys=KEYS,
+               families=V.FAMILIES):
     """The cells of the counted runs (a DataFrame, a row per cell) with their seeds' statistics and
-    verdicts (:mod:`.verdict`); ``verdict`` in a word against its own architecture."""
+    verdicts (:mod:`.verdict`); ``verdict`` in a word against its own architecture. A cell is a value of
+    ``keys`` (the map's axes; ``["run"]``: each named run of a study), judged within each of ``families``
+    ({name: the columns of a family}; no columns: every cell one family)."""
     runs = counted(runs)
     runs = runs.assign(diverged=runs["outcome"] == DIVERGED, stopped=runs["outcome"] == STOPPED,
                        finished=runs["outcome"] == FINISHED)
     runs = runs.assign(seeds_train=runs["finished"] & (runs["nll_ratio"] <= trains))
-    cells = runs.groupby(KEYS).agg(seeds=("seed", "size"), **{c: (c, f) for c, f in OVER_SEEDS.items()})
+    cells = runs.groupby(keys).agg(seeds=("seed", "size"), **{c: (c, f) for c, f in OVER_SEEDS.items()})
     nll, bleu = "final_valid_nll", "bleu_tok"
-    cells = cells.join(runs[runs["finished"]].groupby(KEYS).agg(
+    cells = cells.join(runs[runs["finished"]].groupby(keys).agg(
         nll=(nll, "mean"), nll_var=(nll, "var"), nll_min=(nll, "min"), nll_max=(nll, "max"),
         loss=("final_valid_loss", "mean"), bleu=(bleu, "mean"), bleu_min=(bleu, "min"), bleu_max=(bleu, "max"))
     ).reset_index()
@@ -69,14 +72,15 @@ def make_cells(runs, trains=V.DEFAULT_TRAINS, margin=V.DEFAULT_MARGIN, alpha=V.D
     cells["trains"] = (cells["finished"] == cells["seeds"]) & (cells["nll"] <= trains * cells["unigram_bits"])
     cells["disagree"] = (cells["seeds_train"] > 0) & (cells["seeds_train"] < cells["seeds"])
     trained = cells[cells["trains"]]
-    for family, keys in V.FAMILIES.items():
-        cells[f"good_{family}"] = V.good(trained, list(keys), margin=margin, alpha=alpha, lone=True, index=cells.index,
+    for family, by in families.items():
+        cells[f"good_{family}"] = V.good(trained, list(by), margin=margin, alpha=alpha, lone=True, index=cells.index,
                                          other=False)
-        cells[f"gap_{family}"] = trained["nll"] - trained.groupby(list(keys))["nll"].transform("min")
+        cells[f"gap_{family}"] = trained["nll"] - (trained.groupby(list(by))["nll"].transform("min") if by
+                                                   else trained["nll"].min())
     own, lost_all = cells["good_own"], cells["diverged"] + cells["stopped"] == cells["seeds"]
     cells["verdict"] = np.select([cells["diverged"] == cells["seeds"], lost_all, ~cells["trains"], own.isna(),
                                   own == True], ["diverged", "stopped", "no-train", "NA", "good"], "poor")  # noqa: E712
-    return order(cells)
+    return order(cells) if keys == KEYS else ordered(cells, *keys).reset_index(drop=True)
 
 
 def lr_sensitivity(runs):

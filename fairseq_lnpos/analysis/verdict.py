@@ -109,13 +109,14 @@ def welch(x, ref):
 def good(table, by, mean="nll", var="nll_var", n="finished", margin=DEFAULT_MARGIN, alpha=DEFAULT_ALPHA, lone=None,
          index=None, other=None):
     """The verdict of each row of ``table`` (cells that train; its columns ``mean``, ``var`` and ``n``: the
-    seeds' mean, sample variance and number), its families the groups of ``by`` (:func:`poor`): True (good),
-    False (poor) or None (not compared: no variance); ``lone``, when given, is that of a family's only cell.
+    seeds' mean, sample variance and number), its families the groups of ``by`` (no columns: one family;
+    :func:`poor`): True (good), False (poor) or None (not compared: no variance); ``lone``, when given, is
+    that of a family's only cell.
     A Series of objects over ``index`` (default: ``table``'s), ``other`` where a row is not in ``table``."""
     import pandas as pd
 
     got = {}
-    for _, f in table.groupby(by):
+    for _, f in table.groupby(by) if len(by) else [(None, table)]:
         if len(f) == 1 and lone is not None:
             got[f.index[0]] = lone
             continue
