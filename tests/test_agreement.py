@@ -151,6 +151,18 @@ def test_a_shift_beyond_the_seeds_noise_is_flagged_and_one_within_it_is_not(tmp_
     assert abs(rows.loc[("postln", 1e-3), "diff"] - 0.30) < 1e-9
 
 
+def test_the_moves_of_the_cells_that_train_are_stated_apart(tmp_path):
+    """The margin separates only cells that train: the page states how far those moved apart from every
+    cell's move (here a cell that does not train moves by 1 bit, one that trains by 0.3)."""
+    moved = dict(CELLS)
+    moved["postln", 1e-3, 0] = (1.30, 1.31, 1.32)  # trains in both: +0.30
+    moved["preln", 3e-3, 0] = (6.5, 6.6, 6.4)       # trains in neither: +1.00
+    both = A.compare(runs_frame(write_map(tmp_path / "a")), runs_frame(write_map(tmp_path / "b", moved)))
+    (line,) = [x for x in A.noise_lines(both) if x.startswith("Final validation NLL")]
+    assert "|B - A| at most 1.000 in 95 % of the cells" in line
+    assert "over the 3 cells that train in both (those the verdict's margin separates), at most 0.300 in 95 %" in line
+
+
 STUDY = {  # a study's named rows (the warm-up study's kind): Post-LN at one lr and warm-up, other clipping
     "row-noclip": (0.0, (5.00, 5.02, 5.04)),
     "row-clip1": (1.0, (5.50, 5.52, 5.54)),  # 0.5 bit worse: poor against the other row

@@ -236,11 +236,14 @@ def noise_lines(both, across=None):
     tested, beyond = d["p"].notna().sum(), d[d["beyond_noise"] == True]  # noqa: E712
     big = d.loc[d["diff"].abs().idxmax()]
     name = big["run"] if by_run(d) else f"{big['variant']}, warm-up {big['warmup']}, lr {big['lr']:g}"
+    within = lambda t: f"{t['diff'].abs().quantile(0.95, interpolation='higher'):.3f}"  # noqa: E731  (an observed value)
+    trained = d[(d["rule_a"] != "no-train") & (d["rule_b"] != "no-train")]
     lines = [f"Final validation NLL, B minus A{f' (across {across})' if across else ''}, over the {len(d)} cells with "
              f"finished seeds in both: mean {d['diff'].mean():+.3f} bits, median {d['diff'].median():+.3f}, |B - A| at "
-             f"most {d['diff'].abs().quantile(0.95, interpolation='higher'):.3f} in 95 % of the cells, largest "
-             f"{big['diff']:+.3f} ({name}); beyond the seeds' noise (Welch, two-sided, Holm over the {tested} cells "
-             f"with two seeds or more in each, 5 %): {len(beyond)}.", ""]
+             f"most {within(d)} in 95 % of the cells, largest {big['diff']:+.3f} ({name}); over the {len(trained)} "
+             f"cells that train in both (those the verdict's margin separates), at most "
+             f"{within(trained) if len(trained) else '-'} in 95 %; beyond the seeds' noise (Welch, two-sided, Holm "
+             f"over the {tested} cells with two seeds or more in each, 5 %): {len(beyond)}.", ""]
     shown = d if across or by_run(d) else beyond  # across a setting or for a study's rows, every difference is the finding
     if len(shown):
         head, rule = cell_head(d)
