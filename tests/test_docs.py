@@ -191,7 +191,8 @@ AGREEMENT_PAGES = {"all-archs-replication": lambda runs: runs["seed"] <= 3,
                    "all-archs-second-machine": lambda runs: runs["cpu"] == "AMD EPYC",
                    "precision-all-archs": lambda runs: runs["precision"] == "float32",
                    "precision-demo": lambda runs: runs["precision"] == "float32",
-                   "precision-demo-real": lambda runs: runs["precision"] == "float32"}
+                   "precision-demo-real": lambda runs: runs["precision"] == "float32",
+                   "why-warmup-second-machine": lambda runs: runs["cpu"] == "AMD EPYC"}
 
 
 @pytest.mark.parametrize("name", sorted(AGREEMENT_PAGES))

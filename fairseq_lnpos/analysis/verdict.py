@@ -7,7 +7,7 @@ bits to every cell) of each cell (architecture, depth, warm-up, learning rate; i
 - **poor**: worse than another cell of its family that trains by more than ``margin`` bits: every ordered
   pair (i, j) tests mu_i - mu_j <= margin with Welch's t, the k (k - 1) tests Holm-corrected at ``alpha``;
   no best cell is selected first, so of identical cells some is called poor at most ``alpha`` of the time.
-- **the margin**: above what a re-run alone changes (:data:`DEFAULT_MARGIN`): a difference smaller
+- **the margin**: about what a re-run alone changes (:data:`DEFAULT_MARGIN`): a difference no larger
   than a second machine makes of the same runs is not one to call a cell poor for.
 - **each cell's variance**: its seeds' own (Welch), nothing pooled or moderated: the cells' standard
   deviations differ a hundredfold (0.007 to 1.3 bit, 5th to 95th percentile, on the all-archs page), and
@@ -31,7 +31,9 @@ from scipy.stats import t as student, ttest_ind
 DEFAULT_TRAINS = 0.5
 # "poor": worse by more than this many bits. Its basis: the same runs trained again on a second machine
 # (docs/results/all-archs-second-machine: same seeds, code and data) moved 95 % of the cells' mean NLL
-# by less than this ("|B - A| at most ... in 95 % of the cells" on that page; tests/test_verdict.py).
+# by less than this ("|B - A| at most ... in 95 % of the cells" on that page; tests/test_verdict.py) and
+# 95 % of the cells that train in both runs, the only ones it separates, by about this (the page's second
+# "at most"); on real text: docs/results/why-warmup-second-machine.
 DEFAULT_MARGIN = 0.1
 DEFAULT_ALPHA = 0.05
 FAMILIES = {"own": ("variant", "layers"), "depth": ("layers",)}
