@@ -240,10 +240,11 @@ def noise_lines(both, across=None):
     trained = d[(d["rule_a"] != "no-train") & (d["rule_b"] != "no-train")]
     lines = [f"Final validation NLL, B minus A{f' (across {across})' if across else ''}, over the {len(d)} cells with "
              f"finished seeds in both: mean {d['diff'].mean():+.3f} bits, median {d['diff'].median():+.3f}, |B - A| at "
-             f"most {within(d)} in 95 % of the cells, largest {big['diff']:+.3f} ({name}); over the {len(trained)} "
-             f"cells that train in both (those the verdict's margin separates), at most "
-             f"{within(trained) if len(trained) else '-'} in 95 %; beyond the seeds' noise (Welch, two-sided, Holm "
-             f"over the {tested} cells with two seeds or more in each, 5 %): {len(beyond)}.", ""]
+             f"most {within(d)} in 95 % of the cells, largest {big['diff']:+.3f} ({name}); "
+             + (f"over the {len(trained)} cells that train in both (those the verdict's margin separates), at most "
+                f"{within(trained)} in 95 %; " if len(trained) else "no cell trains in both; ")
+             + f"beyond the seeds' noise (Welch, two-sided, Holm over the {tested} cells with two seeds or more in "
+             f"each, 5 %): {len(beyond)}.", ""]
     shown = d if across or by_run(d) else beyond  # across a setting or for a study's rows, every difference is the finding
     if len(shown):
         head, rule = cell_head(d)
