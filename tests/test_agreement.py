@@ -199,8 +199,9 @@ def test_a_study_of_named_runs_is_compared_run_by_run(tmp_path, capsys):
     both = A.compare(runs_frame(a), runs_frame(b), keys=A.BY_RUN, trains=0.8).set_index("run")
     assert (both.loc["row-clip1", "rule_a"], both.loc["row-noclip", "rule_a"]) == ("poor", "good")
     assert both.loc["row-clip1", "beyond_noise"] and not both.loc["row-noclip", "beyond_noise"]
-    # 'trains' at half the unigram bits (4.0): no row trains
-    assert set(A.compare(runs_frame(a), runs_frame(b), keys=A.BY_RUN)["rule_a"]) == {"no-train"}
+    # 'trains' at half the unigram bits (4.0): no row trains, and the page says so
+    none = A.compare(runs_frame(a), runs_frame(b), keys=A.BY_RUN)
+    assert set(none["rule_a"]) == {"no-train"} and "; no cell trains in both; beyond" in A.noise_lines(none)[0]
 
 
 def test_only_and_seeds_select_the_runs_of_both(tmp_path, capsys):

@@ -192,7 +192,8 @@ AGREEMENT_PAGES = {"all-archs-replication": lambda runs: runs["seed"] <= 3,
                    "precision-all-archs": lambda runs: runs["precision"] == "float32",
                    "precision-demo": lambda runs: runs["precision"] == "float32",
                    "precision-demo-real": lambda runs: runs["precision"] == "float32",
-                   "why-warmup-second-machine": lambda runs: runs["cpu"] == "AMD EPYC"}
+                   "why-warmup-second-machine": lambda runs: runs["cpu"] == "AMD EPYC",
+                   "why-warmup-same-machine": lambda runs: ~runs["path"].str.contains("whyx-same/")}
 
 
 @pytest.mark.parametrize("name", sorted(AGREEMENT_PAGES))
