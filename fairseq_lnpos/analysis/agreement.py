@@ -96,10 +96,7 @@ def earlier_verdicts(runs, ratio=EARLIER["ratio"], near=EARLIER["near"], noise_k
 def verdicts(runs, keys=KEYS, trains=V.DEFAULT_TRAINS):
     """The rules' verdicts (:data:`RULES`; with ``keys`` :data:`BY_RUN`, the map's rule with every named run one
     family) and the mean NLL of every cell of ``runs`` (a DataFrame indexed by the keys)."""
-    if keys != KEYS:
-        cells = make_cells(runs, trains, keys=keys, families={"own": ()}).set_index(keys)
-    else:
-        cells = make_cells(runs, trains).set_index(KEYS)
+    cells = make_cells(runs, trains, keys=keys, families=V.FAMILIES if keys == KEYS else {"own": ()}).set_index(keys)
     out = {"nll": cells["nll"], "loss": cells["loss"],
            "rule": cells["verdict"].where(~cells["verdict"].isin(NO_TRAIN), "no-train")}
     if keys == KEYS:

@@ -256,8 +256,9 @@ def check_one_experiment(out, runs, by=None):
                 raise LnposError(
                     f"{out}: its runs differ in {', '.join(differ)} ({k} {first.get(k, '(absent)')!r} in "
                     f"{cell['path'].iloc[0]}, {other.get(k, '(absent)')!r} in {r['path']}), not only in the "
-                    + (f"{by} and seed" if by else "map's axes (architecture, depth, warm-up, learning rate, seed)")
-                    + ": map one experiment per folder (a sweep's --out)")
+                    + (f"{by} and seed: a {by}'s seeds share its settings; train the odd one again or move it away"
+                       if by else "map's axes (architecture, depth, warm-up, learning rate, seed): map one "
+                       "experiment per folder (a sweep's --out)"))
     twice = runs[runs.duplicated([by, "seed"] if by else ["variant", "layers", "warmup", "lr", "seed"], keep=False)]
     if not twice.empty:
         paths = sorted(twice["path"])
