@@ -49,7 +49,7 @@ from ..errors import LnposError, run_main
 from . import verdict as V
 from .frame import COUNTED, FINISHED, check_model_code, check_one_experiment, pandas, read_runs
 from .publish import argv_of, write_outputs
-from .stability import KEYS, make_cells, order, ordered
+from .stability import KEYS, make_cells, order
 
 EARLIER = dict(ratio=0.6, near=0.10, noise_k=2.0)
 NO_TRAIN = {"no-train", "diverged", "stopped"}
@@ -156,7 +156,7 @@ def compare(runs_a, runs_b, across=None, keys=KEYS, trains=V.DEFAULT_TRAINS):
                                                  suffixes=("_a", "_b"))
     both = both.join(differences(*keep, keys=keys))
     both["beyond_noise"] = both["beyond_noise"].astype(object).fillna(False).astype(bool)  # cells without an NLL
-    both = order(both.reset_index()) if keys == KEYS else ordered(both.reset_index(), *keys).reset_index(drop=True)
+    both = order(both.reset_index(), keys)
     both.attrs["left_out"] = len(ca ^ cb)
     return both
 

@@ -42,9 +42,9 @@ OVER_SEEDS = {"diverged": "sum", "stopped": "sum", "finished": "sum", "seeds_tra
               "cuda_peak_mb": "max", "train_seconds": "mean", "train_cpu_seconds": "sum"}
 
 
-def order(frame):
-    """``frame`` sorted: architectures in the registry's order, then depth, warm-up, learning rate."""
-    return ordered(frame, *KEYS).reset_index(drop=True)
+def order(frame, keys=KEYS):
+    """``frame`` sorted by ``keys``: architectures in the registry's order, then depth, warm-up, learning rate."""
+    return ordered(frame, *keys).reset_index(drop=True)
 
 
 def counted(runs):
@@ -80,7 +80,7 @@ def make_cells(runs, trains=V.DEFAULT_TRAINS, margin=V.DEFAULT_MARGIN, alpha=V.D
     own, lost_all = cells["good_own"], cells["diverged"] + cells["stopped"] == cells["seeds"]
     cells["verdict"] = np.select([cells["diverged"] == cells["seeds"], lost_all, ~cells["trains"], own.isna(),
                                   own == True], ["diverged", "stopped", "no-train", "NA", "good"], "poor")  # noqa: E712
-    return order(cells) if keys == KEYS else ordered(cells, *keys).reset_index(drop=True)
+    return order(cells, keys)
 
 
 def lr_sensitivity(runs):
