@@ -5,7 +5,10 @@ Imports nothing heavy.
 - :func:`script`: ``fairseq-train``, ``fairseq-generate`` ... of the running interpreter's
   environment, else the bare name (found on ``PATH`` when it starts: fairseq installed elsewhere).
 - :func:`child_env`: this process's environment with the thread count of torch's OpenMP and MKL
-  pools and, where given, the one GPU the child sees.
+  pools and, where given, the GPUs the child sees (entries of ``CUDA_VISIBLE_DEVICES``).
+- :func:`recorded_train_cmd` / :func:`main`: fairseq-train on GPUs, each process of the run (one per
+  GPU under fairseq's distributed training) writing its GPU's name and the memory it took to
+  ``cuda-rank<R>.json`` (:func:`read_cuda_records` reads them back).
 - :func:`train_args` / :func:`train_cmd`: fairseq-train in the project's recipe (the plugin's
   ``--user-dir``, label-smoothed cross-entropy 0.1); :func:`adam` and :data:`NO_WARMUP` are the
   optimizer and schedule the benchmark and the checks share with the run table's defaults.
@@ -19,6 +22,7 @@ line of fairseq-generate).
 import hashlib
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -40,7 +44,8 @@ def script(name):
 
 def child_env(threads, device=None):
     """The environment of a fairseq child: this one, ``threads`` OpenMP/MKL threads, and with
-    ``device`` only that GPU visible."""
+    ``device`` (a ``CUDA_VISIBLE_DEVICES`` value: entries of this process's own variable, or physical
+    ids where it is unset; experiments/plan.py) only those GPUs visible."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(device)
@@ -111,3 +116,134 @@ def config_hash(config, length=16):
     """The first ``length`` hex digits of the SHA-256 of ``config`` as key-sorted JSON (values
     JSON cannot write, such as paths, as their ``str``)."""
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:length]
+
+
+# ---------------------------------------------------------------- fairseq-train on GPUs, recorded
+
+CUDA_RECORD = "LNPOS_CUDA_RECORD"  # the folder where each process of a run writes cuda-rank<R>.json
+# what a CUDA context (the driver's state and the loaded kernels) takes beyond what PyTorch's allocator
+# reserves, where the driver's own figure for the process cannot be read (no nvidia-ml-py): an estimate
+# (a few hundred MB on recent GPUs and CUDA versions), not a measurement
+CONTEXT_ESTIMATE_MB = 500
+_fairseq_main = None  # fairseq_cli.train.main, in the process that replaced it by recorded_main
+
+
+def recorded_train_cmd(cmd):
+    """fairseq-train's command line ``cmd`` run through :func:`main`: the same training, with
+    :data:`CUDA_RECORD` in its environment naming where its records go."""
+    return [sys.executable, "-m", "fairseq_lnpos.launch", *cmd[1:]]
+
+
+def _mb(n):
+    return round(n / 2 ** 20, 1)
+
+
+def driver_mb(device):
+    """The memory the driver counts for this process on ``device`` (a torch device index), in MB,
+    through NVML (nvidia-ml-py); None where it cannot be read."""
+    try:
+        import pynvml
+        import torch
+
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else "GPU-" + uuid)
+        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if proc.pid == os.getpid() and proc.usedGpuMemory:
+                return _mb(proc.usedGpuMemory)
+    except Exception:  # no NVML, no permission, a MIG or container setup it does not see into
+        return None
+    return None
+
+
+def cuda_record(rank):
+    """This process's record on its current CUDA device: the GPU's name, the peak that PyTorch's
+    allocator reserved and allocated, and what the run took on the GPU (``cuda_mb``): the driver's
+    figure for the process where it can be read, else the reserved peak plus
+    :data:`CONTEXT_ESTIMATE_MB` (``context`` says which)."""
+    import torch
+
+    device = torch.cuda.current_device()
+    reserved = _mb(torch.cuda.max_memory_reserved(device))
+    driver = driver_mb(device)
+    return {"rank": rank, "gpu": torch.cuda.get_device_name(device), "reserved_mb": reserved,
+            "allocated_mb": _mb(torch.cuda.max_memory_allocated(device)), "driver_mb": driver,
+            "cuda_mb": driver if driver is not None and driver >= reserved else round(reserved + CONTEXT_ESTIMATE_MB, 1),
+            "context": "driver" if driver is not None and driver >= reserved else f"estimate {CONTEXT_ESTIMATE_MB} MB"}
+
+
+def _write_record(folder, record):
+    """Write ``record`` as ``cuda-rank<R>.json`` in ``folder``, keeping the larger peaks of an earlier
+    launch of the same run (a resumed run reserves again from nothing)."""
+    path = Path(folder) / f"cuda-rank{record['rank']}.json"
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        old = {}
+    if isinstance(old, dict) and isinstance(old.get("cuda_mb"), (int, float)) and old["cuda_mb"] > record["cuda_mb"]:
+        record = {**record, **{k: old.get(k) for k in ("reserved_mb", "allocated_mb", "driver_mb", "cuda_mb", "context")}}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _stop(signum, frame):
+    raise SystemExit(128 + signum)  # the record is written on the way out (the grid stops runs with SIGTERM)
+
+
+def recorded_main(cfg, **kwargs):
+    """fairseq-train's ``main`` for one process of the run (fairseq's ``call_main`` starts one per GPU):
+    the training, then, on CUDA and with :data:`CUDA_RECORD` set, this process's :func:`cuda_record`,
+    also when training fails or is stopped."""
+    import torch
+
+    inner = _fairseq_main
+    if inner is None:  # a process that fairseq started per GPU imported fairseq unchanged
+        from fairseq_cli import train
+
+        inner = train.main
+    folder = os.environ.get(CUDA_RECORD)
+    if not folder or cfg.common.cpu or not torch.cuda.is_available():
+        return inner(cfg, **kwargs)
+    rank = cfg.distributed_training.distributed_rank or 0
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        return inner(cfg, **kwargs)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        try:
+            _write_record(folder, cuda_record(rank))
+        except (OSError, RuntimeError) as e:  # the record is what is lost, never the run's outcome
+            print(f"fairseq-train: warning: no CUDA record written ({e})", file=sys.stderr)
+
+
+def read_cuda_records(folder):
+    """The records :func:`recorded_main` wrote in ``folder``, ordered by rank (unreadable ones skipped)."""
+    records = []
+    for path in Path(folder).glob("cuda-rank*.json"):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("rank"), int):
+            records.append(rec)
+    return sorted(records, key=lambda r: r["rank"])
+
+
+def main(argv=None):
+    """``python -m fairseq_lnpos.launch FAIRSEQ_TRAIN_ARGS``: fairseq-train (its ``cli_main``), with
+    :func:`recorded_main` in place of its ``main``."""
+    global _fairseq_main
+    from fairseq_cli import train
+
+    sys.argv = ["fairseq-train", *(sys.argv[1:] if argv is None else argv)]
+    _fairseq_main, train.main = train.main, recorded_main
+    train.cli_main()
+    return 0
+
+
+if __name__ == "__main__":
+    # the package's module, not this __main__: fairseq's processes per GPU find recorded_main by its name
+    from fairseq_lnpos.launch import main as launch_main
+
+    sys.exit(launch_main())

@@ -11,7 +11,10 @@ every results page, so that a number can be traced to the code and the machine t
 - ``python``, ``torch``, ``fairseq`` (with the distribution that provides it: ``fairseq`` or
   ``fairseq-fixed``): versions, read from the installed distributions (nothing is imported);
 - ``cpu`` (the model name), ``cores`` (usable by this process), ``gpu`` (the NVIDIA GPUs the
-  driver lists, empty without one), ``load`` (the 1-minute load average when it was recorded), ``host``.
+  driver lists, empty without one; in a run's record the run's own GPUs, by the names its processes
+  read from CUDA, ``torch.cuda.get_device_name``, and none for a CPU run), ``load`` (the 1-minute load
+  average when it was recorded), ``host``; a GPU run's record adds ``cuda_visible_devices``, the
+  ``CUDA_VISIBLE_DEVICES`` its processes were given.
 
 Imports nothing heavy; the git and file reads happen once per process (:func:`pin`: at its start).
 """
@@ -113,10 +116,16 @@ def software():
             "fairseq_dist": fairseq_dist}
 
 
-def provenance():
-    """The JSON object a run records (see the module's docstring)."""
-    return {"code": code_version(), "model_code": model_code_hash(), **software(), **machine(),
-            "load": round(os.getloadavg()[0], 2)}
+def provenance(gpu=None, cuda_visible_devices=None):
+    """The JSON object a run records (see the module's docstring); ``gpu``: the run's GPUs by name in
+    place of the machine's (the driver's list), ``cuda_visible_devices``: the GPUs it was given."""
+    out = {"code": code_version(), "model_code": model_code_hash(), **software(), **machine(),
+           "load": round(os.getloadavg()[0], 2)}
+    if gpu is not None:
+        out["gpu"] = list(gpu)
+    if cuda_visible_devices is not None:
+        out["cuda_visible_devices"] = cuda_visible_devices
+    return out
 
 
 def describe_code(code):

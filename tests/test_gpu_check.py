@@ -1,6 +1,8 @@
 """The GPU check (scripts/gpu_check.sh, scripts/tools/gpu_check.py) without a GPU: the commands each
-step would run, its refusal where torch sees no GPU, and the timing of a grid it runs."""
+step would run, its refusals (what is not installed, no GPU), a step that resumes, a training that fails,
+and the timing of a grid it runs."""
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -92,13 +94,42 @@ def test_without_multi30k_steps_five_to_seven_are_skipped(tmp_path):
     assert G.plan(tmp_path, [1])[0][0] == "synthetic corpus" and len(steps(G.plan(tmp_path, [1]))) == 1
 
 
-def test_no_gpu_is_one_line(tmp_path, capsys):
+def test_no_gpu_is_one_line(tmp_path, capsys, monkeypatch):
     torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is here")
-    assert G.main([str(tmp_path / "out")]) == 2
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert G.main([str(tmp_path / "out"), "3"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpu_check.sh: error: torch ") and "sees no GPU here" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_step_is_given_each_call(tmp_path, capsys):
+    assert G.main([str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == ("gpu_check.sh: error: give the step to run, 1 to 7 (each is its own call and "
+                                       "resumes: gpu_check.sh OUT 1, then gpu_check.sh OUT 2, ...)\n")
+
+
+def test_what_is_not_installed_is_named_in_one_line(tmp_path, capsys):
+    absent = {"fairseq", "pandas", "matplotlib"}
+    find = lambda name: None if name in absent else object()  # noqa: E731
+    assert G.missing([1], find=find, program=lambda name: True) == [G.FAIRSEQ_PIP]
+    assert G.missing([3], find=find, program=lambda name: True) == [G.FAIRSEQ_PIP, "pandas", "matplotlib"]
+    assert G.missing([7], find=lambda name: object(), program=lambda name: False) == ["fairseq-train"]
+    with pytest.raises(G.LnposError) as e:
+        G.check_installed([5], find=find, program=lambda name: True)
+    assert str(e.value) == (f"{G.FAIRSEQ_PIP}, pandas, matplotlib are not installed for {sys.executable}: install with "
+                            f"{sys.executable} -m pip install '{G.FAIRSEQ_PIP}' pandas matplotlib (or everything the "
+                            f"project needs: {sys.executable} -m pip install -e . in the repository)")
+
+
+def test_a_bare_python_is_told_what_to_install(tmp_path):
+    """A Python with none of the project's requirements (no site-packages: ``-S``): one line, exit 2, nothing
+    written, before any step starts."""
+    res = subprocess.run([sys.executable, "-S", str(TOOLS / "gpu_check.py"), str(tmp_path / "out"), "3"],
+                         capture_output=True, text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 2 and res.stdout == "" and res.stderr.count("\n") == 1, res.stderr
+    head = f"gpu_check.sh: error: torch, {G.FAIRSEQ_PIP}, sentencepiece, sacrebleu, sacremoses, pandas, scipy, "
+    assert res.stderr.startswith(head + "matplotlib are not installed for ") and " -m pip install torch " in res.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -119,7 +150,39 @@ def test_a_new_grid_is_timed_a_resumed_one_is_not(tmp_path, capsys):
     assert capsys.readouterr().out == f"{grid} exists: resuming it, not timing it\n" and G.seconds_of(grid) is None
     with pytest.raises(G.LnposError, match=r"failed \(exit 3\)"):
         G.execute(G.Command([sys.executable, "-c", "import sys; sys.exit(3)"]))
-    G.execute(G.Command([sys.executable, "-c", "import sys; sys.exit(3)"], check=False))  # step 1's commands
+
+
+def test_a_training_resumes_and_a_failed_one_is_reported_with_its_log(tmp_path, capsys):
+    """Steps 1, 2 and 4: a command that ended well is skipped by the next call; one that failed is said
+    with its log (the others go on) and runs again in the next call."""
+    count = tmp_path / "count"
+    ok = G.Command([sys.executable, "-c", f"open({str(count)!r}, 'a').write('x')"], log=tmp_path / "ok.log",
+                   check=False, stamp=tmp_path / "ok.done")
+    bad = G.Command([sys.executable, "-c", "import sys; sys.exit(3)"], log=tmp_path / "bad.log", check=False,
+                    stamp=tmp_path / "bad.done")
+    assert G.execute(ok) is True and G.execute(bad) is False
+    out = capsys.readouterr().out
+    assert out == f"FAILED: {sys.executable} -c import sys; sys.exit(3) ... failed (exit 3): see {tmp_path / 'bad.log'}\n"
+    assert G.execute(ok) is True and count.read_text() == "x"  # not run again
+    assert capsys.readouterr().out == f"ok: done before, skipped ({tmp_path / 'ok.done'} exists)\n"
+    assert G.execute(bad) is False and not bad.stamp.exists()
+
+
+def test_step_one_reports_a_failed_training_as_a_failure(tmp_path, capsys):
+    """No gradient norms because fairseq-train failed is a failure with its log, not a skipped update."""
+    arch = "transformer_postln_tiny"
+    for prec, total in (("fp32", 2.0), ("fp16", 2.01)):
+        (tmp_path / f"gn-{arch}-{prec}").mkdir()
+        (tmp_path / f"gn-{arch}-{prec}" / G.GRAD_NORMS_JSONL).write_text(
+            json.dumps({"norms": {"total": total, "encoder/0": total / 2}}) + "\n")
+        (tmp_path / f"gn-{arch}-{prec}.done").write_text("exit 0\n")
+    G.compare_norms(tmp_path, arch)  # amp: it failed, no stamp
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{arch} amp: FAILED: its training did not end well (see {tmp_path / f'gn-{arch}-amp.log'})"
+    assert out[1].startswith(f"{arch} fp16: 2 groups, total 2.0100 vs fp32 2.0000, max rel diff 0.0050") and \
+        out[1].endswith("-> OK") and len(out) == 2
+    G.losses("postln", tmp_path / "train-postln.log")
+    assert capsys.readouterr().out == f"postln: FAILED: see {tmp_path / 'train-postln.log'}\n"
 
 
 def test_step_six_counts_the_words_with_the_throughput_script(tmp_path, monkeypatch):

@@ -34,6 +34,12 @@ CHECKPOINT_FLAGS = {
     "--checkpoint-suffix": "renames the checkpoints the grid looks for",
 }
 
+# one run on several GPUs: fairseq's own all-reduce after the backward pass (``--ddp-backend legacy_ddp``,
+# also called no_c10d), which gives a parameter without a gradient in an update a zero one; PyTorch's
+# DDP (fairseq's default) stops at the next update when a parameter got no gradient, as some do under
+# upstream fairseq 0.12.2. Both distributions have the option; it changes no result.
+DDP_FLAGS = ("--ddp-backend", "legacy_ddp")
+
 
 def split_flags(text, option):
     """Command-line flags in one string, split as a shell does; unbalanced quotes are an error."""
@@ -174,10 +180,12 @@ class Job:
     langs: tuple
     opts: RunOptions  # the grid's options (or SweepOptions, SlurmOptions)
     index: int = 0    # its place among the grid's jobs, from 1
+    cpu: bool = False  # it takes a CPU slot: its fairseq commands get --cpu, whatever GPUs the machine has
+    placement: str = None  # where a dry run says it trains (plan.placement), e.g. "GPU 4"
 
     @property
     def label(self):
-        return f"{self.run.name} seed {self.seed}"
+        return f"{self.run.name} seed {self.seed}" + (f" on {self.placement}" if self.placement else "")
 
     @property
     def dir(self):
@@ -211,8 +219,10 @@ class Job:
             label_smoothing=r.label_smoothing, budget=["--update-freq", str(update_freq), *budget_args(r)],
             seed=self.seed, save_dir=self.save_dir, log_format="json", log_interval=o.log_interval)]
         cmd += self.unread_work_args()
+        if self.cpu:
+            cmd += ["--cpu"]
         if o.world > 1:
-            cmd += ["--distributed-world-size", str(o.world)]
+            cmd += ["--distributed-world-size", str(o.world), *DDP_FLAGS]
         if o.fp16:
             cmd += ["--fp16"]
         if o.cpu_bf16:
@@ -250,10 +260,16 @@ class Job:
         cap = [] if o.uncapped_len else list(LEN_CAP)
         return cap + (["--fp16"] if o.fp16 and self.run.decode_fp16 else []) + split_flags(o.gen_args, "--gen-args")
 
+    def device_args(self):
+        """fairseq-generate's flags of the device: ``--cpu`` for a run of a CPU slot (not part of the
+        config: where a run is scored does not change its hypotheses' definition)."""
+        return ["--cpu"] if self.cpu else []
+
     def generate_argv(self, epoch, manifest, display=False, checkpoint=None):
         """fairseq-generate of epoch ``epoch``'s checkpoint (or of the file ``checkpoint``)."""
         checkpoint = self.dir.checkpoint(epoch) if checkpoint is None else checkpoint
-        cmd = generate_cmd(self.data, checkpoint, manifest, self.run.beam, self.run.lenpen, extra=self.gen_extra())
+        cmd = generate_cmd(self.data, checkpoint, manifest, self.run.beam, self.run.lenpen,
+                           extra=[*self.gen_extra(), *self.device_args()])
         if display:
             cmd[0] = "fairseq-generate"
         return cmd

@@ -11,7 +11,11 @@ and talks to it through JSON lines: a request on stdin (records.ScoreRequest), t
 processes per device, default 1), so training never waits for scoring; a callback receives each
 result. A process that dies while scoring (killed, e.g. by the out-of-memory killer) is not the grid
 stopping: a new process scores that checkpoint again, and a second death is that request's failure.
+On a GPU the process gives the memory PyTorch's allocator keeps back to the driver after each
+checkpoint (:func:`release_cuda_cache`): between two epochs it holds none that the runs training
+beside it could use.
 """
+import gc
 import json
 import logging
 import os
@@ -127,6 +131,17 @@ class Evaluator:
         return answer["result"]
 
 
+def release_cuda_cache():
+    """Return the CUDA memory that PyTorch's caching allocator holds and no tensor uses (the model and
+    batches of the checkpoint just scored) to the driver; nothing where this process has not used CUDA."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return False
+    gc.collect()  # the scored model's tensors that only reference cycles still hold
+    torch.cuda.empty_cache()
+    return True
+
+
 def serve(requests, answers):
     """The evaluator process: answer each JSON request line with one JSON line; the log (stderr) has
     a line at the start and at the end of each scoring, with its phases' seconds."""
@@ -151,6 +166,7 @@ def serve(requests, answers):
         except (LnposError, OSError, RuntimeError, SystemExit) as e:
             answer = {"error": f"scoring {req.checkpoint} failed: {str(e).strip() or type(e).__name__}"}
             LOG.info("%s, after %.1f s", answer["error"], time.time() - t0)
+        release_cuda_cache()
         answers.write(json.dumps(answer) + "\n")
         answers.flush()
 

@@ -2,6 +2,7 @@
 data checked, and the slots (devices) the runs take. grid.py (the command line) and slurm.py plan
 with it.
 """
+import os
 from pathlib import Path
 
 from ..data.manifest import read_manifest
@@ -9,6 +10,7 @@ from ..cli import comma_list
 from ..errors import MAX_SEED, LnposError
 from ..precision import check_bf16_instructions
 from . import runs as R
+from .options import SlurmOptions
 from .commands import Job, check_joined_dictionary, check_train_flags, run_arch, split_flags
 from .rundir import check_out_dir
 from .sweep import AXES
@@ -104,8 +106,11 @@ def override(opts, runs):
 
 
 def make_jobs(opts, runs, dry_run):
-    """One Job per run x seed, with its data dir checked (a dry run tolerates missing data)."""
+    """One Job per run x seed, with its data dir checked (a dry run tolerates missing data). A dry run's
+    jobs say where the grid would train them (:func:`placement`; CPU runs by their ``--cpu``); the
+    scheduler places the others as their slots take them, and SLURM's allocation places its own."""
     data, seeds = parse_data(opts.data), parse_seeds(opts.seeds)
+    slots = plan_slots(opts, dry_run=True) if dry_run and not isinstance(opts, SlurmOptions) else None
     out = Path(opts.out)
     check_out_dir(out)
     check_train_flags(split_flags(opts.fairseq_args, "--fairseq-args"), "--fairseq-args")
@@ -133,30 +138,92 @@ def make_jobs(opts, runs, dry_run):
         check_train_flags(r.extra, f"{r.name}: extra")
         arch = opts.arch or run_arch(r, opts.arch_size)
         for s in seeds:
-            jobs.append(Job(r, s, d, out.resolve() / r.name / f"seed{s}", arch, langs, opts, index=len(jobs) + 1))
+            index = len(jobs) + 1
+            where = {} if slots is None else {"cpu": slots[0] is None,
+                                              "placement": slots[0] and placement(slots, index)}
+            jobs.append(Job(r, s, d, out.resolve() / r.name / f"seed{s}", arch, langs, opts, index=index, **where))
     return jobs, manifests
 
 
+def visible_entries():
+    """The entries of this process's ``CUDA_VISIBLE_DEVICES`` in CUDA's order (physical ids, ``GPU-<UUID>``
+    or ``MIG-...`` ids, as the user or a scheduler gave them), or None when it is unset (every GPU,
+    numbered 0..n-1). CUDA reads the list up to its first empty entry."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    entries = []
+    for entry in value.split(","):
+        if not entry.strip():
+            break
+        entries.append(entry.strip())
+    return entries
+
+
+def gpu_entries(ids, what):
+    """The ``CUDA_VISIBLE_DEVICES`` entries of the GPUs at positions ``ids`` (strings of whole numbers)
+    of what this process sees: the entries of its own variable where it is set (a run given position 0
+    under ``CUDA_VISIBLE_DEVICES=4,5`` sees GPU 4 alone), else the physical ids. Positions beyond what is
+    visible are refused, in one line that says what is."""
+    entries = visible_entries()
+    if entries is None:
+        n = need_cuda(1, what)
+        shown = f"this machine has {n}: 0..{n - 1}"
+    else:
+        if not entries:
+            raise LnposError(f"{what}: CUDA_VISIBLE_DEVICES is empty, so no GPU is visible here: unset it or "
+                             f"give it the GPUs to use")
+        n = len(entries)
+        shown = (f"CUDA_VISIBLE_DEVICES={','.join(entries)} shows {n}: 0..{n - 1}, and --gpus counts in it "
+                 f"(0 is GPU {entries[0]})")
+    bad = [g for g in ids if not g.isdigit() or int(g) >= n]
+    if bad:
+        raise LnposError(f"{what}: no GPU {', '.join(bad)} here ({shown})")
+    return [entries[int(g)] if entries is not None else str(int(g)) for g in ids]
+
+
 def plan_slots(opts, dry_run):
-    """Where runs go: a list of CUDA_VISIBLE_DEVICES values (None = the CPU), one per run at once."""
-    if not opts.gpus:
-        if opts.world > 1 and not dry_run:
-            need_cuda(opts.world, f"--gpus-per-run {opts.world}")
+    """Where runs go: a list of ``CUDA_VISIBLE_DEVICES`` values of the runs' processes (None = the CPU),
+    one per run at once. ``--gpus`` gives positions in what this process sees (:func:`gpu_entries`);
+    ``--gpus-per-run K`` without ``--gpus`` is one run at a time on the first K. A dry run with the
+    variable unset takes the positions as the GPUs' ids unchecked (no CUDA needed to print commands)."""
+    if opts.jobs != 1 and (opts.gpus or opts.world > 1):
+        raise LnposError("--jobs is for CPU runs; with --gpus, use --runs-per-gpu K for K runs on each GPU")
+    if not opts.gpus and opts.world == 1:
         if opts.runs_per_gpu != 1:
             raise LnposError("--runs-per-gpu needs --gpus; on the CPU, --jobs sets the runs side by side")
         return [None] * opts.jobs
-    if opts.jobs != 1:
-        raise LnposError("--jobs is for CPU runs; with --gpus, use --runs-per-gpu K for K runs on each GPU")
-    ids = comma_list(opts.gpus, "--gpus", what="a GPU id")
+    ids = comma_list(opts.gpus, "--gpus", what="a GPU id") if opts.gpus else [str(i) for i in range(opts.world)]
+    what = f"--gpus {opts.gpus}" if opts.gpus else f"--gpus-per-run {opts.world}"
     if len(ids) % opts.world:
         raise LnposError(f"--gpus {opts.gpus}: {len(ids)} GPUs do not split into runs of --gpus-per-run {opts.world}")
     if not dry_run:
-        n = need_cuda(len(ids), f"--gpus {opts.gpus}")
-        bad = [g for g in ids if not g.isdigit() or int(g) >= n]
+        need_cuda(opts.world, what)
+    if dry_run and visible_entries() is None:
+        bad = [g for g in ids if not g.isdigit()]
         if bad:
-            raise LnposError(f"--gpus: no GPU {', '.join(bad)} on this machine (it has {n}: 0..{n - 1})")
-    groups = [",".join(ids[i:i + opts.world]) for i in range(0, len(ids), opts.world)]
+            raise LnposError(f"{what}: {', '.join(bad)} is not a GPU position: give whole numbers 0, 1, ... (the "
+                             f"GPUs as CUDA_VISIBLE_DEVICES lists them, else as the driver numbers them)")
+        entries = [str(int(g)) for g in ids]
+    else:
+        entries = gpu_entries(ids, what)
+    groups = [",".join(entries[i:i + opts.world]) for i in range(0, len(entries), opts.world)]
     return [g for _ in range(opts.runs_per_gpu) for g in groups]
+
+
+def slot_text(slot):
+    """Where a slot's runs go, in words: ``the CPU`` or ``GPU 4`` (its CUDA_VISIBLE_DEVICES entries)."""
+    if slot is None:
+        return "the CPU"
+    return ("GPUs " if "," in slot else "GPU ") + slot
+
+
+def placement(slots, index):
+    """Where the job numbered ``index`` (from 1) of a grid with these ``slots`` trains, in words: the slot
+    it takes when the runs start (the first ``len(slots)`` jobs), else the first slot to come free."""
+    if index <= len(slots) or len(set(slots)) == 1:
+        return slot_text(slots[(index - 1) % len(slots)])
+    return "the first free of " + ", ".join(slot_text(s) for s in dict.fromkeys(slots))
 
 
 def check_cpu_bf16(opts):

@@ -1,10 +1,13 @@
 """Running the grid's jobs: slots, fairseq-train processes, the evaluator, divergence, resume.
 
-A slot is one place for a run: a GPU group (``CUDA_VISIBLE_DEVICES``), given ``--runs-per-gpu``
-times, or a share of the CPU. Each slot's worker takes the next job, trains it with fairseq-train
-(resuming from checkpoint_last.pt; on the CPU forked from the slot's fork server, which imported
-fairseq once, unless ``--no-fork-server``: forkserver.py), follows its log, and hands every saved
-epoch to the evaluator of its device; the slot is free again as soon as training ends. A run is finished
+A slot is one place for a run: a GPU group (the ``CUDA_VISIBLE_DEVICES`` value of its processes,
+plan.plan_slots), given ``--runs-per-gpu`` times, or a share of the CPU, whose runs' fairseq commands
+all get ``--cpu``. The first job goes to the first slot, the second to the second and so on (what the
+dry run shows); then each slot's worker takes the next job as it comes free, trains it with
+fairseq-train (resuming from checkpoint_last.pt; on the CPU forked from the slot's fork server, which
+imported fairseq once, unless ``--no-fork-server``: forkserver.py; on GPUs through
+launch.recorded_train_cmd, which records the GPU and the memory each process took), follows its log,
+and hands every saved epoch to the evaluator of its device; the slot is free again as soon as training ends. A run is finished
 (DONE.json) when every saved epoch is recorded (scored, or left unscored by --eval-every) and its
 last epoch scored, in its own folder still; a run that cannot get there is failed (DONE.json says
 why; a re-run retries it). CPU threads are shared out among everything that runs at once: the slots
@@ -18,16 +21,17 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..common import fmt_time, open_log
 from ..data.manifest import read_manifest
 from ..errors import LnposError, StateError
 from ..forkserver import ForkedRun, ForkServer, ServerGone, forkable
-from ..launch import child_env
+from ..launch import CUDA_RECORD, child_env, read_cuda_records, recorded_train_cmd
 from ..precision import precision_of
 from ..progress import Cadence
+from ..provenance import provenance
 from . import reap
 from .commands import Job, total_updates
 from .early_stop import DEFAULT_RULE
@@ -66,6 +70,7 @@ class Progress:
     worker and the evaluator's callbacks, read by the progress line."""
     job: Job
     phase: Phase = Phase.PENDING
+    slot: str = None                        # where it trains (a CUDA_VISIBLE_DEVICES value; None: the CPU)
     epoch: int = 0
     updates: int = 0
     loss: str = ""
@@ -250,6 +255,7 @@ class Grid:
 
     # one run ------------------------------------------------------------------
     def execute(self, p, slot):
+        p.slot, p.job = slot, replace(p.job, cpu=slot is None)  # a CPU slot's commands get --cpu
         job, rd = p.job, p.job.dir
         done = rd.done()
         if done is not None and done.outcome.final:
@@ -290,10 +296,12 @@ class Grid:
         if rd.trained:
             return
         total = total_updates(job) if job.run.schedule == "linear" else 0
-        cmd = job.train_cmd(total)
+        cmd, env = job.train_cmd(total), self.env(slot)
+        if slot is not None:  # each process of the run records its GPU and memory in the run folder
+            cmd, env = recorded_train_cmd(cmd), dict(env, **{CUDA_RECORD: str(rd.path)})
         with open_log(rd.log_path, binary=True) as log:
             log.write(f"# grid: {shlex.join(cmd)}\n".encode())
-        proc = self.start(cmd, self.env(slot), rd.log_path, slot)
+        proc = self.start(cmd, env, rd.log_path, slot)
         self.say(f"{job.label}: training ({'resumed' if state.saved else 'new'}), log {rd.log_path}")
         t_launch, updates_before, paced = time.time(), state.updates, p.pace or (0.0, 0)
         try:
@@ -478,8 +486,8 @@ class Grid:
                               train_seconds=round(st.train_seconds, 1),
                               train_cpu_seconds=st.cpu_seconds and round(st.cpu_seconds, 1),
                               final_valid_loss=st.final_valid_loss, final_valid_nll=st.final_valid_nll,
-                              peak_rss_mb=st.peak_rss_mb, cuda_peak_mb=st.cuda_peak_mb,
-                              precision=precision_of(p.job.train_cmd()[1:]))
+                              peak_rss_mb=st.peak_rss_mb, cuda_peak_mb=self.cuda_peak_mb(p),
+                              precision=precision_of(p.job.train_cmd()[1:]), provenance=self.provenance(p))
             rd.write_done(done)
             p.phase, p.done = Phase.DONE, done
             self.say(f"{p.label}: {done.text}")
@@ -487,6 +495,26 @@ class Grid:
             self._fail(p, e)
         finally:
             self._release(p)
+
+    @staticmethod
+    def cuda_peak_mb(p):
+        """What the run took on a GPU, in MB: the largest over its processes (one per GPU) of what each
+        recorded (launch.cuda_record: PyTorch's reserved peak plus the CUDA context, the driver's figure
+        where it can be read); from fairseq's log (its allocated peak) where no process recorded it."""
+        records = read_cuda_records(p.job.dir.path) if p.slot is not None else []
+        recorded = [r["cuda_mb"] for r in records if isinstance(r.get("cuda_mb"), (int, float))]
+        if recorded:
+            return max(recorded)
+        return p.log_state.cuda_peak_mb if p.log_state else None
+
+    @staticmethod
+    def provenance(p):
+        """The run's provenance: the machine's, with ``gpu`` the run's own GPUs by the names its
+        processes recorded (none for a CPU run) and ``cuda_visible_devices`` what they were given."""
+        if p.slot is None:
+            return provenance(gpu=[])
+        names = [r.get("gpu") for r in read_cuda_records(p.job.dir.path)]
+        return provenance(gpu=[n for n in names if isinstance(n, str)], cuda_visible_devices=p.slot)
 
     def _check_complete(self, p):
         """The run is over only when its folder is still its own and every saved epoch is recorded:
@@ -512,7 +540,8 @@ class Grid:
     def _fail(self, p, error):
         """Say why the run failed; while this grid holds the run, record it (DONE.json), so that
         the table and ``grid.sh status`` show it and a re-run retries it."""
-        p.phase, p.done = Phase.DONE, DoneRecord.failed(" ".join(str(error).split()))
+        p.phase = Phase.DONE
+        p.done = replace(DoneRecord.failed(" ".join(str(error).split())), provenance=self.provenance(p))
         self.failed = True
         if p.lock_fd is not None:
             try:
@@ -525,19 +554,23 @@ class Grid:
     def run(self):
         queue, errors = list(self.progress), []
         qlock = threading.Lock()
+        first = {i: queue.pop(0) for i in range(len(self.slots)) if queue}  # slot i starts with job i + 1
 
-        def worker(slot):
+        def worker(i, slot):
             try:
-                work(slot)
+                work(i, slot)
             finally:
                 self.close_server()
 
-        def work(slot):
+        def work(i, slot):
             while not self.stop.is_set():
                 with qlock:
-                    if not queue:
+                    if i in first:
+                        p = first.pop(i)
+                    elif not queue:
                         return
-                    p = queue.pop(0)
+                    else:
+                        p = queue.pop(0)
                 try:
                     self.execute(p, slot)
                 except Stopped:
@@ -551,7 +584,7 @@ class Grid:
                 except Exception as e:  # a bug or an unexpected fairseq output: record it, go on
                     self._fail(p, f"{type(e).__name__}: {e}")
 
-        threads = [threading.Thread(target=worker, args=(s,), daemon=True) for s in self.slots]
+        threads = [threading.Thread(target=worker, args=(i, s), daemon=True) for i, s in enumerate(self.slots)]
         for t in threads:
             t.start()
         for t in threads:

@@ -22,15 +22,20 @@
     side by side) and its map: wall time, largest good depth, gradient ratios, CUDA peaks.
     Estimated 1.5-3.5 hours on an H200 (docs/grid.md), not measured: run it alone, resumable.
 
-    [MULTI30K_ORIG=DIR] [SEEDS=S,S] [RUNS_PER_GPU=K] [EVALUATORS=N] [EVAL_EVERY=E] scripts/gpu_check.sh OUT [STEP ...]
+    [MULTI30K_ORIG=DIR] [SEEDS=S,S] [RUNS_PER_GPU=K] [EVALUATORS=N] [EVAL_EVERY=E] scripts/gpu_check.sh OUT STEP [STEP ...]
 
-Default: steps 1 to 6 (needs torch with CUDA and fairseq installed). Steps 5 and 6 are not timed
-yet; run them as ``gpu_check.sh OUT 5`` then ``gpu_check.sh OUT 6``, and step 7 (hours) as
-``gpu_check.sh OUT 7``. :func:`plan` lists what each step runs; :func:`main`
-runs it.
+Each step is its own call, ``gpu_check.sh OUT 1``, then ``gpu_check.sh OUT 2`` and so on, and resumes:
+run the same call again after an interruption (a command killed at a time limit) and what is done
+is skipped (the corpus, each training of steps 1, 2 and 4 that ended well, the runs of a grid).
+Before anything runs, the modules and programs the steps need are checked (:func:`missing`), and
+what is missing is named in one line with the command that installs it. A training that fails is
+reported as failed with its log, the others go on, and the call exits 1. :func:`plan` lists what
+each step runs; :func:`main` runs it.
 """
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -42,17 +47,51 @@ from fairseq_lnpos.cli import CommandParser
 from fairseq_lnpos.errors import LnposError, check, run_main
 from fairseq_lnpos.experiments import runs as R
 from fairseq_lnpos.fairseq_log import LogState
-from fairseq_lnpos.launch import NO_WARMUP, adam, train_cmd
+from fairseq_lnpos.launch import NO_WARMUP, adam, script, train_cmd
 from fairseq_lnpos.variants import GROUPS, VARIANTS, arch_name
 
 PROG = "gpu_check.sh"
 TOOLS = Path(__file__).resolve().parent  # scripts/tools: the benchmark and the throughput count
 STEPS = range(1, 8)
-DEFAULT_STEPS = range(1, 7)
 # step 3: the paper's Post-LN baseline and its Pre-LN run without warm-up (Sec. 4)
 GRID_ROWS = ("iwslt-postln-adam-lr5e-4-wu4000", "iwslt-preln-adam-lr5e-4-step8")
 PRECISIONS = {"fp32": (), "fp16": ("--fp16",), "amp": ("--amp",)}
 TOLERANCE = {"fp16": 0.02, "amp": 0.02}  # step 1: largest relative difference to fp32 that passes
+
+
+# the Python modules each step imports (beside torch and this package), by the name pip installs them under
+ANALYSIS = ("pandas", "scipy", "matplotlib")
+SCORING = ("sacrebleu", "sacremoses")
+NEEDS = {1: ("fairseq", "sentencepiece"), 2: ("fairseq", "sentencepiece"),
+         3: ("fairseq", "sentencepiece", *SCORING, *ANALYSIS), 4: ("fairseq", "sentencepiece", "numpy"),
+         5: ("fairseq", "sentencepiece", *SCORING, *ANALYSIS), 6: ("fairseq", "sentencepiece", *SCORING, *ANALYSIS),
+         7: ("fairseq", "sentencepiece", *SCORING, *ANALYSIS)}
+PROGRAMS = ("fairseq-train",)  # started by steps 1, 2 and the benchmark
+# fairseq's distribution for this Python (setup.py): upstream 0.12.2 does not import on Python >= 3.11
+FAIRSEQ_PIP = "fairseq-fixed==0.12.3.1" if sys.version_info >= (3, 11) else "fairseq==0.12.2"
+PIP_NAMES = {"fairseq": FAIRSEQ_PIP, "torch": "torch"}
+
+
+def missing(steps, find=importlib.util.find_spec, program=lambda name: Path(script(name)).exists() or
+            shutil.which(name)):
+    """The modules (by their pip name) and programs that ``steps`` need and this environment lacks."""
+    modules = ["torch", *dict.fromkeys(m for s in steps for m in NEEDS[s])]
+    lacking = [PIP_NAMES.get(m, m) for m in modules if find(m) is None]
+    if FAIRSEQ_PIP in lacking:  # the programs come with fairseq
+        return lacking
+    return lacking + [p for p in PROGRAMS if not program(p)]
+
+
+def check_installed(steps, **kw):
+    """Refuse, in one line that says what to install, when something the steps need is missing."""
+    lacking = missing(steps, **kw)
+    if lacking:
+        programs = [p for p in lacking if p in PROGRAMS]
+        pip = " ".join(f"'{m}'" if "=" in m else m for m in lacking if m not in PROGRAMS) or FAIRSEQ_PIP
+        raise LnposError(f"{', '.join(lacking)} {'is' if len(lacking) == 1 else 'are'} not installed for {sys.executable}"
+                         f"{' (fairseq-train comes with fairseq)' if programs else ''}: install with "
+                         f"{sys.executable} -m pip install {pip} (or everything the project needs: "
+                         f"{sys.executable} -m pip install -e . in the repository)")
 
 
 def m30k_rows():
@@ -72,13 +111,16 @@ class Command:
     """One process of a step. ``log``: its stdout and stderr go to this file; ``show``: only these
     lines of its stdout are printed (("tail", N), ("head", N) or ("from", prefix)), with its stderr
     too when ``merge``; ``timed``: the grid folder whose wall time is written to ``<folder>.seconds``
-    when the folder is new (a resumed grid is not timed); ``check``: a failure stops the check."""
+    when the folder is new (a resumed grid is not timed); ``check``: a failure stops the check (else it
+    is reported with its log, the step goes on and the call exits 1); ``stamp``: written when the
+    command ended well, and while it exists a later call skips the command."""
     argv: list
     log: Path = None
     show: tuple = None
     merge: bool = False
     timed: Path = None
     check: bool = True
+    stamp: Path = None
 
 
 @dataclass
@@ -117,7 +159,7 @@ def plan(out, steps, m30k_orig=None, runs_per_gpu=7, evaluators=1, seeds="1,2", 
                     optim=["--optimizer", "adam", "--lr", "1e-4"], label_smoothing=None, budget=["--max-update", "1"],
                     seed=1, save_dir=out / name, extra=["--log-grad-norms", "--grad-norm-interval", "1", "--no-save",
                                                        "--fp16-init-scale", "1024", *flags]),
-                    log=out / f"{name}.log", check=False))
+                    log=out / f"{name}.log", check=False, stamp=out / f"{name}.done"))
             items.append(Call(compare_norms, (out, arch)))
         todo.append(("1. gradient norms of update 1: fp32 vs --fp16 vs --amp", items))
     if 2 in steps:
@@ -127,7 +169,8 @@ def plan(out, steps, m30k_orig=None, runs_per_gpu=7, evaluators=1, seeds="1,2", 
                 syn, arch_name(v, "tiny"), max_tokens=4096, optim=[*adam(5e-4, "radam"), *NO_WARMUP, "--decay-anchor",
                                                                  "4000"],
                 budget=["--max-update", "300"], save_dir=out / f"train-{v}", log_format="json", log_interval=50,
-                extra=["--fp16", "--no-save"]), log=out / f"train-{v}.log"))
+                extra=["--fp16", "--no-save"]), log=out / f"train-{v}.log", check=False,
+                stamp=out / f"train-{v}.done"))
             items.append(Call(losses, (v, out / f"train-{v}.log")))
         todo.append(("2. every arch, 300 updates, --fp16, RAdam, no warm-up", items))
     if 3 in steps:
@@ -141,9 +184,9 @@ def plan(out, steps, m30k_orig=None, runs_per_gpu=7, evaluators=1, seeds="1,2", 
                  "--max-tokens", 4096, "--no-analysis")
         todo.append(("4. throughput ratios on the GPU", [
             Command(tool(*bench, "--sizes", "tiny,iwslt_de_en", "--out", out / "bench-gpu-fp32.json"),
-                    show=("tail", 12)),
+                    show=("tail", 12), stamp=out / "bench-gpu-fp32.done"),
             Command(tool(*bench, "--sizes", "iwslt_de_en", "--fairseq-args=--fp16", "--out",
-                           out / "bench-gpu-fp16.json"), show=("tail", 8))]))
+                           out / "bench-gpu-fp16.json"), show=("tail", 8), stamp=out / "bench-gpu-fp16.done")]))
     if not set(steps) & {5, 6, 7}:
         return todo
     if not m30k_orig:
@@ -189,12 +232,13 @@ def compare_norms(out, arch):
     norms = {}
     for prec in PRECISIONS:
         path = Path(out) / f"gn-{arch}-{prec}" / GRAD_NORMS_JSONL
-        if path.exists():
+        log, stamp = Path(out) / f"gn-{arch}-{prec}.log", Path(out) / f"gn-{arch}-{prec}.done"
+        if path.exists() and stamp.exists():
             norms[prec] = json.loads(path.read_text().splitlines()[0])["norms"]
+        elif not stamp.exists():
+            print(f"{arch} {prec}: FAILED: its training did not end well (see {log})")
         else:
-            log = Path(out) / f"gn-{arch}-{prec}.log"
-            tail = log.read_text(errors="replace")[-300:] if log.exists() else ""
-            print(f"{arch} {prec}: no record (update 1 skipped, e.g. fp16 overflow): {tail}")
+            print(f"{arch} {prec}: FAILED: fairseq-train exited 0 but wrote no gradient norms (see {log})")
     for prec, tol in TOLERANCE.items():
         if prec not in norms or "fp32" not in norms:
             continue
@@ -206,7 +250,11 @@ def compare_norms(out, arch):
 
 
 def losses(variant, log):
-    """Step 2: the training and validation loss of every epoch, from fairseq's log."""
+    """Step 2: the training and validation loss of every epoch, from fairseq's log of a training that
+    ended well (a failed one is reported by :func:`execute`)."""
+    if not Path(f"{Path(log).with_suffix('')}.done").exists():
+        print(f"{variant}: FAILED: see {log}")
+        return
     state = LogState.of(Path(log).read_text(errors="replace"))
     print(f"{variant}: " + "; ".join(
         f"epoch {e} train_loss {state.train.get(e, {}).get('train_loss', '?')} "
@@ -250,7 +298,13 @@ def shown(text, show):
 
 
 def execute(cmd):
-    """Run one :class:`Command`; a failure raises :class:`LnposError` unless ``cmd.check`` is false."""
+    """Run one :class:`Command` (not when its stamp says it ended well before); a failure raises
+    :class:`LnposError` when ``cmd.check``, else it is said with the log and False is returned."""
+    if cmd.stamp is not None and cmd.stamp.exists():
+        print(f"{cmd.stamp.with_suffix('').name}: done before, skipped ({cmd.stamp} exists)", flush=True)
+        return True
+    if cmd.stamp is not None:
+        cmd.stamp.unlink(missing_ok=True)
     fresh = cmd.timed is None or not cmd.timed.exists()
     if not fresh:
         print(f"{cmd.timed} exists: resuming it, not timing it", flush=True)
@@ -261,11 +315,18 @@ def execute(cmd):
     except OSError as e:  # the program is missing (fairseq not installed here) or the log unwritable
         raise LnposError(f"cannot run {cmd.argv[0]}: {e}; install fairseq into this environment, "
                          f"or check that {cmd.log or 'OUT_DIR'} is writable") from None
-    if code and cmd.check:
+    if code:
         where = f"see {cmd.log}" if cmd.log else "its messages are above"
-        raise LnposError(f"{' '.join(map(str, cmd.argv[:3]))} ... failed (exit {code}): {where}")
+        message = f"{' '.join(map(str, cmd.argv[:3]))} ... failed (exit {code}): {where}"
+        if cmd.check:
+            raise LnposError(message)
+        print(f"FAILED: {message}", flush=True)
+        return False
     if cmd.timed is not None and fresh:
         write_text(f"{cmd.timed}.seconds", f"{round(time.time() - start)}\n")
+    if cmd.stamp is not None:
+        write_text(cmd.stamp, f"exit 0 after {round(time.time() - start)} s\n")
+    return True
 
 
 def run(cmd):
@@ -284,32 +345,38 @@ def run(cmd):
 def parse_steps(words):
     for w in words:
         check(w in {str(s) for s in STEPS}, f"unknown step {w!r}; the steps are 1 to 7")
-    return sorted({int(w) for w in words}) or list(DEFAULT_STEPS)
+    check(words, "give the step to run, 1 to 7 (each is its own call and resumes: gpu_check.sh OUT 1, then "
+                 "gpu_check.sh OUT 2, ...)")
+    return sorted({int(w) for w in words})
 
 
 def command(argv):
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("out", metavar="OUT_DIR")
-    p.add_argument("steps", metavar="STEP", nargs="*", help="1 to 7 (default: 1 to 6)")
+    p.add_argument("steps", metavar="STEP", nargs="*", help="1 to 7, each its own call")
     a = p.parse_args(argv)
     steps = parse_steps(a.steps)
     env = os.environ
     todo = plan(a.out, steps, env.get("MULTI30K_ORIG"), env.get("RUNS_PER_GPU", "7"), env.get("EVALUATORS", "1"),
                 env.get("SEEDS", "1,2"), env.get("EVAL_EVERY", "1"))
+    check_installed(steps)
     import torch
 
     check(torch.cuda.is_available(), f"torch {torch.__version__} sees no GPU here: run it on a machine with CUDA")
     print(torch.__version__, torch.cuda.get_device_name(0))
     Path(a.out).mkdir(parents=True, exist_ok=True)
+    failed = 0
     for title, items in todo:
         if title is not None:
             print(f"== {title}", flush=True)
         for item in items:
             if isinstance(item, Call):
                 item.fn(*item.args)
-            else:
-                execute(item)
-    return 0
+            elif execute(item) is False:
+                failed += 1
+    if failed:
+        print(f"{failed} command(s) failed: their logs are named above", flush=True)
+    return 1 if failed else 0
 
 
 def main(argv=None):
