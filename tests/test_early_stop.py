@@ -116,6 +116,53 @@ def test_the_sweep_stops_a_stalled_run_and_records_it(tmp_path, monkeypatch, cap
         assert again == 0 and "already stopped early at update 60" in capsys.readouterr().out  # never redone
 
 
+def test_a_budget_under_the_minimum_is_never_judged_and_says_why():
+    from fairseq_lnpos.experiments.early_stop import DEFAULT_RULE
+
+    # at 60 updates the windows would be 6 updates of noisy batches, judged from update 18
+    assert first_stop(flat(budget=60), 60) is None
+    assert first_stop(flat(budget=60), 60, StopRule(min_budget=50)) is not None  # the same curve, judged
+    assert first_stop(flat(), 200) is not None  # the minimum itself is judged
+    assert DEFAULT_RULE.min_budget == 200 and DEFAULT_RULE.off_reason(200) is None
+    assert DEFAULT_RULE.off_reason(60).startswith("early stopping is off for a budget of 60 updates: the rule "
+                                                  "judges runs from 200 updates on")
+
+
+SWEEP = ["sweep", "--archs", "postln", "--lr", "1e-3", "--warmup", "1", "--layers", "2", "--seeds", "1"]
+
+
+def test_a_short_sweep_trains_every_run_to_its_budget_and_says_so(tmp_path, monkeypatch, caplog):
+    data, out = fake_data(tmp_path / "data"), tmp_path / "out"
+    # the stand-in stalls from update 10 and ends by itself at its budget: only a stop could end it earlier
+    monkeypatch.setattr(Job, "train_cmd", lambda job, *a, **k: [
+        sys.executable, "-c", STALL.replace("signal.pause()", "sys.exit(0)"), "60"])
+    with caplog.at_level("WARNING"):
+        code = G.main([*SWEEP, "--max-update", "60", "--data", str(data), "--out", str(out)])
+    done = json.loads((out / "sweep-postln-L2-lr0.001-wu1" / "seed1" / "DONE.json").read_text())
+    assert code == 0 and done["outcome"] == "finished" and done["stopped_at"] is None
+    assert "grid: early stopping is off for a budget of 60 updates" in caplog.text
+
+
+def test_no_early_stop_over_runs_stopped_early_is_refused_saying_how(tmp_path, monkeypatch, capsys):
+    data, out = fake_data(tmp_path / "data"), tmp_path / "out"
+    monkeypatch.setattr(Job, "train_cmd", lambda job, *a, **k: [sys.executable, "-c", STALL, "200"])
+    assert G.main([*SWEEP, "--max-update", "200", "--data", str(data), "--out", str(out)]) == 0
+    run = out / "sweep-postln-L2-lr0.001-wu1" / "seed1"
+    before = (run / "DONE.json").read_text()
+    capsys.readouterr()
+    code = G.main([*SWEEP, "--max-update", "200", "--data", str(data), "--out", str(out), "--no-early-stop"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("grid: error: --no-early-stop: 1 run(s) in ")
+    assert str(run) in err and "move those folders away (or give another --out)" in err
+    assert (run / "DONE.json").read_text() == before  # nothing changed
+    # moved away, the cell trains to its budget
+    shutil.move(str(run), str(tmp_path / "stopped"))
+    monkeypatch.setattr(Job, "train_cmd", lambda job, *a, **k: [
+        sys.executable, "-c", STALL.replace("signal.pause()", "sys.exit(0)"), "200"])
+    assert G.main([*SWEEP, "--max-update", "200", "--data", str(data), "--out", str(out), "--no-early-stop"]) == 0
+    assert json.loads((run / "DONE.json").read_text())["outcome"] == "finished"
+
+
 def _run_with_log(out, variant, lr, seed, curve, final, initial=9.0):
     from test_stability import write_run
 
@@ -264,7 +311,7 @@ def test_a_run_budgeted_in_epochs_is_replayed_over_the_updates_it_ran(tmp_path):
     (d / "train.log").write_text("".join(T % (loss, u) + "\n" for u, loss in flat()[:100]))
     ((r, how, losses, budget),) = R.outcomes(tmp_path)
     assert (how, budget, len(losses)) == ("not trained", 100, 100)
-    assert R.replay([(r, how, losses, budget)], StopRule(after=0.6))["fraction_median"] == 0.6
+    assert R.replay([(r, how, losses, budget)], StopRule(after=0.6, min_budget=100))["fraction_median"] == 0.6
 
 
 def test_the_default_rule_is_the_one_the_published_replay_chose_and_scored_held_out():

@@ -1,9 +1,10 @@
 """What the map reports share (stability.py, depth.py, map_figures.py, report.py): the registry's order,
 a cell's words, Markdown tables and the figures' setup."""
 import math
+from functools import lru_cache
 
 from ..common import FONT, legend_right, write_figure
-from ..variants import VARIANTS
+from ..variants import COLOR_MAP, OTHER_COLOR, VARIANTS
 
 RANK = {v: i for i, v in enumerate(VARIANTS)}  # architectures in the registry's order (Post-LN, Pre-LN, ...)
 
@@ -15,6 +16,55 @@ def ordered(df, *by):
 
 def label(variant):
     return VARIANTS[variant].label
+
+
+# beyond the 20 colours of COLOR_MAP (the first 20 variants), the 40 of these maps, then hues spread by the
+# golden ratio: every index has a colour of its own, whatever the number of variants
+MORE_COLOR_MAPS = ("tab20b", "tab20c")
+
+
+@lru_cache(maxsize=None)
+def color(i):
+    """The colour (``#rrggbb``) of the ``i``-th variant of the registry: for i < 20 the one
+    :func:`~fairseq_lnpos.variants.variant_color` gives (the dark colours of tab20, then the light ones);
+    then the colours of :data:`MORE_COLOR_MAPS`, in the same order; then hues spread by the golden ratio at
+    two lightnesses, none of them equal to an earlier one."""
+    from colorsys import hls_to_rgb
+
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
+    if i < 20:
+        return to_hex(colormaps[COLOR_MAP](2 * i % 20 + i // 10 % 2))
+    k = i - 20
+    if k < 20 * len(MORE_COLOR_MAPS):
+        # tab20b/c: 5 hues x 4 shades; the darkest shade of each hue first, then the next shade
+        return to_hex(colormaps[MORE_COLOR_MAPS[k // 20]](4 * (k % 20 % 5) + k % 20 // 5))
+    k -= 20 * len(MORE_COLOR_MAPS)
+    taken = {color(j) for j in range(20 + 20 * len(MORE_COLOR_MAPS))}
+    n = 0
+    while True:  # a golden-ratio hue at an alternating lightness; skipped where it rounds to a colour taken
+        c = to_hex(hls_to_rgb((0.618033988749895 * n) % 1.0, 0.35 + 0.2 * (n % 2), 0.75))
+        n += 1
+        if c in taken:
+            continue
+        if k == 0:
+            return c
+        taken.add(c)
+        k -= 1
+
+
+def variant_color(variant):
+    """The colour figures draw ``variant`` (a key of :data:`VARIANTS`) in: :func:`color` of its place in the
+    registry, one of its own for any number of variants."""
+    return color(list(VARIANTS).index(variant))
+
+
+def label_color(label):
+    """The colour of the variant that figures name ``label`` (``"Post-LN"``); :data:`~fairseq_lnpos.variants.OTHER_COLOR`
+    (black) for a label that is no variant's."""
+    variant = next((v for v, spec in VARIANTS.items() if spec.label == label), None)
+    return OTHER_COLOR if variant is None else variant_color(variant)
 
 
 def missing(v):
@@ -87,11 +137,21 @@ def axis(ax, title, xlabel, log_ticks=None, base=10):
     ax.grid(alpha=0.3)
 
 
+def wrap(text, width_in, fontsize=FONT):
+    """``text`` with each of its lines broken at spaces to fit ``width_in`` inches at ``fontsize`` points (a
+    character of DejaVu Sans is at most about 0.6 of the font size wide), so that a title is never clipped."""
+    import textwrap
+
+    chars = max(20, int(width_in * 72 / (0.6 * fontsize)))
+    return "\n".join(textwrap.fill(line, chars) if line else line for line in text.split("\n"))
+
+
 def save(fig, path, title=None, legend_from=None):
-    """``path``, where a figure of the map is written (dpi 90, :func:`~fairseq_lnpos.common.write_figure`) titled,
-    laid out and closed; with ``legend_from`` (axes) the legend of its lines right of all axes, in 2 inches."""
+    """``path``, where a figure of the map is written (dpi 90, :func:`~fairseq_lnpos.common.write_figure`) titled
+    (each line of the title wrapped to the figure's width: :func:`wrap`), laid out and closed; with ``legend_from``
+    (axes) the legend of its lines right of all axes, in 2 inches."""
     if title:
-        fig.suptitle(title, fontsize=FONT)
+        fig.suptitle(wrap(title, fig.get_figwidth()), fontsize=FONT)
     right = 1 - 2.0 / fig.get_figwidth() if legend_from is not None else 1
     fig.tight_layout(rect=(0, 0, right, 1))
     if legend_from is not None:

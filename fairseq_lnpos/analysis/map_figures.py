@@ -7,9 +7,9 @@ import numpy as np
 
 from ..common import FONT
 from ..experiments.runs import warmup_label
-from ..variants import variant_color
 from .frame import pandas
-from .map_common import RANK, all_lost, axis, label, lost, missing, num, ordered, panels, pyplot, save
+from .map_common import (RANK, all_lost, axis, label, lost, missing, num, ordered, panels, pyplot, save,
+                         variant_color)
 
 VERDICT_MARK = {"good": "G", "poor": "p", "no-train": "-", "NA": "·"}
 KEY = ("The mark: G good against its architecture's cells (white frame), + not shown worse than any cell at that "
@@ -127,9 +127,12 @@ def plot_bleu(cells, path):
 
 
 def plot_loss_vs_lr(cells, path):
-    """OUT/loss_vs_lr.png (its path): the final loss against the learning rate, a line per architecture, a panel
-    per depth and warm-up, error bars the seeds' min-max."""
+    """OUT/loss_vs_lr.png (its path; None when no cell has a seed that finished, so no loss to draw): the final
+    loss against the learning rate, a line per architecture, a panel per depth and warm-up, error bars the
+    seeds' min-max."""
     done = ordered(cells[cells["nll"].notna()], "variant", "lr")
+    if done.empty:
+        return None
     by_panel = done.groupby(["layers", "warmup"])
     fig, axes = panels(by_panel.ngroups, 5.2, 4.2, sharey=True)
     for ax, ((layers, warmup), panel) in zip(axes[0], by_panel):

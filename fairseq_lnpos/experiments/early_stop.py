@@ -10,6 +10,11 @@ never "finished"), when its training loss has stalled well above what a run that
 - it fell by less than :attr:`StopRule.progress` times the first loss from the ``window`` updates
   before (a stalled run no longer moves; a slow one still does).
 
+- the budget is at least :attr:`StopRule.min_budget` updates (200): the rule was chosen and held out on
+  budgets of 200 updates and more, and on a shorter one its windows (10 % of the budget) hold a few noisy
+  batches each and it judges runs in their first tens of updates, where a run that goes on to learn can
+  still be flat. Below it the rule stays off (:meth:`StopRule.off_reason` says why; the sweep prints it).
+
 A run that diverges is stopped by the grid's other rules (a non-finite loss; ``--patience``). The
 defaults (``after`` 0.3, ``ratio`` 0.6) are the rule that ``python scripts/tools/early_stop_replay.py
 --scan`` chose on the full-length runs of one all-architecture map and scored on 388 runs of four
@@ -28,11 +33,20 @@ class StopRule:
     ratio: float = 0.6      # stalled: the recent mean training loss above ratio x the first loss ...
     progress: float = 0.02  # ... that fell by less than progress x the first loss over the last window
     window: float = 0.1     # the window, a fraction of the budget (at least 5 updates)
+    min_budget: int = 200   # off below this budget in updates: the shortest the rule was chosen and held out on
+
+    def off_reason(self, budget):
+        """Why the rule does not judge runs of ``budget`` updates (None when it does)."""
+        if budget and budget < self.min_budget:
+            return (f"early stopping is off for a budget of {budget} updates: the rule judges runs from "
+                    f"{self.min_budget} updates on, the shortest budget it was chosen and checked on "
+                    f"(docs/results/early-stopping/index.md); every run trains to its budget")
+        return None
 
     def check(self, losses, budget):
         """``(update, why)`` when the run whose logged training losses are ``losses`` ((update, loss)
         pairs in order, finite losses only) should stop at its last logged update, else None."""
-        if not losses or not budget:
+        if not losses or not budget or budget < self.min_budget:
             return None
         u, first = losses[-1][0], losses[0][1]
         width = max(5, round(self.window * budget))

@@ -14,7 +14,10 @@ measures the learning rate it names. A run whose training loss stays above its f
 ``--patience`` logged updates, or turns non-finite, stops early and is recorded as diverged; one
 whose training loss has stalled well above what a run that trains reaches is stopped early and
 recorded as such (:mod:`.early_stop`; not with ``--real``, where it stopped runs that went on to
-train; ``--no-early-stop`` runs every cell to its budget, ``--early-stop`` asks for it). The CPU
+train; ``--no-early-stop`` runs every cell to its budget, ``--early-stop`` asks for it; off, and said so,
+for a budget under the 200 updates the rule was chosen on). A run stopped early is final: a sweep run
+again with ``--no-early-stop`` over a folder that holds one is refused, naming the folders to move away
+(their cells then train to the budget). The CPU
 presets run 3 seeds per cell, so that the map reports a spread and a verdict that noise does not flip.
 
 Presets: the default is the laptop map (the `_tiny` archs on the generated corpus, validation loss
@@ -24,13 +27,20 @@ only); ``--real`` is the paper's IWSLT model on Multi30k (data-prep/prepare-mult
 ``--all-archs`` to the map of every architecture's (:data:`ALL_MAP`, CPU only); options given on the
 command line win.
 """
+import logging
 import math
 from dataclasses import replace
+from pathlib import Path
 
 from ..cli import comma_list
 from ..errors import LnposError
 from ..variants import GROUPS, TINY, VARIANTS
 from . import runs as R
+from .early_stop import DEFAULT_RULE
+from .records import Outcome
+from .rundir import RunDir
+
+LOG = logging.getLogger(__name__)
 
 PRESETS = {
     # the demo's corpus and batches: ~100 updates an epoch
@@ -116,5 +126,30 @@ def sweep_runs(opts):
     extra = width_args(opts.width) + (("--checkpoint-activations",) if opts.checkpoint_activations else ())
     logging = GRAD_NORMS if opts.depth_map else dict(task="translation", extra=())
     axes = parse_axes(opts.archs, opts.lr, opts.warmup, opts.layers)
-    return expand(*axes, max_update=opts.max_update, dataset=preset["dataset"], task=logging["task"],
+    runs = expand(*axes, max_update=opts.max_update, dataset=preset["dataset"], task=logging["task"],
                   extra=logging["extra"] + extra)
+    if opts.early_stop:
+        off = DEFAULT_RULE.off_reason(opts.max_update)
+        if off:
+            LOG.warning("grid: %s", off)
+    else:
+        refuse_stopped(opts.out, runs)
+    return runs
+
+
+def stopped_runs(out, runs):
+    """The run folders of ``runs`` in ``out`` (any seed) whose recorded outcome is 'stopped early'."""
+    return [rd.path for r in runs for rd in map(RunDir, sorted(Path(out).glob(f"{r.name}/seed*")))
+            if rd.path.is_dir() and rd.outcome() is Outcome.STOPPED]
+
+
+def refuse_stopped(out, runs):
+    """``--no-early-stop`` over a folder that holds runs stopped early: such a run is final (never redone),
+    so its cell would keep the stop while the command asks for every run to reach its budget; refused,
+    naming the folders to move away."""
+    stopped = stopped_runs(out, runs)
+    if stopped:
+        named = " ".join(str(p) for p in stopped[:3]) + (" ..." if len(stopped) > 3 else "")
+        raise LnposError(f"--no-early-stop: {len(stopped)} run(s) in {out} were stopped early and a stopped run "
+                         f"is never redone ({named}): move those folders away (or give another --out) and run "
+                         f"again to train them to the budget")
