@@ -252,6 +252,32 @@ def test_each_process_records_its_gpu_and_what_it_reserved(cuda, tmp_path, monke
     assert [r["rank"] for r in launch.read_cuda_records(tmp_path)] == [1]
 
 
+@pytest.mark.slow
+def test_the_recording_launcher_runs_fairseq_train(toy_data, tmp_path, monkeypatch):
+    """``python -m fairseq_lnpos.launch ARGS`` is fairseq-train's own cli_main with recorded_main, found by
+    its module's name (as fairseq's processes per GPU unpickle it), in place of its main; on the CPU it
+    trains as fairseq-train does and records nothing."""
+    import pickle
+
+    from fairseq_cli import train
+
+    from conftest import train_argv, two_layers
+    from fairseq_lnpos import register
+
+    register()  # what fairseq's --user-dir import does in a process of its own (this one imported the package)
+    monkeypatch.setattr(train, "main", train.main)
+    monkeypatch.setattr(launch, "_fairseq_main", None)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setenv(launch.CUDA_RECORD, str(tmp_path))
+    argv = train_argv(toy_data, "transformer_preln_tiny", *two_layers("transformer_preln_tiny"), "--cpu",
+                      "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "256", "--max-update", "2",
+                      "--save-dir", tmp_path / "ck", "--no-epoch-checkpoints", "--num-workers", "0")
+    assert launch.main([str(a) for a in argv]) == 0
+    assert (tmp_path / "ck" / "checkpoint_last.pt").exists()
+    assert train.main is launch.recorded_main and pickle.loads(pickle.dumps(train.main)) is launch.recorded_main
+    assert launch._fairseq_main is not launch.recorded_main and launch.read_cuda_records(tmp_path) == []
+
+
 def test_the_drivers_figure_where_nvml_reads_it(cuda, monkeypatch):
     procs = [types.SimpleNamespace(pid=os.getpid() + 1, usedGpuMemory=9 * 2 ** 30),
              types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=3.5 * 2 ** 30)]
