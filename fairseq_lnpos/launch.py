@@ -26,7 +26,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .common import USER_DIR
+from .common import USER_DIR, write_json
 
 # the paper's and fairseq's translation recipe: the defaults of the run table (runs.Run) and of every
 # other command that trains (bench, the GPU check, the Fig. 3 analysis)
@@ -182,9 +182,7 @@ def _write_record(folder, record):
         old = {}
     if isinstance(old, dict) and isinstance(old.get("cuda_mb"), (int, float)) and old["cuda_mb"] > record["cuda_mb"]:
         record = {**record, **{k: old.get(k) for k in ("reserved_mb", "allocated_mb", "driver_mb", "cuda_mb", "context")}}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_json(path, record)
 
 
 def _stop(signum, frame):
@@ -213,7 +211,7 @@ def recorded_main(cfg, **kwargs):
         signal.signal(signal.SIGTERM, previous)
         try:
             _write_record(folder, cuda_record(rank))
-        except (OSError, RuntimeError) as e:  # the record is what is lost, never the run's outcome
+        except (OSError, RuntimeError, ValueError) as e:  # the record is what is lost, never the run's outcome
             print(f"fairseq-train: warning: no CUDA record written ({e})", file=sys.stderr)
 
 
