@@ -44,6 +44,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from .analysis.map_common import variant_color, wrap as wrap_title
 from .analysis.seeds import ESTIMATOR, spread
 from .cli import CommandParser, whole_number
 from .common import (FONT, GRAD_NORMS_JSONL, RESULTS, hold_lock, integer_ticks, legend_right, release_lock,
@@ -51,7 +52,7 @@ from .common import (FONT, GRAD_NORMS_JSONL, RESULTS, hold_lock, integer_ticks, 
 from .errors import LnposError, check, run_main
 from .experiments.runs import BY_NAME, DEMO_OPTIONAL, DEMO_ROWS
 from .progress import Cadence
-from .variants import GROUPS, VARIANTS, variant_color
+from .variants import GROUPS, VARIANTS
 
 RUNS = list(DEMO_ROWS["synthetic"])
 # --with-keel, --with-admin, --with-tfixup, --with-dyt, --with-periln, ...: demo-<name>-nowu (real-<name>-nowu)
@@ -105,7 +106,12 @@ def multi30k_data(out, orig=None, prepared=None):
         check(dataset == "multi30k.de-en", f"--bin {prepared}: a data dir of {dataset}, not Multi30k: pass the "
                                            f"--bin folder of data-prep/prepare-multi30k.sh")
         return Path(prepared)
-    multi30k.prepare(out / "data" / "text", out / "data" / "bin", orig=orig, workers=2, bpe_size=MULTI30K_BPE)
+    try:
+        multi30k.prepare(out / "data" / "text", out / "data" / "bin", orig=orig, workers=2, bpe_size=MULTI30K_BPE)
+    except LnposError as e:
+        if orig or "--orig" not in str(e):
+            raise
+        raise type(e)(f"{e} (through make: {MAKE['multi30k']} DEMO_ARGS=\"--orig DIR\")") from e
     return out / "data" / "bin"
 
 
@@ -119,11 +125,39 @@ def grid_options(out, data, runs, seeds, jobs, quick, dry_run=False, cpu_bf16=Fa
                               max_epoch=1 if quick else None, dry_run=dry_run, cpu_bf16=cpu_bf16)  # --quick: one epoch
 
 
+class _WithoutLine:
+    """A text stream that passes everything on to ``stream`` except the line that starts with ``prefix``."""
+
+    def __init__(self, stream, prefix):
+        self.stream, self.prefix, self.dropping = stream, prefix, False
+
+    def write(self, text):
+        if text.startswith(self.prefix):
+            self.dropping = not text.endswith("\n")  # print() writes its end ("\n") by itself
+            return len(text)
+        if self.dropping and text == "\n":
+            self.dropping = False
+            return len(text)
+        self.dropping = False
+        return self.stream.write(text)
+
+    def flush(self):
+        self.stream.flush()
+
+
 def run_grid(out, data, runs, seeds, jobs, quick, cpu_bf16=False):
+    """The demo's grid; interrupted (Ctrl-C, SIGTERM), a KeyboardInterrupt, so that the demo says so in its
+    own one line (the grid's own "grid: interrupted" line is not printed) and exits 130."""
+    import contextlib
+
+    from .errors import INTERRUPT_EXIT
     from .experiments import grid, plan
 
     opts = grid_options(out, data, runs, seeds, jobs, quick, cpu_bf16=cpu_bf16)
-    status = grid.run_grid(opts, plan.select_runs(opts))
+    with contextlib.redirect_stderr(_WithoutLine(sys.stderr, "grid: interrupted;")):
+        status = grid.run_grid(opts, plan.select_runs(opts))
+    if status == INTERRUPT_EXIT:
+        raise KeyboardInterrupt
     check(status == 0, f"the grid stopped with status {status} (message above); the same command resumes it")
 
 
@@ -153,7 +187,65 @@ def make_table(out):
     _, _, rows = report.make_table(out / "grid", with_figures=False, allow_mixed_code=True)  # results.md lists them
     for name in ("results.csv", "results.md"):
         write_text(out / name, (out / "grid" / name).read_text(encoding="utf-8"))
-    return rows, report.figures([r for r in rows if not r.get("unreadable")], out)
+    readable = [r for r in rows if not r.get("unreadable") and r.get("curve")]
+    return rows, [curves_figure(readable, out / f"fig_{name}.png")
+                  for name in sorted({r["figure"] for r in readable})]
+
+
+SEED_MARKERS = "osD^v<>p*hX"  # a marker per seed (cycled beyond 11 seeds, then told apart by the legend's order)
+METRICS = (("bleu_tok", "test tok BLEU (tokenized, fairseq's scorer)"),
+           ("valid_nll_loss", "validation NLL (bits per token, no label smoothing)"))
+
+
+def curves_figure(rows, path):
+    """fig_demo.png (``path``; its path): :func:`curves_plot` of ``rows``, written and closed."""
+    fig = curves_plot(rows)
+    path = write_figure(fig, path, dpi=90)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def curves_plot(rows):
+    """Test tok BLEU and the validation NLL in bits (fairseq's valid_nll_loss: the quantity of the tables,
+    not the label-smoothed loss) per epoch, a line per run and seed: the run's variant's colour, a line
+    style per warm-up, a marker per seed. The legend names each run once (colour and style) and each
+    seed once (its marker)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.4), squeeze=False)
+    seeds = sorted({int(r["seed"]) for r in rows})
+    marker = {s: SEED_MARKERS[i % len(SEED_MARKERS)] for i, s in enumerate(seeds)}
+    styles = {}
+    for r in sorted(rows, key=lambda r: (list(BY_NAME).index(r["run"]) if r["run"] in BY_NAME else 10 ** 6,
+                                         r["run"], int(r["seed"]))):
+        style = styles.setdefault(r["run"], dict(color=variant_color(r["ln"]),
+                                                 linestyle="--" if r["warmup"] > 1 else "-"))
+        for ax, (key, _) in zip(axes[0], METRICS):
+            ax.plot([e.epoch for e in r["curve"]], [getattr(e, key) for e in r["curve"]], marker=marker[int(r["seed"])],
+                    ms=5, mfc="white", lw=1.3, **style, label=f"_{r['run']} seed {r['seed']}")
+    for ax, (key, ylabel) in zip(axes[0], METRICS):
+        ax.set_xlabel("epoch", fontsize=FONT)
+        ax.set_ylabel(ylabel, fontsize=FONT)
+        integer_ticks(ax.xaxis)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylim(-2, 102)
+    axes[0][1].set_ylim(bottom=0)
+    handles = [Line2D([], [], lw=1.5, **style, label=label(run) if run in BY_NAME else run)
+               for run, style in styles.items()]
+    handles += [Line2D([], [], ls="none", marker=marker[s], mfc="white", color="0.3", label=f"seed {s}")
+                for s in seeds]
+    fig.subplots_adjust(left=0.07, bottom=0.13, top=0.84, wspace=0.28, right=0.78)
+    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(0.79, 0.5), fontsize=FONT, frameon=False)
+    data = sorted({r["dataset"] for r in rows})
+    fig.suptitle(wrap_title(f"Test BLEU and validation NLL per epoch, a line per run and seed (data {', '.join(data)}; "
+                      f"seeds {', '.join(map(str, seeds))})", fig.get_figwidth(), FONT + 1), fontsize=FONT + 1)
+    return fig
 
 
 def time_split(rows):
@@ -425,14 +517,31 @@ def command(argv=None):
         opts = grid_options(out, Path(args.bin) if args.bin else out / "data" / "bin", runs, args.seeds, args.jobs,
                             args.quick, dry_run=True, cpu_bf16=args.cpu_bf16)
         return grid.run_grid(opts, plan.select_runs(opts))
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     lock = out / ".demo.lock"
     fd = hold_lock(lock, f"--out {out} is in use by another demo (lock {lock}): wait for it to finish or stop it, "
                          f"or give another --out")
+    done = False
     try:
-        return run_steps(args, out, runs, core, asked, t0, argv)
+        status = run_steps(args, out, runs, core, asked, t0, argv)
+        done = True
+        return status
     finally:
         release_lock(fd, lock)
+        if made and not done:
+            remove_empty(out)
+
+
+def remove_empty(folder):
+    """Remove ``folder`` and the folders under it that hold no file (a refused or interrupted demo's
+    folders, made before anything was written into them); any folder with a file stays, with its file."""
+    for path in sorted((p for p in Path(folder).rglob("*") if p.is_dir() and not p.is_symlink()),
+                       key=lambda p: len(p.parts), reverse=True) + [Path(folder)]:
+        try:
+            path.rmdir()  # only an empty folder
+        except OSError:
+            pass
 
 
 def run_steps(args, out, runs, core, asked, t0, argv=None):

@@ -448,3 +448,103 @@ def test_a_demo_page_is_the_summary_of_its_own_runs_csv(page):
     verdict = published["verdict"]
     need = tuple(r for r in published["runs"] if r.endswith("postln-nowu")) + tuple(verdict["controls"])
     assert effect_shown(summary, need) == (verdict["shown"], verdict["text"]) and verdict["shown"] is True
+
+
+# ---------------------------------------------------------------- the demo's figure and its interruptions
+
+def curve_rows():
+    """The demo's table rows as make_table gives them: two seeds of the four core rows, their epochs'
+    records (NLL and the label-smoothed loss 1.2 bits apart)."""
+    from fairseq_lnpos.experiments.records import EpochRecord
+    from fairseq_lnpos.experiments.runs import BY_NAME
+
+    rows = []
+    for i, run in enumerate(("demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu", "demo-deepnorm-nowu")):
+        r = BY_NAME[run]
+        for seed in (1, 2):
+            curve = [EpochRecord(epoch=e, bleu_tok=10.0 * e + i + seed / 10, valid_nll_loss=4.0 - e - i / 10 + seed / 100,
+                                 valid_loss=5.2 - e - i / 10 + seed / 100) for e in (1, 2, 3)]
+            rows.append({"run": run, "seed": seed, "ln": r.ln, "warmup": r.warmup, "dataset": r.dataset,
+                         "figure": r.figure, "curve": curve})
+    return rows
+
+
+def test_the_demo_figure_plots_the_nll_in_bits_tells_seeds_apart_and_names_each_thing_once():
+    from fairseq_lnpos.analysis.map_common import variant_color
+    from fairseq_lnpos.demo import curves_plot, label
+
+    rows = curve_rows()
+    fig = curves_plot(rows)
+    bleu_ax, nll_ax = fig.axes[:2]
+    assert nll_ax.get_ylabel() == "validation NLL (bits per token, no label smoothing)"
+    assert bleu_ax.get_ylabel().startswith("test tok BLEU") and nll_ax.get_xlabel() == bleu_ax.get_xlabel() == "epoch"
+    # a line per run and seed: the NLL, not the label-smoothed loss
+    assert len(nll_ax.get_lines()) == len(rows) == 8
+    drawn = sorted(tuple(line.get_ydata()) for line in nll_ax.get_lines())
+    assert drawn == sorted(tuple(e.valid_nll_loss for e in r["curve"]) for r in rows)
+    assert sorted(tuple(line.get_ydata()) for line in bleu_ax.get_lines()) == sorted(
+        tuple(e.bleu_tok for e in r["curve"]) for r in rows)
+    # the two seeds of a run: its colour and line style, each seed its marker
+    for run in {r["run"] for r in rows}:
+        lines = [line for line in nll_ax.get_lines() if line.get_label().startswith(f"_{run} seed")]
+        assert len({(line.get_color(), line.get_linestyle()) for line in lines}) == 1 and len(lines) == 2
+        assert len({line.get_marker() for line in lines}) == 2
+    assert {line.get_color() for line in nll_ax.get_lines()} == {variant_color(v) for v in ("postln", "preln", "deepnorm")}
+    # the legend: each run once, each seed once
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert texts == [label(r) for r in ("demo-postln-nowu", "demo-postln-wu100", "demo-preln-nowu",
+                                        "demo-deepnorm-nowu")] + ["seed 1", "seed 2"]
+    assert len(set(texts)) == len(texts)
+
+
+def test_make_table_draws_the_demo_figure_of_the_nll(tmp_path, monkeypatch):
+    from fairseq_lnpos import demo as D
+    from fairseq_lnpos.experiments import report as Rp
+
+    rows = curve_rows()
+    (tmp_path / "grid").mkdir()
+    for name in ("results.csv", "results.md"):
+        (tmp_path / "grid" / name).write_text("x\n")
+    monkeypatch.setattr(Rp, "make_table", lambda *a, **k: (None, [], rows + [{"run": "x", "unreadable": "why"}]))
+    got, figures = D.make_table(tmp_path)
+    assert got[:-1] == rows and figures == [tmp_path / "fig_demo.png"] and figures[0].stat().st_size > 10_000
+
+
+def test_a_refused_demo_real_leaves_no_folder_and_says_how_to_run_it_offline(tmp_path, capsys, monkeypatch):
+    from fairseq_lnpos.data import multi30k
+    from fairseq_lnpos.data.download import DataError
+
+    def offline(out, *a, **k):
+        (out / "orig").mkdir(parents=True)  # what a failed download leaves: folders, no file
+        raise DataError("cannot download https://x/train.de.gz (no network): check the network, or download the six "
+                        "files of https://x/ yourself and pass their folder with --orig")
+
+    monkeypatch.setattr(multi30k, "prepare", offline)
+    out = tmp_path / "demo-real-out"
+    assert demo.main(["--data", "multi30k", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("demo: error: cannot download")
+    assert err.endswith('pass their folder with --orig (through make: make demo-real DEMO_ARGS="--orig DIR")\n')
+    assert not out.exists()
+    # a folder that was there before, or one with a file in it, stays
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert demo.main(["--data", "multi30k", "--out", str(out)]) == 2
+    assert (out / "notes.txt").read_text() == "mine" and (out / "data" / "text" / "orig").is_dir()
+
+
+def test_an_interrupted_grid_is_one_line_of_the_demo_and_exit_130(tmp_path, capsys, monkeypatch):
+    from fairseq_lnpos.experiments import grid
+
+    def interrupted(opts, runs):
+        print("[grid 0:00:03] 0/8 runs done | ETA ?")
+        print("grid: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+
+    monkeypatch.setattr(demo, "make_data", lambda out, *a, **k: out / "data" / "bin")
+    monkeypatch.setattr(grid, "run_grid", interrupted)
+    monkeypatch.setattr("fairseq_lnpos.experiments.plan.select_runs", lambda opts: [])
+    assert demo.main(["--out", str(tmp_path / "o")]) == 130
+    captured = capsys.readouterr()
+    assert captured.err == "demo: interrupted; run the same command again to resume\n"
+    assert "[grid 0:00:03] 0/8 runs done" in captured.out
