@@ -89,10 +89,14 @@ def test_fig3_and_lemma2_tick_layers_at_whole_numbers_with_the_legend_outside():
 
 
 def test_fig3_of_every_architecture_names_each_panel():
-    labels = tuple(VARIANTS[v].label for v in VARIANTS)  # every variant: more panels than a-j
+    labels = tuple(VARIANTS[v].label for v in VARIANTS)  # every variant: a line each, not a panel each
     result = fig3_result()
     result["last_w2"] = {lab: result["last_w2"]["Post-LN"] for lab in labels}
     fig = plots.fig3_figure(result)
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert len(titles) == 2 * (2 + len(labels))
-    assert len({t.split(")")[0] for t in titles}) == 2 + len(labels)  # a letter (or number) a column
+    assert len(titles) == 2 * 3 and {t.split(")")[0] for t in titles} == {"(a", "(b", "(c"}
+    depth_panels = [ax for ax in fig.axes if ax.get_title().startswith("(c)")]
+    assert all({c.get_label() for c in ax.containers} == set(labels) for ax in depth_panels)
+    # one logarithmic scale for every panel, the axes labelled
+    assert {ax.get_yscale() for ax in fig.axes} == {"log"} and len({ax.get_ylim() for ax in fig.axes}) == 1
+    assert all(ax.get_xlabel() for ax in fig.axes) and fig.axes[0].get_ylabel().startswith("gradient norm")

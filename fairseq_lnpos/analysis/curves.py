@@ -34,10 +34,9 @@ from pathlib import Path
 from ..cli import CommandParser
 from ..common import DIAGNOSTICS_JSONL, replace_file, write_text
 from ..errors import LnposError, run_main
-from ..variants import variant_color
 from . import verdict as V
 from .frame import COUNTED, EPOCH_COLUMNS, check_model_code, gather, pandas, read_folder
-from .map_common import markdown_table, num, panels, save
+from .map_common import markdown_table, num, panels, save, variant_color
 from .publish import argv_of, write_outputs
 from .train_curves import read_jsonl
 

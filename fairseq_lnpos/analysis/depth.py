@@ -9,8 +9,7 @@ from pathlib import Path
 from ..common import FONT, GRAD_NORMS_JSONL, write_text
 from ..errors import StateError
 from ..experiments.runs import warmup_label
-from ..variants import variant_color
-from .map_common import all_lost, axis, label, lost, missing, nll_text, panels, pivot, save
+from .map_common import all_lost, axis, label, lost, missing, nll_text, panels, pivot, save, variant_color
 from .train_curves import read_jsonl
 
 GRAD_UPDATES = 10  # "the first updates": the ratio is summed over updates 1 .. GRAD_UPDATES

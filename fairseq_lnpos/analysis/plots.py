@@ -1,9 +1,9 @@
 """PNG figures from fig3.json, laid out like Fig. 3 of Xiong et al. (2020).
 
 Per statistic one figure, rows = encoder / decoder (the paper does not say which stack its
-layers are), columns = (a) W1 per layer, (b) W2 per layer, then one bar chart per architecture
-of the last layer's W2 by depth ((c) Post-LN, (d) Pre-LN in the paper; more columns for more
-architectures). ``lemma2.png``: ||x||^2 / d at every LayerNorm input with the lemma's bounds.
+layers are), columns = (a) W1 per layer, (b) W2 per layer, (c) the last layer's W2 by depth (the
+paper's (c) Post-LN and (d) Pre-LN bar charts, here a line per architecture), on one logarithmic
+scale shared by every panel. ``lemma2.png``: ||x||^2 / d at every LayerNorm input with the lemma's bounds.
 
     python -m fairseq_lnpos.analysis.plots analysis-out/fig3.json   # redraw
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 from fairseq_lnpos.cli import CommandParser
 from fairseq_lnpos.common import FONT, integer_ticks, legend_right, read_json, write_figure
 from fairseq_lnpos.errors import run_main
-from fairseq_lnpos.variants import label_color
+from fairseq_lnpos.analysis.map_common import label_color
 
 STATS = {"mean_grad": ("mean", "fig3.png", "norm of the gradient averaged over batches (paper)"),
          "batch_norm": ("batch_norm_mean", "fig3_per_batch.png", "mean per-batch gradient norm")}
@@ -36,50 +36,58 @@ def plot_fig3(result, out, stat="mean_grad"):
 
 
 def fig3_figure(result, stat="mean_grad"):
-    """The matplotlib figure :func:`plot_fig3` writes."""
+    """The matplotlib figure :func:`plot_fig3` writes: rows encoder / decoder, three panels each, every
+    architecture a line in each: (a) W1 and (b) W2 of the FFN per layer, (c) the last layer's W2 against the
+    depth (the paper's (c) and (d), one bar chart per architecture there). One logarithmic gradient-norm
+    scale for all six panels, so that panels compare at a glance and an architecture whose gradients are
+    40 times smaller than another's is still a line, not a flat bar."""
     plt = _plt()
     key, _, what = STATS[stat]
     per_layer, last = result["per_layer"], result["last_w2"]
     labels = list(dict.fromkeys(list(per_layer) + list(last)))
     color = {label: label_color(label) for label in labels}
-    ncols = 2 + len(last)
-    fig, axes = plt.subplots(2, ncols, figsize=(3.4 * ncols + 2, 6.4), squeeze=False)
-    letters = [chr(ord("a") + i) if i < 26 else str(i + 1) for i in range(ncols)]  # a panel each
+    fig, axes = plt.subplots(2, 3, figsize=(3.9 * 3 + 2.4, 6.8), squeeze=False, sharey=True)
+    err_of = lambda e: e["std"] if stat == "mean_grad" else None  # noqa: E731
     for row, stack in enumerate(("encoder", "decoder")):
         for col, w in enumerate(("fc1", "fc2")):
             ax = axes[row][col]
             for label, stacks in per_layer.items():
                 e = stacks[stack][w]
-                ys = e[key]
-                xs = list(range(1, len(ys) + 1))
-                err = e["std"] if stat == "mean_grad" else None
-                ax.errorbar(xs, ys, yerr=err, marker="o", ms=3, capsize=2, color=color[label], label=label)
+                ax.errorbar(range(1, len(e[key]) + 1), e[key], yerr=err_of(e), marker="o", ms=3, capsize=2,
+                            color=color[label], label=label)
             ax.set_xlabel("layer", fontsize=FONT)
-            ax.set_ylabel("gradient norm (Frobenius)", fontsize=FONT)
             integer_ticks(ax.xaxis)
-            ax.set_title(f"({letters[col]}) {'W1' if w == 'fc1' else 'W2'} of FFN, {stack}", fontsize=FONT)
-            ax.set_ylim(bottom=0)
-        for j, (label, stacks) in enumerate(last.items()):
-            ax = axes[row][2 + j]
+            ax.set_title(f"({'ab'[col]}) {'W1' if w == 'fc1' else 'W2'} of FFN per layer, {stack}", fontsize=FONT)
+        ax = axes[row][2]
+        depths = sorted({d for stacks in last.values() for d in stacks[stack]["depths"]})
+        for label, stacks in last.items():
             e = stacks[stack]
-            xs = range(len(e["depths"]))
-            err = e["std"] if stat == "mean_grad" else None
-            ax.bar(xs, e[key], yerr=err, color=color[label], alpha=0.8, capsize=2)
-            ax.set_xticks(list(xs))
-            ax.set_xticklabels([f"{d}-{d}" for d in e["depths"]], fontsize=FONT)
-            ax.set_xlabel("layers (encoder-decoder)", fontsize=FONT)
-            ax.set_title(f"({letters[2 + j]}) {label}: last-layer W2, {stack}", fontsize=FONT)
-            if label.lower().startswith("post") and stat == "mean_grad":
-                ax.axhline(result["paper"]["post_ln_last_w2"], ls="--", lw=0.8, color="gray")
-                ax.text(0, result["paper"]["post_ln_last_w2"], " paper ~1.6", fontsize=FONT, va="top")
-                ax.set_ylim(top=max(ax.get_ylim()[1], 1.12 * result["paper"]["post_ln_last_w2"]))
+            ax.errorbar(e["depths"], e[key], yerr=err_of(e), marker="s", ms=3, capsize=2, color=color[label],
+                        label=label)
+        if stat == "mean_grad" and any(label.lower().startswith("post") for label in last):
+            ax.axhline(result["paper"]["post_ln_last_w2"], ls="--", lw=0.8, color="gray")
+            ax.annotate(" Post-LN in the paper, ~1.6", (0, result["paper"]["post_ln_last_w2"]),
+                        xycoords=("axes fraction", "data"), fontsize=FONT, va="bottom", color="0.35")
+        ax.set_xticks(depths, [f"{d}-{d}" for d in depths], fontsize=FONT)
+        ax.set_xlabel("layers (encoder-decoder)", fontsize=FONT)
+        ax.set_title(f"(c) last layer's W2 against depth, {stack}", fontsize=FONT)
+        axes[row][0].set_ylabel("gradient norm (Frobenius, log scale)", fontsize=FONT)
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    for ax in axes.flat:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))  # 0.02, not 2 x 10^-2
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.tick_params(labelsize=FONT)
+        ax.grid(alpha=0.3, which="major")
     s = result["settings"]
     fig.suptitle(
         f"Gradient norm at initialization ({what}); {s['seeds']} seeds, K={s['batches']} batches of "
-        f"<= {s['tokens']} tokens, per architecture.\nRows: encoder / decoder (the paper does not say which "
-        f"stack its layers are). Data: {s['data_desc']}", fontsize=FONT)
-    fig.subplots_adjust(left=0.06, bottom=0.09, top=0.85, wspace=0.35, hspace=0.5)
-    legend_right(fig, axes.flat, 1 - 1.9 / fig.get_figwidth())
+        f"<= {s['tokens']} tokens, per architecture{'; bars: std over seeds' if stat == 'mean_grad' else ''}.\nRows: encoder / decoder (the paper "
+        f"does not say which stack its layers are). Data: {s['data_desc']}", fontsize=FONT)
+    fig.subplots_adjust(left=0.07, bottom=0.09, top=0.85, wspace=0.12, hspace=0.45)
+    legend_right(fig, axes.flat, 1 - 2.4 / fig.get_figwidth())
     return fig
 
 
