@@ -14,6 +14,8 @@ class Variant:
     normalize_before: bool  # fairseq's --{encoder,decoder}-normalize-before
     norm: str = None        # --lnpos-norm the arch fixes (models/norms.py); None: the option decides
     options: tuple = ()     # further fairseq options the arch turns on (attribute names of args)
+    qk_norm: tuple = None   # (--lnpos-qk-norm, --lnpos-qk-norm-scope) the arch has when they are not given
+                            # (models/qknorm.py); None: no QK-norm unless the option asks for it
 
 
 VARIANTS = {
@@ -101,18 +103,17 @@ def arch_names():
 
 # Figures draw a variant in one colour everywhere: the variant's place in VARIANTS picks it from
 # matplotlib's 20-colour qualitative map, the ten dark colours first (the first ten variants), then
-# the ten light ones; a curve that is no variant (a trained checkpoint) is black.
+# the ten light ones, and beyond those analysis.map_common.color's further colours; a curve that is no
+# variant (a trained checkpoint) is black.
 COLOR_MAP = "tab20"
 OTHER_COLOR = "#000000"
 
 
 def variant_color(variant):
     """The colour (``#rrggbb``) figures draw ``variant`` (a key of :data:`VARIANTS`) in."""
-    from matplotlib import colormaps
-    from matplotlib.colors import to_hex
+    from .analysis.map_common import color
 
-    i = list(VARIANTS).index(variant)
-    return to_hex(colormaps[COLOR_MAP](2 * i % 20 + i // 10 % 2))
+    return color(list(VARIANTS).index(variant))
 
 
 def label_color(label):

@@ -15,6 +15,7 @@ from fairseq.models.transformer import base_architecture, transformer_iwslt_de_e
 
 from ..errors import LnposError, check
 from .norms import norm_options
+from .qknorm import qk_norm_options
 from ..variants import SIZES, TINY, VARIANTS, arch_name
 
 
@@ -54,7 +55,7 @@ assert set(FILL_DEFAULTS) == set(SIZES)
 ARCHS = {}  # arch name -> variant
 
 
-def register_variant(variant, model, normalize_before, norm, options):
+def register_variant(variant, model, normalize_before, norm, options, qk_norm):
     for size, fill_defaults in FILL_DEFAULTS.items():
         name = arch_name(variant, size)
 
@@ -67,6 +68,9 @@ def register_variant(variant, model, normalize_before, norm, options):
                 args.lnpos_norm = norm
             for option in options:
                 setattr(args, option, True)
+            kind, scope, _ = qk_norm_options(args, fixed=qk_norm, arch=name)
+            if qk_norm is not None:  # what the arch has, written where fairseq saves the model's options
+                args.lnpos_qk_norm, args.lnpos_qk_norm_scope = kind, scope
             fill_defaults(args)
             for side in ("encoder", "decoder"):
                 layers = getattr(args, f"{side}_layers")
@@ -77,4 +81,4 @@ def register_variant(variant, model, normalize_before, norm, options):
 
 
 for _name, _v in VARIANTS.items():
-    register_variant(_name, _v.model, _v.normalize_before, _v.norm, _v.options)
+    register_variant(_name, _v.model, _v.normalize_before, _v.norm, _v.options, _v.qk_norm)

@@ -43,6 +43,7 @@ from torch import nn
 from ..errors import check
 from ..variants import DEFAULT_INIT, INITS
 from .norms import DEFAULT_NORM, NORMS, replace_norms
+from .qknorm import QK_NORMS, QK_SCOPES, add_qk_norm
 
 logger = logging.getLogger(__name__)
 
@@ -70,19 +71,27 @@ def apply_init(layer, cfg):
 
 
 class EncoderLayer(TransformerEncoderLayerBase):
-    """fairseq's encoder layer with ``--lnpos-init`` applied; every plugin encoder layer subclasses it."""
+    """fairseq's encoder layer with ``--lnpos-init`` applied and ``--lnpos-qk-norm`` on its attention;
+    every plugin encoder layer subclasses it."""
+
+    normalize_values = False  # the QK-norm normalises the values too (models/qknorm.py)
 
     def __init__(self, cfg, index=0, return_fc=False):
         super().__init__(cfg, return_fc=return_fc)
         apply_init(self, cfg)
+        add_qk_norm(layer_attentions(self), cfg, values=self.normalize_values)
 
 
 class DecoderLayer(TransformerDecoderLayerBase):
-    """fairseq's decoder layer with ``--lnpos-init`` applied; every plugin decoder layer subclasses it."""
+    """fairseq's decoder layer with ``--lnpos-init`` applied and ``--lnpos-qk-norm`` on its self- and
+    cross-attention; every plugin decoder layer subclasses it."""
+
+    normalize_values = False
 
     def __init__(self, cfg, no_encoder_attn=False, index=0):
         super().__init__(cfg, no_encoder_attn)
         apply_init(self, cfg)
+        add_qk_norm(layer_attentions(self), cfg, values=self.normalize_values)
 
 
 def without_fused_inference(module):
@@ -161,6 +170,16 @@ class VariantTransformerModel(TransformerModel):
                             "or scalenorm (g x / ||x||)")
         parser.add_argument("--lnpos-norm-alpha", type=float, metavar="A",
                             help="initial alpha of dyt and derf (default 0.5)")
+        parser.add_argument("--lnpos-qk-norm", choices=QK_NORMS,
+                            help="normalise the queries and keys of every attention after their projection: "
+                            "none (default; transformer_olmo2 and transformer_hybridnorm*: layernorm), layernorm, "
+                            "rmsnorm, or l2 (unit length, logits times a learned scalar g, Henry et al. 2020)")
+        parser.add_argument("--lnpos-qk-norm-scope", choices=QK_SCOPES,
+                            help="head: one norm per head (default); width: over the full width, then split "
+                            "into heads (OLMo-2; transformer_olmo2's default)")
+        parser.add_argument("--lnpos-qk-norm-length", type=int, metavar="L",
+                            help="l2's g starts at log2(L^2 - L), L the 97.5th percentile of the training "
+                            "sequence lengths (default 72)")
 
     @classmethod
     def coefficients(cls, args):
