@@ -58,6 +58,7 @@ import torch
 from torch import nn
 
 from ..errors import check
+from .sublayers import SecondStream, split_streams
 from .variant import DecoderLayer, EncoderLayer, VariantTransformerModel
 
 logger = logging.getLogger(__name__)
@@ -76,15 +77,6 @@ def dual_scale(cfg):
     return scale
 
 
-def split_streams(x, dim, scale):
-    """``(x_post, x_dual)`` from what a layer receives; the embeddings (width ``dim``) start both."""
-    if x.size(-1) == dim:
-        return x, x * scale if scale != 1 else x
-    post, dual = x.split(dim, dim=-1)
-    # contiguous: a strided input would cost every Linear reading it a separate bias add (mm + add, not addmm)
-    return post.contiguous(), dual
-
-
 class DualStreamOutput(nn.Module):
     """``x_post + LN_dual(x_dual)`` after a stack's last layer."""
 
@@ -98,28 +90,26 @@ class DualStreamOutput(nn.Module):
         return post + self.norm(dual)
 
 
-class ResiDualLayer:
-    """fairseq's Post-LN layer on ``x_post``, adding each sublayer's output to ``x_dual`` too."""
+class ResiDualLayer(SecondStream):
+    """fairseq's Post-LN layer on ``x_post``, adding each sublayer's output to ``x_dual`` (the second
+    stream, scaled by ``s``) too."""
 
     side = None  # "encoder" or "decoder"
-    dual = None  # x_dual during the layer's forward
+
+    @property
+    def dual(self):  # x_dual during the layer's forward
+        return self.stream
+
+    @property
+    def dual_scale(self):
+        return self.stream_scale
 
     @classmethod
     def build_stack_output(cls, cfg):
         return DualStreamOutput(getattr(cfg, cls.side).embed_dim, dual_scale(cfg), export=cfg.export)
 
-    def forward(self, x, *args, **kwargs):
-        post, self.dual = split_streams(x, self.embed_dim, self.dual_scale)
-        try:
-            out = super().forward(post, *args, **kwargs)
-            if isinstance(out, tuple):  # encoder with return_fc: (x, fc); decoder: (x, attn, state)
-                return (torch.cat((out[0], self.dual), -1), *out[1:])
-            return torch.cat((out, self.dual), -1)
-        finally:
-            self.dual = None
-
     def residual_connection(self, x, residual):  # fairseq: residual + x
-        self.dual = torch.add(self.dual, x, alpha=self.dual_scale)
+        self.stream = torch.add(self.stream, x, alpha=self.stream_scale)
         return residual + x
 
 
@@ -128,7 +118,7 @@ class ResiDualEncoderLayer(ResiDualLayer, EncoderLayer):
 
     def __init__(self, cfg, index=0, return_fc=False):
         super().__init__(cfg, return_fc=return_fc)
-        self.dual_scale = dual_scale(cfg)
+        self.stream_scale = dual_scale(cfg)
 
 
 class ResiDualDecoderLayer(ResiDualLayer, DecoderLayer):
@@ -136,7 +126,7 @@ class ResiDualDecoderLayer(ResiDualLayer, DecoderLayer):
 
     def __init__(self, cfg, no_encoder_attn=False, index=0):
         super().__init__(cfg, no_encoder_attn)
-        self.dual_scale = dual_scale(cfg)
+        self.stream_scale = dual_scale(cfg)
 
 
 @register_model("transformer_residual")

@@ -14,10 +14,13 @@ sublayer's name:
   fairseq's dropout (a forward hook on the attention module, on ``fc2`` for the FFN).
 * ``SublayerResiduals``: ``sublayer_residual(name, x, residual)`` replaces fairseq's
   ``residual + x``; ``self.layer_input`` is the layer's input during its forward.
+* ``SecondStream``: the layer carries a second residual stream beside fairseq's (ResiDual,
+  SiameseNorm); ``self.stream`` is it during the layer's forward.
 
 Hooks on the sublayers, not on the LayerNorms, so parameter names stay fairseq's and
 ``--lnpos-norm``, which replaces LayerNorm modules after the stack is built, keeps them.
 """
+import torch
 from torch import nn
 
 from ..errors import check
@@ -89,3 +92,38 @@ class SublayerResiduals:
         name = names[self._sublayer]
         self._sublayer += 1
         return self.sublayer_residual(name, x, residual)
+
+
+def split_streams(x, dim, scale=1.0):
+    """``(x, y)``, fairseq's stream and the second one, from what a layer (or the module after a stack's
+    last layer) receives: the two side by side (width ``2 dim``), or the embeddings (width ``dim``),
+    which start both, the second times ``scale``."""
+    if x.size(-1) == dim:
+        return x, x * scale if scale != 1 else x
+    x, y = x.split(dim, dim=-1)
+    # contiguous: a strided input would cost every Linear reading it a separate bias add (mm + add, not addmm)
+    return x.contiguous(), y
+
+
+class SecondStream:
+    """A layer that carries a second stream ``y`` beside the stream fairseq's layer computes.
+
+    Between layers the two travel side by side in one tensor, ``[x, y]`` along the feature axis (width
+    2d), so fairseq's encoder and decoder loops, generation and ``--checkpoint-activations`` carry it
+    unchanged; the module in the stack's ``layer_norm`` slot (``build_stack_output``,
+    ``models/variant.py``) joins them to width d. A layer given width d (the embeddings: the stack's
+    first layer, or a later one when ``--*-layerdrop`` dropped those before it) starts
+    ``y = stream_scale * x``. fairseq's layer runs on ``x``; its hooks update ``self.stream``."""
+
+    stream = None  # y during the layer's forward
+    stream_scale = 1.0
+
+    def forward(self, x, *args, **kwargs):
+        x, self.stream = split_streams(x, self.embed_dim, self.stream_scale)
+        try:
+            out = super().forward(x, *args, **kwargs)
+            if isinstance(out, tuple):  # encoder with return_fc: (x, fc); decoder: (x, attn, state)
+                return (torch.cat((out[0], self.stream), -1), *out[1:])
+            return torch.cat((out, self.stream), -1)
+        finally:
+            self.stream = None
