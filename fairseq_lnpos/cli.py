@@ -113,7 +113,11 @@ class CommandParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose errors (unknown option, a value that is not a number)
     are one line ``PROG: error: ...`` and exit 2, like the project's other errors. The value of a
     :class:`Flags` option may start with ``-`` (argparse alone takes ``--fairseq-args --fp16`` for
-    two options): ``OPTION VALUE`` is read as ``OPTION=VALUE``."""
+    two options): ``OPTION VALUE`` is read as ``OPTION=VALUE``. An option that names a folder or a file
+    (``--publish DIR``, any option whose metavar is one of :data:`PATH_METAVARS`) given as an empty text is
+    refused: it would name no path, or the working folder."""
+
+    PATH_METAVARS = ("DIR", "PAGE", "FILE", "PATH")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -129,7 +133,14 @@ class CommandParser(argparse.ArgumentParser):
                 joined += [arg, *args]
                 break
             joined.append(f"{arg}={args.pop(0)}" if arg in flags and args else arg)
-        return super().parse_known_args(joined, namespace)
+        namespace, extras = super().parse_known_args(joined, namespace)
+        for action in self._actions:
+            value = getattr(namespace, action.dest, None) if action.option_strings else None
+            if (action.dest == "publish" or action.metavar in self.PATH_METAVARS) and isinstance(value, str) \
+                    and not value.strip():
+                self.error(f"argument {'/'.join(action.option_strings)}: {value!r} names no folder or file: give "
+                           f"its path")
+        return namespace, extras
 
     def error(self, message):
         self.exit(USAGE_EXIT, f"{self.prog}: error: {message} (see --help)\n")

@@ -4,14 +4,24 @@
 the date, the machine and its load while the runs ran, the code versions of the runs and of the
 command, then the study's own Markdown (tables, rules) and its figures; beside it ``runs.csv`` (one
 row per run: the per-seed data every number on the page is derived from, :mod:`.frame`) and the
-files the study wrote (figures, CSVs). A page is replaced whole when the command runs again.
+files the study wrote (figures, CSVs). A page is replaced whole when the command runs again: the
+files the earlier page listed and the new one does not are removed.
+
+:func:`publish` is the one writer of a page folder, and :func:`check_page` its one check: a page is
+written only into a folder that is new, empty, or a page the same command wrote (its ``index.md``
+starts with :data:`MARKER` and names a command of the same program); anything else there is the
+user's or another study's, and is refused in one line before anything is written.
 """
 import datetime
+import errno
+import re
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
-from ..common import n_runs, replace_file, write_text
+from ..common import n_runs, one_line, replace_file, write_text
+from ..errors import LnposError
 from ..provenance import code_version, describe_code, machine, software
 from .frame import COUNTED, GATHERED, write_runs_csv
 
@@ -65,27 +75,118 @@ def page_text(title, body_md, runs, command, files, when=None, page_code=None):
     return "\n".join(head + [body.rstrip(), ""] + [f"![{f}]({f})" for f in figures]) + "\n"
 
 
+COMMAND = "- Command: `"
+LINKED = re.compile(r"\]\(([^()/\\]+)\)")  # a file the page links or shows: [name](name), ![name](name)
+TEMPORARY = re.compile(r"^\..+\.tmp$")  # a write that was interrupted (common.replace_file's temporary name)
+
+
+def program(command):
+    """The program of a page's command line: ``python -m MODULE``, a script's file name
+    (``scripts/bench.sh`` -> ``bench.sh``), else its first word."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    if len(words) >= 3 and words[0].startswith("python") and words[1] == "-m":
+        return " ".join(words[:3])
+    if len(words) >= 2 and words[0].startswith("python"):
+        return Path(words[1]).name
+    return Path(words[0]).name if words else ""
+
+
+def _dest(dest):
+    text = str(dest) if dest is not None else ""
+    if not text.strip():
+        raise LnposError(f"--publish {text!r} names no folder: give the page's folder (docs/results/NAME)")
+    return Path(dest)
+
+
+def _cannot_write(dest, e):
+    what = {errno.ENOSPC: "free some space on its disk", errno.ENAMETOOLONG: "give a shorter name",
+            errno.EDQUOT: "free some space on its disk"}.get(e.errno, "give a folder that can be written")
+    return LnposError(f"--publish {one_line(str(dest))}: cannot write the page ({e.strerror or e}): {what}, then "
+                      f"run the command again (its other outputs are written)")
+
+
+def check_page(dest, command, own=()):
+    """The files the page in folder ``dest`` lists (names), or an :class:`LnposError` when a page of
+    ``command`` may not be written there: ``dest`` names no folder or is a file, or it holds something
+    that no page of the same program (:func:`program`) wrote. ``own``: paths of this command's outputs
+    that may already be in ``dest`` (its output folder may be the page's)."""
+    dest = _dest(dest)
+    shown = one_line(str(dest))
+    try:
+        if dest.exists() and not dest.is_dir():
+            raise LnposError(f"--publish {shown} is a file: give a folder (docs/results/NAME; it is created when "
+                             f"missing)")
+        entries = [e for e in dest.iterdir() if not TEMPORARY.match(e.name)] if dest.is_dir() else []
+    except OSError as e:  # a name too long, a folder that cannot be read
+        raise _cannot_write(dest, e) from None
+    own = {Path(f).resolve() for f in own if f}
+    page = dest / PAGE
+    if not page.exists() or page.is_symlink():
+        foreign = [e for e in entries if e.resolve() not in own and e != page]
+        if foreign:
+            raise LnposError(f"--publish {shown} holds files that no results page wrote ({one_line(foreign[0].name)}"
+                             + (f" and {len(foreign) - 1} more" if len(foreign) > 1 else "") + "): give a new or "
+                             "empty folder; nothing was written there")
+        return set()
+    try:
+        lines = page.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise LnposError(f"--publish {shown}: its {PAGE} cannot be read ({e}): give a new or empty folder; nothing "
+                         f"was written there") from None
+    if not lines or lines[0] != MARKER:
+        raise LnposError(f"--publish {shown}: its {PAGE} was not written by the lab's command (no marker on its first "
+                         f"line): give a new or empty folder, or move that file away; nothing was written there")
+    was = next((line[len(COMMAND):line.rfind("`")] for line in lines if line.startswith(COMMAND)), "")
+    if program(was) != program(command):
+        raise LnposError(f"--publish {shown} is the page of another command ({program(was) or 'none named'}; this is "
+                         f"{program(command)}): give a new or empty folder, or run that page's own command; "
+                         f"nothing was written there")
+    return {name for line in lines for name in LINKED.findall(line)} - {PAGE}
+
+
 def publish(dest, title, body_md, runs, files, command, when=None):
-    """Write the results page folder ``dest``; returns the path of its ``index.md``."""
+    """Write the results page folder ``dest`` (after :func:`check_page`); returns the path of its
+    ``index.md``. The files the earlier page there listed and this one does not are removed. A write
+    that fails (a full disk) is one line, and a page folder this call created is removed again."""
+    dest = _dest(dest)
+    own = [Path(f) for f in files if f]
+    listed = check_page(dest, command, own)
     page_code = code_version()  # read before this page's own files change the checkout
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    files = [Path(f) for f in files if f and Path(f).name != "runs.csv"]
-    for f in files:
-        if f.resolve() != (dest / f.name).resolve():
-            replace_file(dest / f.name, lambda out, f=f: out.write(f.read_bytes()))
-    if runs is not None:
-        write_runs_csv(runs, dest / "runs.csv")
-    return write_text(dest / PAGE, page_text(title, body_md, runs, command, files, when, page_code))
+    files = [f for f in own if f.name != "runs.csv"]
+    created = not dest.exists()
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            if f.resolve() != (dest / f.name).resolve():
+                replace_file(dest / f.name, lambda out, f=f: out.write(f.read_bytes()))
+        if runs is not None:
+            write_runs_csv(runs, dest / "runs.csv")
+        index = write_text(dest / PAGE, page_text(title, body_md, runs, command, files, when, page_code))
+        keep = {f.name for f in files} | ({"runs.csv"} if runs is not None else set())
+        for name in sorted(listed - keep):
+            stale = dest / name
+            if stale.is_file() or stale.is_symlink():
+                stale.unlink()
+    except OSError as e:
+        if created:
+            shutil.rmtree(dest, ignore_errors=True)
+        raise _cannot_write(dest, e) from None
+    return index
 
 
 def write_outputs(out, dest, title, body_md, runs, files, command):
     """The end of a study's command: ``runs.csv`` beside its outputs in ``out`` (the table of its runs
-    without where each was read from), and the results page ``dest`` when one is asked for."""
+    without where each was read from), and the results page ``dest`` when one is asked for (given as
+    an empty text: refused)."""
+    if dest is not None:
+        check_page(dest, command, list(files))
     runs = runs.drop(columns=[c for c in GATHERED if c in runs])
-    write_runs_csv(runs, Path(out) / "runs.csv")
-    if dest:
-        publish(dest, title, body_md, runs, files, command)
+    written = write_runs_csv(runs, Path(out) / "runs.csv")
+    if dest is not None:
+        publish(dest, title, body_md, runs, list(files) + [written], command)
 
 
 def argv_of(prog, argv):
