@@ -303,4 +303,6 @@ def read_runs_csv(path):
                          f"one a results page published, or publish the page again with this version's command")
     for c in text[:-1]:
         runs[c] = runs[c].astype(object).where(runs[c].notna(), "").astype(str)
-    return runs
+    from .validate import check_runs  # every value checked: one line naming the file, row and column
+
+    return check_runs(runs, path)
