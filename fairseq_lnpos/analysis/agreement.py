@@ -44,10 +44,10 @@ from pathlib import Path
 import numpy as np
 
 from ..cli import CommandParser, comma_list, comma_list_type, fraction
-from ..common import write_text
+from ..common import n_runs, write_text
 from ..errors import LnposError, run_main
 from . import verdict as V
-from .frame import COUNTED, FINISHED, check_model_code, check_one_experiment, pandas, read_runs
+from .frame import COUNTED, FINISHED, GATHERED, check_model_code, check_one_experiment, pandas, read_runs
 from .publish import argv_of, write_outputs
 from .stability import KEYS, make_cells, order
 
@@ -73,6 +73,43 @@ def load(source, allow_mixed=False, keys=KEYS, keep=None):
                          "was stopped early: run or resume the sweep first" + (", or check --only and --seeds"
                                                                                if keep is not None else ""))
     return runs
+
+
+def check_two_runs(name_a, name_b, runs_a, runs_b, allow_mixed=False):
+    """Both sides are one experiment trained twice, before anything says "re-run" or "replication": two
+    sources (one folder or file given twice is refused), the same corpus (their unigram bits; the data
+    folder's path may differ between machines), the same model code unless ``allow_mixed``, and not one
+    set of runs copied (every run both hold with the same record, its training times included; runs that
+    recorded no time cannot be told from a re-run that reproduced them).
+    The settings are :func:`compare`'s."""
+    if Path(name_a).resolve() == Path(name_b).resolve():
+        raise LnposError(f"{name_a} is given twice: compare two runs of one map (two sweep folders or published "
+                         f"runs.csv files)")
+    bits = [r["unigram_bits"].dropna().round(5).unique() for r in (runs_a, runs_b)]
+    if len(bits[0]) and len(bits[1]) and set(bits[0]) != set(bits[1]):
+        raise LnposError(f"{name_a} and {name_b} were trained on different corpora (unigram bits {bits[0][0]:.5f} "
+                         f"and {bits[1][0]:.5f}): compare two runs of one map on one corpus")
+    codes = [set(r.loc[r["outcome"].isin(COUNTED) & (r["model_code"] != ""), "model_code"]) for r in (runs_a, runs_b)]
+    if codes[0] and codes[1] and codes[0] != codes[1] and not allow_mixed:
+        raise LnposError(f"{name_a} and {name_b} were trained by different versions of the model code "
+                         f"({', '.join(sorted(codes[0]))} and {', '.join(sorted(codes[1]))}): re-run the older one, "
+                         f"or pass --allow-mixed-code to compare them anyway")
+    key = ["run", "seed"]
+    record = [c for c in ("train_seconds", "train_cpu_seconds") if c in runs_a and c in runs_b]
+    both = runs_a.merge(runs_b, on=key, suffixes=("_a", "_b"))
+    measured = both[[f"{c}_a" for c in record]].notna().any(axis=1) if record else both["run"].isna()
+    if len(both) and measured.all():
+        compared = [c for c in runs_a.columns if c in runs_b.columns and c not in key + ["path", *GATHERED, "map"]]
+
+        def same(c):
+            a, b = both[f"{c}_a"], both[f"{c}_b"]
+            if a.dtype.kind in "fi" and b.dtype.kind in "fi":
+                return (a.map(lambda v: f"{v:.6g}") == b.map(lambda v: f"{v:.6g}")).all()
+            return (a.astype(str) == b.astype(str)).all()
+
+        if all(same(c) for c in compared):
+            raise LnposError(f"{name_b} holds the same runs as {name_a} ({n_runs(len(both))} with the same records, "
+                             f"times and load: a copy, not a second run): compare two runs of one map")
 
 
 def earlier_verdicts(runs, ratio=EARLIER["ratio"], near=EARLIER["near"], noise_k=EARLIER["noise_k"]):
@@ -314,6 +351,7 @@ def _main(argv):
     keys = BY_RUN if args.by_run else KEYS
     runs_a, runs_b = (load(s, args.allow_mixed_code, keys, keep) for s in (args.a, args.b))
     both = compare(runs_a, runs_b, args.across, keys, args.trains)
+    check_two_runs(args.a, args.b, runs_a, runs_b, args.allow_mixed_code)
     md = markdown(args.a, args.b, both, shares(both), (seeds_text(runs_a), seeds_text(runs_b)), args.across)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
