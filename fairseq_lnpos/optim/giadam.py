@@ -30,10 +30,9 @@ from typing import Any, List
 import torch
 from fairseq.dataclass import FairseqDataclass
 from fairseq.optim import FairseqOptimizer, register_optimizer
-from omegaconf import II, OmegaConf
+from omegaconf import II
 
-from ..errors import check
-from .radam import parse_betas
+from .checks import optimizer_options
 
 
 class GIAdam(torch.optim.Adam):
@@ -70,12 +69,7 @@ class FairseqGIAdam(FairseqOptimizer):
 
     @property
     def optimizer_config(self):
-        lr = self.cfg.lr[0] if isinstance(self.cfg.lr, (list, tuple)) or OmegaConf.is_list(self.cfg.lr) else self.cfg.lr
-        for name, value, ok in (("--lr", lr, lr > 0), ("--adam-eps", self.cfg.adam_eps, self.cfg.adam_eps > 0),
-                                ("--weight-decay", self.cfg.weight_decay, self.cfg.weight_decay >= 0)):
-            check(ok, f"{name} must be {'at least 0' if name == '--weight-decay' else 'positive'}, got {value}")
-        return {"lr": lr, "betas": parse_betas(self.cfg.adam_betas), "eps": self.cfg.adam_eps,
-                "weight_decay": self.cfg.weight_decay}
+        return optimizer_options(self.cfg)  # every option checked (checks.py), as radam's
 
     @property
     def supports_flat_params(self):

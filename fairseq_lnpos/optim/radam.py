@@ -5,7 +5,6 @@ Takes Adam's option names (``--adam-betas``, ``--adam-eps``) so that switching a
 (FP16Optimizer keeps fp32 master weights); ``--memory-efficient-fp16`` is refused by fairseq
 because torch's RAdam keeps its state in the parameters' dtype.
 """
-import ast
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, List
@@ -13,10 +12,10 @@ from typing import Any, List
 import torch
 from fairseq.dataclass import FairseqDataclass
 from fairseq.optim import FairseqOptimizer, register_optimizer
-from omegaconf import II, OmegaConf
+from omegaconf import II
 
-from ..cli import Range
 from ..errors import check
+from .checks import optimizer_options
 
 
 @dataclass
@@ -28,23 +27,6 @@ class RAdamConfig(FairseqDataclass):
         default=False, metadata={"help": "AdamW-style decoupled weight decay (torch.optim.RAdam)"}
     )
     lr: List[float] = II("optimization.lr")
-
-
-def parse_betas(betas):
-    if isinstance(betas, str):
-        try:
-            betas = ast.literal_eval(betas)
-        except (ValueError, SyntaxError):
-            betas = None
-    elif betas is not None and not isinstance(betas, (tuple, list)):
-        betas = OmegaConf.to_container(betas)
-    ok = (
-        isinstance(betas, (tuple, list))
-        and len(betas) == 2
-        and all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in betas)
-    )
-    check(ok, f"--adam-betas must be two numbers in [0, 1) such as '(0.9, 0.98)', got {betas!r}")
-    return tuple(float(b) for b in betas)
 
 
 def supports_decoupled_weight_decay():
@@ -59,17 +41,7 @@ class FairseqRAdam(FairseqOptimizer):
 
     @property
     def optimizer_config(self):
-        lr = self.cfg.lr[0] if isinstance(self.cfg.lr, (list, tuple)) or OmegaConf.is_list(self.cfg.lr) else self.cfg.lr
-        # finite numbers only: an infinite epsilon makes every step 0, an infinite decay every weight NaN
-        Range(0, low_open=True).check("--lr", lr)
-        Range(0, low_open=True).check("--adam-eps", self.cfg.adam_eps)
-        Range(0).check("--weight-decay", self.cfg.weight_decay)
-        config = {
-            "lr": lr,
-            "betas": parse_betas(self.cfg.adam_betas),
-            "eps": self.cfg.adam_eps,
-            "weight_decay": self.cfg.weight_decay,
-        }
+        config = optimizer_options(self.cfg)  # every option checked (checks.py)
         if self.cfg.decoupled_weight_decay:  # older torch releases' RAdam lacks the option
             check(supports_decoupled_weight_decay(),
                   f"--decoupled-weight-decay: the RAdam of torch {torch.__version__} has no decoupled weight "
