@@ -230,13 +230,15 @@ class DoneRecord(Record):
 
     @property
     def text(self):
-        """The outcome in words: finished, diverged at update N, stopped early at update N: WHY, failed: WHY."""
+        """The outcome in words: finished, diverged at update N, stopped early at update N: WHY, failed: WHY
+        (the update and the reason left out where the record has none)."""
+        why = f": {self.reason}" if self.reason else ""
         if self.outcome is Outcome.DIVERGED:
             return "diverged" + ("" if self.diverged_at is None else f" at update {self.diverged_at}")
         if self.outcome is Outcome.STOPPED:
-            return "stopped early" + ("" if self.stopped_at is None else f" at update {self.stopped_at}") + f": {self.reason}"
+            return "stopped early" + ("" if self.stopped_at is None else f" at update {self.stopped_at}") + why
         if self.outcome is Outcome.FAILED:
-            return f"failed: {self.reason}"
+            return "failed" + why
         return self.outcome.value
 
     @classmethod
