@@ -6,14 +6,17 @@ resumed run (checkpoint_last.pt) fail with an UnpicklingError. Allow-listing jus
 keeps torch's safe loader on, instead of turning ``weights_only`` off (which would run arbitrary
 pickled code). Older torch versions have no safe loader to configure, and need nothing.
 
-With ``--task translation_lnpos`` a checkpoint that cannot be read (missing, truncated, not a
-checkpoint) or that does not fit the model being trained (``--restore-file`` of another
-architecture) raises :class:`CheckpointError`, which fairseq's commands print as one line
-(:func:`fairseq_lnpos.errors.install_excepthook`), instead of torch's or fairseq's traceback.
+With the plugin loaded (any ``--task``: :func:`guard_resume`) a checkpoint that cannot be read
+(missing, truncated, not a checkpoint) raises :class:`CheckpointError`; with ``--task
+translation_lnpos`` also one that does not fit the model being trained (``--restore-file`` of another
+architecture). fairseq's commands print it as one line (:func:`fairseq_lnpos.errors.install_excepthook`),
+instead of torch's or fairseq's traceback. :func:`check_resumable` is the grid's cheap look at a run's
+``checkpoint_last.pt`` before anything starts.
 """
 import argparse
 import functools
 import threading
+import zipfile
 
 from .errors import LnposError
 
@@ -111,18 +114,39 @@ def check_same_experiment(saved, current, path):
             "to start this one, or add --reset-optimizer to train from its weights all the same")
 
 
+def check_resumable(path):
+    """Refuse a checkpoint file that cannot be a complete one, without loading it: empty, cut short
+    (torch's zip archive without its directory at the end) or neither a zip archive nor torch's legacy
+    pickle. What passes may still fail to load (damage inside): fairseq-train then says so in one line."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if head.startswith(b"PK"):
+            with zipfile.ZipFile(path) as archive:
+                archive.namelist()
+            return
+        problem = "it is empty" if not head else None if head.startswith(b"\x80") else "it is not a torch checkpoint"
+    except (OSError, zipfile.BadZipFile, EOFError) as e:
+        problem = f"{type(e).__name__}: {str(e)[:120]}"
+    if problem:
+        raise CheckpointError(f"{path} is damaged ({problem}): the run cannot resume from it; delete the run's folder "
+                              f"to train it again, or put back a complete checkpoint")
+
+
 def guard_resume():
     """Make fairseq's ``Trainer.load_checkpoint`` (fairseq-train's resume from checkpoint_last.pt and
     its ``--restore-file``, with any task) refuse a checkpoint of another experiment
     (:func:`check_same_experiment`), unless ``--reset-optimizer`` (which ``--finetune-from-model``
     implies) says that training starts over from its weights. Checked after the weights loaded, so
-    that weights of another size keep their own error. Idempotent."""
+    that weights of another size keep their own error. A checkpoint that cannot be read at all is
+    :func:`guard_checkpoint_loading`'s one line, with any task too. Idempotent."""
     from fairseq import checkpoint_utils
     from fairseq.trainer import Trainer
 
     trainer_load = Trainer.load_checkpoint
     if getattr(trainer_load, "lnpos_guarded", False):
         return
+    guard_checkpoint_loading()
     state_load = checkpoint_utils.load_checkpoint_to_cpu
 
     @functools.wraps(state_load)

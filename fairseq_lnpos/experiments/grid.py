@@ -20,9 +20,10 @@ from dataclasses import fields
 from pathlib import Path
 
 from .. import provenance
+from ..checkpoint import check_resumable
 from ..common import CONTROL, one_line, refuse_link
 from ..cli import CommandParser
-from ..errors import INTERRUPT_EXIT, LnposError, StateError, run_main
+from ..errors import INTERRUPT_EXIT, MAX_SEED, LnposError, StateError, run_main
 from . import runs as R
 from . import status, sweep
 from .commands import batch_plan, run_arch, total_updates
@@ -102,6 +103,39 @@ def extend(jobs, write=True):
             print(f"{j.label}: {'continues' if write else 'would continue'} from epoch {was} to {j.run.max_epoch}")
 
 
+def check_seed(job):
+    """fairseq seeds numpy with the seed plus the epoch (its batch order, data/iterators.py), which must
+    stay below 2^32: a seed near the top fails at a later epoch, and at every retry. The epochs of a
+    run are its max_epoch, or at most its max_update (an update or more per epoch), and one more
+    (fairseq makes the next epoch's iterator when one ends)."""
+    run = job.run
+    budgets = [b for b in (run.max_epoch, run.max_update) if b]
+    if not budgets:
+        return
+    epochs = min(budgets) + 1
+    if job.seed + epochs > MAX_SEED:
+        raise LnposError(f"--seeds {job.seed}: fairseq seeds numpy with the seed plus the epoch, which must stay "
+                         f"below 2^32, so with {run.name}'s {epochs - 1} epochs a seed is at most "
+                         f"{MAX_SEED - epochs}: give a smaller seed")
+
+
+def check_job(job, config, model_code, dry_run):
+    """What would stop a run later, refused before anything starts: a seed too large for its epochs, a
+    folder another grid works on now, and for a run to resume (its recorded ``config``): a resume by other
+    model code than the one that started its training, a checkpoint_last.pt that cannot be resumed from."""
+    check_seed(job)
+    if dry_run:
+        return
+    job.dir.check_free()
+    if config is None:  # nothing to resume (a folder without config.json is the scheduler's to refuse)
+        return
+    rd = job.dir
+    rd.check_resume(model_code)
+    done = rd.done()
+    if not rd.trained and not (done is not None and done.outcome.final) and rd.last_checkpoint.exists():
+        check_resumable(rd.last_checkpoint)
+
+
 def run_grid(opts, runs):
     """Train and score ``runs`` (Run rows) with the grid's options; returns the exit status."""
     check_cpu_bf16(opts)
@@ -118,6 +152,7 @@ def run_grid(opts, runs):
                              f"config.json, so no table or map can read it: move the folder away or delete it, "
                              f"then run again")
         j.dir.check_config(j.config_hash(), j.config())
+        check_job(j, config, provenance.model_code_hash(), opts.dry_run)
         refuse_link(j.dir.log_path)
         batch_plan(j.run, opts.world)
     for log in ("progress.log", "evaluator.log"):  # appended to while the runs go on

@@ -17,7 +17,9 @@
                       also the first training loss, updates, training time, final validation loss and
                       peak memory (peak_rss_mb, cuda_peak_mb) and fairseq-train's CPU seconds
                       (train_cpu_seconds; null unknown)
-    .lock             held (flock) while a grid works on the run
+    trained_by.json   the model code (provenance.py) that started the run's training: a run is resumed
+                      by the same model code only (one run, one model)
+    .lock             held (flock) while a grid works on the run; holds the grid's process id
 
 Every JSON file is written atomically. Every state file is checked for shape where it is read,
 here, with the shapes of records.py (the one schema of the run files): a file that
@@ -38,7 +40,7 @@ from pathlib import Path
 from ..common import hold_lock, open_fd, read_json, read_lines, write_json, write_text
 from ..errors import LnposError, StateError
 from ..data.unigram import unigram_bits
-from ..provenance import provenance
+from ..provenance import model_code_hash, provenance
 from .records import AverageRecord, DoneRecord, EpochRecord, Outcome, config_from_json, shape_error, short
 from .runs import Run
 
@@ -198,6 +200,8 @@ class RunDir:
         self.eval_dir = self.path / "eval"
         self.lock_path = self.path / ".lock"
         self.extended_path = self.path / "extended.json"
+        self.trained_by_path = self.path / "trained_by.json"
+        self.last_checkpoint = self.save_dir / "checkpoint_last.pt"
 
     def __repr__(self):
         return f"RunDir({str(self.path)!r})"
@@ -236,6 +240,32 @@ class RunDir:
                              f"was going on?): {self._redo()}")
         self.eval_dir.mkdir(exist_ok=True)
         write_json(self.config_path, {"hash": config_hash, **config})
+        if not self.trained and not self.last_checkpoint.exists():  # its training starts now, from scratch
+            write_json(self.trained_by_path, {"model_code": model_code_hash()})
+
+    def trained_by(self):
+        """The model code that started the run's training (trained_by.json), None where not recorded."""
+        what_to_do = f"delete it (the run then resumes unchecked) or {self._redo()}"
+        obj = read_json(self.trained_by_path, missing_ok=True, what_to_do=what_to_do)
+        if obj is None:
+            return None
+        if not isinstance(obj, dict) or not isinstance(obj.get("model_code"), str):
+            raise shape_error(self.trained_by_path, "the record of the model code", f"it holds {short(obj)}",
+                              what_to_do)
+        return obj["model_code"]
+
+    def check_resume(self, model_code):
+        """Refuse to resume training (from checkpoint_last.pt) with another model code than the one that
+        started it: the run would be recorded as trained by one model it is not. A run whose training
+        ended (TRAINED, or a final outcome), or that has no checkpoint to resume from, is not resumed."""
+        done = self.done()
+        if self.trained or (done is not None and done.outcome.final) or not self.last_checkpoint.exists():
+            return
+        started = self.trained_by()
+        if started is not None and started != model_code:
+            raise LnposError(f"{self.path} was trained up to its last checkpoint by model code {started}, and the "
+                             f"plugin's model code is now {model_code}: resuming would make one run of two models; "
+                             f"restore the code it started with to resume it, or {self._redo()} with this code")
 
     def extend(self, config, config_hash, model_code, write=True):
         """Reopen this run for more epochs (``grid.sh run --extend``) when ``config`` differs from the
@@ -414,8 +444,42 @@ class RunDir:
         """Hold the run's lock; returns the open fd (close it to release). A grid killed a moment
         ago may still have a fairseq child exiting, hence the wait."""
         self.path.mkdir(parents=True, exist_ok=True)
-        return hold_lock(self.lock_path, f"{self.path} is in use by another grid (lock {self.lock_path}); "
-                                         f"wait for it or stop it", wait)
+        fd = hold_lock(self.lock_path, f"{self.path} is in use by another grid (lock {self.lock_path}); "
+                                       f"wait for it or stop it", wait)
+        try:  # who holds it: a second grid refuses the folder while that process lives (check_free)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass
+        return fd
+
+    def holder(self):
+        """The process id the lock file names (the grid that holds or held it), None where it names none."""
+        try:
+            text = self.lock_path.read_text(encoding="utf-8", errors="replace").strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
+
+    def check_free(self):
+        """Refuse a run folder that another grid works on now: its lock is held, and the process the lock
+        file names lives (or it names none). A lock whose grid has died (a fairseq process of it still
+        exiting) is waited for by :meth:`lock` instead."""
+        if not self.locked():
+            return
+        pid = self.holder()
+        alive = True
+        if pid is not None:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                alive = False
+            except OSError:
+                pass
+        if alive:
+            raise LnposError(f"{self.path} is in use by another grid (lock {self.lock_path}"
+                             + (f", process {pid}" if pid is not None else "") + "): wait for it to finish or stop "
+                             "it, then run again; nothing was changed")
 
     def locked(self):
         """Is a grid working on this run now?"""
