@@ -148,6 +148,11 @@ def test_dry_run_shows_each_runs_device(gpus, capsys, tmp_path):
                    "--gpus", "1", "--runs-per-gpu", "2"]) == 0
     out = capsys.readouterr().out
     assert out.count(" on GPU 5 -> ") == 2 and " --cpu" not in out
+    gpus(1, "GPU-aa,MIG-bb")
+    assert G.main(["run", "--dry-run", "--only", GOOD, "--seeds", "1,2,3", "--out", str(tmp_path / "o"),
+                   "--gpus", "1,0"]) == 0
+    heads = [line.split(" -> ")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("# [")]
+    assert [h.split(" seed ")[1] for h in heads] == ["1 on MIG-bb", "2 on GPU-aa", "3 on the first free of MIG-bb, GPU-aa"]
     # a CPU grid: every fairseq command says --cpu
     assert G.main(["run", "--dry-run", "--only", GOOD, "--out", str(tmp_path / "o"), "--jobs", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()

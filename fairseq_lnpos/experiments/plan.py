@@ -212,10 +212,13 @@ def plan_slots(opts, dry_run):
 
 
 def slot_text(slot):
-    """Where a slot's runs go, in words: ``the CPU`` or ``GPU 4`` (its CUDA_VISIBLE_DEVICES entries)."""
+    """Where a slot's runs go, in words: ``the CPU``, ``GPU 4``, ``GPUs 4,5`` or the entry that names it
+    (``MIG-...``): its CUDA_VISIBLE_DEVICES value."""
     if slot is None:
         return "the CPU"
-    return ("GPUs " if "," in slot else "GPU ") + slot
+    if "," in slot:
+        return "GPUs " + slot
+    return f"GPU {slot}" if slot.isdigit() else slot
 
 
 def placement(slots, index):
