@@ -139,6 +139,9 @@ CASES = [
     Case("publish-into-another-studys-page", MAP + PAGE, r"^stability_map\.sh: error: --publish \S*/P is the page of "
          r"another command \(python -m fairseq_lnpos\.demo; this is stability_map\.sh\)", setup=with_demo_page,
          writes=("out",)),
+    Case("replay-publish-over-a-notebook", ("scripts/tools/early_stop_replay.py", "{S}/sweep") + PAGE,
+         r"^early_stop_replay: error: --publish \S*/P: its index\.md was not written by the lab's command",
+         setup=with_notebook, writes=()),
     # --- a page that cannot be written: one line, nothing left behind
     Case("publish-to-a-file", MAP + PAGE, r"^stability_map\.sh: error: --publish \S*/P is a file: give a folder",
          setup=with_file_at_page, writes=("out",)),

@@ -34,6 +34,7 @@ grid writes into no other folder that holds something (a folder with a SLURM tas
 import dataclasses
 import fcntl
 import os
+import platform
 import re
 from pathlib import Path
 
@@ -448,28 +449,29 @@ class RunDir:
                                        f"wait for it or stop it", wait)
         try:  # who holds it: a second grid refuses the folder while that process lives (check_free)
             os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            os.pwrite(fd, f"{os.getpid()} {platform.node()}\n".encode(), 0)
         except OSError:
             pass
         return fd
 
     def holder(self):
-        """The process id the lock file names (the grid that holds or held it), None where it names none."""
+        """(process id, host) the lock file names (the grid that holds or held it), None where it names none."""
         try:
-            text = self.lock_path.read_text(encoding="utf-8", errors="replace").strip()
+            pid, _, host = self.lock_path.read_text(encoding="utf-8", errors="replace").strip().partition(" ")
         except OSError:
             return None
-        return int(text) if text.isdigit() else None
+        return (int(pid), host) if pid.isdigit() else None
 
     def check_free(self):
         """Refuse a run folder that another grid works on now: its lock is held, and the process the lock
         file names lives (or it names none). A lock whose grid has died (a fairseq process of it still
-        exiting) is waited for by :meth:`lock` instead."""
+        exiting), or one held on another machine (a shared file system, where this one cannot tell), is
+        waited for by :meth:`lock` instead."""
         if not self.locked():
             return
-        pid = self.holder()
-        alive = True
-        if pid is not None:
+        holder = self.holder()
+        pid, alive = (None, True) if holder is None else (holder[0], holder[1] == platform.node())
+        if alive and pid is not None:
             try:
                 os.kill(pid, 0)
             except ProcessLookupError:

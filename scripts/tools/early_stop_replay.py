@@ -217,6 +217,11 @@ def _main(argv):
     p.add_argument("--from-page", metavar="PAGE", help="replay the runs and losses a page of this command published "
                                                        "instead of the folders (OUT and OTHER as its command names them)")
     args = p.parse_args(argv)
+    if args.publish is not None:  # before the replay: a folder the page may not be written into is refused first
+        from fairseq_lnpos.analysis.publish import argv_of, check_page
+
+        check_page(args.publish, argv_of("python scripts/tools/early_stop_replay.py", argv),
+                   [Path(args.from_page) / LOSSES] if args.from_page else [])
     page = read_page(args.from_page) if args.from_page else None
     rule = StopRule(after=args.after, ratio=args.ratio, progress=args.progress, window=args.window)
     trains = dict.fromkeys([args.out, *args.score_on], DEFAULT_TRAINS)  # each folder's threshold
