@@ -293,10 +293,12 @@ def test_the_drivers_figure_where_nvml_reads_it(cuda, monkeypatch):
     assert (rec["driver_mb"], rec["cuda_mb"], rec["context"]) == (3584.0, 3584.0, "driver")
 
 
-def test_done_records_the_runs_own_gpus_and_memory(tmp_path, monkeypatch):
+def test_done_records_the_runs_own_gpus_and_memory(tmp_path, monkeypatch, request):
     """DONE.json's provenance names the GPUs the run's processes recorded (not every GPU the driver lists),
     and cuda_peak_mb is the largest of them; a CPU run names none."""
     monkeypatch.setattr(provenance, "_gpus", lambda: ["NVIDIA A100", "NVIDIA A100", H100, H100])
+    provenance.machine.cache_clear()  # read once per process: now, with the driver's list above
+    request.addfinalizer(provenance.machine.cache_clear)
     for rank, mb in ((0, 5000.0), (1, 5300.5)):
         (tmp_path / f"cuda-rank{rank}.json").write_text(json.dumps({"rank": rank, "gpu": H100, "cuda_mb": mb}))
     job = types.SimpleNamespace(dir=types.SimpleNamespace(path=tmp_path))
