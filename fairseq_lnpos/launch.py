@@ -172,16 +172,21 @@ def cuda_record(rank):
             "context": "driver" if driver is not None and driver >= reserved else f"estimate {CONTEXT_ESTIMATE_MB} MB"}
 
 
+PEAKS = ("reserved_mb", "allocated_mb", "driver_mb", "cuda_mb", "context")  # a record's memory fields
+
+
 def _write_record(folder, record):
     """Write ``record`` as ``cuda-rank<R>.json`` in ``folder``, keeping the larger peaks of an earlier
-    launch of the same run (a resumed run reserves again from nothing)."""
+    launch of the same run (a resumed run reserves again from nothing); a record without peaks (the
+    one written when training starts) keeps the earlier ones."""
     path = Path(folder) / f"cuda-rank{record['rank']}.json"
     try:
         old = json.loads(path.read_text())
     except (OSError, ValueError):
         old = {}
-    if isinstance(old, dict) and isinstance(old.get("cuda_mb"), (int, float)) and old["cuda_mb"] > record["cuda_mb"]:
-        record = {**record, **{k: old.get(k) for k in ("reserved_mb", "allocated_mb", "driver_mb", "cuda_mb", "context")}}
+    new = record.get("cuda_mb")
+    if isinstance(old, dict) and isinstance(old.get("cuda_mb"), (int, float)) and (new is None or old["cuda_mb"] > new):
+        record = {**record, **{k: old.get(k) for k in PEAKS}}
     write_json(path, record)
 
 
@@ -204,6 +209,11 @@ def recorded_main(cfg, **kwargs):
     if not folder or cfg.common.cpu or not torch.cuda.is_available():
         return inner(cfg, **kwargs)
     rank = cfg.distributed_training.distributed_rank or 0
+    try:  # the GPU first: a run killed outright (out of host memory) still names it
+        _write_record(folder, {"rank": rank, "gpu": torch.cuda.get_device_name(torch.cuda.current_device()),
+                               "cuda_mb": None})
+    except (OSError, RuntimeError, ValueError) as e:
+        print(f"fairseq-train: warning: no CUDA record written ({e})", file=sys.stderr)
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         return inner(cfg, **kwargs)

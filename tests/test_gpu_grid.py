@@ -232,9 +232,16 @@ def cfg(rank=0, cpu=False):
 
 def test_each_process_records_its_gpu_and_what_it_reserved(cuda, tmp_path, monkeypatch):
     monkeypatch.setenv(launch.CUDA_RECORD, str(tmp_path))
-    monkeypatch.setattr(launch, "_fairseq_main", lambda cfg: "trained")
+    seen = []
+
+    def train(cfg):  # while it trains, the record names the GPU (a run killed outright keeps that)
+        seen.append(launch.read_cuda_records(tmp_path))
+        return "trained"
+
+    monkeypatch.setattr(launch, "_fairseq_main", train)
     before = signal.getsignal(signal.SIGTERM)
     assert launch.recorded_main(cfg(rank=1)) == "trained"
+    assert seen == [[{"rank": 1, "gpu": H100, "cuda_mb": None}]]
     assert signal.getsignal(signal.SIGTERM) is before
     (rec,) = launch.read_cuda_records(tmp_path)
     assert rec == {"rank": 1, "gpu": H100, "reserved_mb": 3072.0, "allocated_mb": 2048.0, "driver_mb": None,
