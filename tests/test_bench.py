@@ -350,3 +350,42 @@ def test_no_throughput_and_no_overhead_leave_their_measurements_out(monkeypatch,
         B.parse_args(["--help"])
     assert "--no-overhead skip measuring the overheads of --log-grad-norms and of --log-diagnostics" in \
         " ".join(capsys.readouterr().out.split())
+
+
+def test_the_matmul_flop_count_is_the_hand_count():
+    """One update of two linear layers, x (5 x 3) -> 4 -> 2, each matmul 2 m k n FLOPs: forward 5x3 by 3x4
+    (120) and 5x4 by 4x2 (80); backward the second layer's weight gradient (2x5 by 5x4: 80) and its input's
+    (5x2 by 2x4: 80), the first layer's weight gradient (4x5 by 5x3: 120); not the input's gradient (the
+    data needs none, as a batch's tokens need none). 480 in all; biases, loss and step add no matmul."""
+    import torch
+
+    assert B.mm_flops(5, 3, 4) == 2 * 5 * 3 * 4 == 120
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train_step(batches):
+        opt.zero_grad()
+        model(batches[0]).square().sum().backward()
+        opt.step()
+
+    counted = B.work_counts(types.SimpleNamespace(train_step=train_step), torch.randn(5, 3))
+    hand = (B.mm_flops(5, 3, 4) + B.mm_flops(5, 4, 2)  # forward
+            + B.mm_flops(2, 5, 4) + B.mm_flops(5, 2, 4) + B.mm_flops(4, 5, 3))  # backward
+    assert counted["matmul_flops"] == hand == 480
+
+
+def test_achieved_flops_against_the_measured_peak():
+    assert B.achieved({"matmul_flops": 10 ** 9}, 0.5, 4e9) == {"flops_per_second": 2e9, "peak_fraction": 0.5}
+    assert B.achieved({"matmul_flops": 10 ** 9}, 0.5, None)["peak_fraction"] is None
+    peak = B.matmul_peak(n=64, reps=3)
+    assert peak["flops_per_second"] == B.mm_flops(64, 64, 64) / peak["best_seconds"] and peak["dtype"] == "float32"
+    work = {"aten_calls": 1, "output_elements": 1, "matmul_flops": 3 * 10 ** 9}
+    r = B.throughput_results({"fairseq_postln": [1.0] * 4, "postln": [1.5] * 4}, {"fairseq_postln": work, "postln": work},
+                             ["postln"], "transformer", min_pairs=4, peak=1e10)
+    assert r["postln"]["achieved"] == {"flops_per_second": 2e9, "peak_fraction": 0.2}
+    result = {"throughput": {"tiny": r}, "grad_norm_overhead": {},
+              "matmul_peak": {"n": 1024, "reps": 20, "device": "cpu", "threads": 2, "flops_per_second": 1e10}}
+    lines = B.summary(result).split("\n")
+    assert lines[0].endswith("| matmul FLOPs | matmul GFLOP/s (of peak) |")
+    assert lines[2].startswith("| tiny | postln | 1.500 |") and lines[2].endswith("| 2.0 (20 %) |")
+    assert lines[3].startswith("matmul GFLOP/s: each update's matmul FLOPs") and "10.0 GFLOP/s" in lines[3]

@@ -34,6 +34,11 @@ ratios, with a bootstrap 95 % confidence interval of that median: on a shared or
 single update's time varies by 5-15 %, and only the interval says whether a 1 % target is
 resolved. Work counts (aten operator calls, elements they write, matmul FLOPs of one training
 update, counted by PyTorch's dispatcher) are exact and say what an extra cost consists of.
+Beside each timing, how close it is to the machine's limit: the matmul FLOPs of one update over its
+median time, the achieved FLOP/s, against the float32 matmul peak measured at the start on the same
+device and threads (:func:`matmul_peak`: the best of repeated square ``torch.mm`` calls of
+:data:`PEAK_N`, each ``2 n^3`` FLOPs). Only matmuls are counted (elementwise work, LayerNorm, softmax
+and the optimizer are not), so the fraction is a lower bound on how busy the arithmetic units are.
 Results go to a JSON file. Python callers use :func:`benchmark` and :func:`summary`.
 """
 import gc
@@ -70,6 +75,41 @@ AUTOCAST_TARGETS = {"tiny": 1.4}
 AUTOCAST_VARIANTS = ("postln", "preln")
 AUTOCAST_MAX_TOKENS = 1024  # Multi30k's batches on the CPU (runs.DATASETS["multi30k_cpu"])
 NORMALIZE_BEFORE = ("--encoder-normalize-before", "--decoder-normalize-before")
+PEAK_N = 1024  # the float32 peak: square matmuls of this size (4 MB operands: past a CPU's caches' tricks)
+PEAK_REPS = 20
+
+
+def mm_flops(m, k, n):
+    """FLOPs of an (m x k) @ (k x n) matmul, a multiply and an add per term: 2 m k n (the convention of
+    torch.utils.flop_counter, whose counts the work columns report)."""
+    return 2 * m * k * n
+
+
+def matmul_peak(n=PEAK_N, reps=PEAK_REPS, device="cpu", dtype=None):
+    """The measured float32 matmul peak: the best FLOP/s of ``reps`` timed ``torch.mm`` calls of two n x n
+    matrices (after one untimed call) on ``device`` with torch's threads as they are set."""
+    import torch
+
+    dtype = dtype or torch.float32
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        sync()
+        start = time.perf_counter()
+        torch.mm(a, b)
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return {"n": n, "reps": reps, "dtype": str(dtype).replace("torch.", ""), "device": device,
+            "threads": torch.get_num_threads(), "best_seconds": best, "flops_per_second": mm_flops(n, n, n) / best}
+
+
+def achieved(work, seconds_per_update, peak):
+    """The matmul FLOP/s one update achieved (its matmul FLOPs over its median seconds) and the share of
+    the measured peak (``peak``: FLOP/s; None where no peak was measured)."""
+    rate = work["matmul_flops"] / seconds_per_update
+    return {"flops_per_second": rate, "peak_fraction": rate / peak if peak else None}
 
 
 def baseline(variant):
@@ -261,16 +301,18 @@ def judged(r, target, at_least, min_pairs):
     return target_reached(r["ci95"] if at_least else [100 * (c - 1) for c in r["ci95"]], target, at_least)
 
 
-def throughput_results(seconds, work, variants, fairseq_arch, min_pairs=MIN_PAIRS):
+def throughput_results(seconds, work, variants, fairseq_arch, min_pairs=MIN_PAIRS, peak=None):
     """Per variant: its per-update times paired with those of its fairseq baseline (same batches,
-    so the time ratio is the throughput ratio), the work ratios and, where a target exists, the
-    verdict. ``seconds``/``work``: configuration name -> update times / work counts."""
+    so the time ratio is the throughput ratio), the work ratios, the matmul FLOP/s achieved against
+    ``peak`` (FLOP/s, :func:`achieved`) and, where a target exists, the verdict. ``seconds``/``work``:
+    configuration name -> update times / work counts."""
     out = {}
     for v in variants:
         base, flags = baseline(v)
         r = paired(seconds[base], seconds[v])
+        per_update = statistics.median(seconds[v])
         r.update(baseline=" ".join(["fairseq", fairseq_arch, *flags]),
-                 seconds_per_update=statistics.median(seconds[v]), work=work[v],
+                 seconds_per_update=per_update, work=work[v], achieved=achieved(work[v], per_update, peak),
                  work_ratio=work_ratios(work[v], work[base]),
                  # against fairseq's Post-LN whatever the placement: one reference for every variant
                  to_postln=paired(seconds["fairseq_postln"], seconds[v]))
@@ -511,6 +553,12 @@ def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, rep
               "max_tokens": max_tokens, "throughput": {}, "grad_norm_overhead": {}, "diagnostics_overhead": {},
               "load_average": {"start": os.getloadavg()[0]}}
     t0 = time.time()
+    peak = None
+    if throughput:
+        result["matmul_peak"] = matmul_peak(device=device)
+        peak = result["matmul_peak"]["flops_per_second"]
+        log(f"float32 matmul peak ({PEAK_N} x {PEAK_N}, {result['matmul_peak']['threads']} threads): "
+            f"{peak / 1e9:.1f} GFLOP/s")
     with tempfile.TemporaryDirectory() as save_dir:  # the logging options write their JSONL there
         for size in sizes if throughput else ():
             fairseq_arch, size_flags = fairseq_size(size)
@@ -521,7 +569,7 @@ def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, rep
                 configs[v] = (arch_name(v, size), extra)
             log(f"throughput at size {size} ({len(configs)} configurations, {reps} reps x {steps} updates)")
             secs, _, work, _ = measure(configs, data, steps, reps, log, max_tokens, device, save_dir)
-            result["throughput"][size] = throughput_results(secs, work, variants, fairseq_arch)
+            result["throughput"][size] = throughput_results(secs, work, variants, fairseq_arch, peak=peak)
         if overhead:
             arch = arch_name("preln", sizes[0])
             log(f"--log-grad-norms and --log-diagnostics overhead ({arch})")
@@ -559,16 +607,26 @@ def benchmark(data, sizes=DEFAULT_SIZES, variants=tuple(VARIANTS), steps=20, rep
 def summary(result):
     lines = [] if not result["throughput"] else [  # none with --no-throughput
         "| size | arch | s/update | ratio to fairseq (same placement): median [95 % CI] | target | verdict "
-        "| ratio to fairseq Post-LN | aten calls | elements written | matmul FLOPs |",
-        "|---|---|---|---|---|---|---|---|---|---|"]
+        "| ratio to fairseq Post-LN | aten calls | elements written | matmul FLOPs | matmul GFLOP/s (of peak) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|"]
     for size, archs in result["throughput"].items():
         for v, r in archs.items():
-            w = r["work_ratio"]
+            w, a = r["work_ratio"], r.get("achieved")
+            rate = "-" if not a else f"{a['flops_per_second'] / 1e9:.1f}" + (
+                f" ({100 * a['peak_fraction']:.0f} %)" if a["peak_fraction"] is not None else "")
             lines.append(f"| {size} | {v} | {r['seconds_per_update']:.3f} | {r['median']:.3f} "
                          f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] | {r.get('target', '-')} | "
                          f"{r.get('verdict', '-')} | {r['to_postln']['median']:.3f} [{r['to_postln']['ci95'][0]:.3f}, "
                          f"{r['to_postln']['ci95'][1]:.3f}] | " + " | ".join(f"{w[k]:.3f}" for k in
-                                                                     ("aten_calls", "output_elements", "matmul_flops")) + " |")
+                                                                     ("aten_calls", "output_elements", "matmul_flops"))
+                         + f" | {rate} |")
+    mp = result.get("matmul_peak")
+    if mp:
+        lines.append(f"matmul GFLOP/s: each update's matmul FLOPs (torch.utils.flop_counter; forward, backward and "
+                     f"step) over its median time, against the float32 matmul peak measured here, "
+                     f"{mp['flops_per_second'] / 1e9:.1f} GFLOP/s (the best of {mp['reps']} {mp['n']} x {mp['n']} "
+                     f"torch.mm on {mp['device']}, {mp['threads']} threads); matmuls only, so a lower bound on how "
+                     f"busy the arithmetic units are")
     for k, r in result["grad_norm_overhead"].items():
         lo, hi = r["overhead_percent_ci95"]
         lines.append(f"--log-grad-norms {k.replace('_', ' ')}: {r['overhead_percent']:+.1f} % time "
