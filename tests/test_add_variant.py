@@ -42,7 +42,7 @@ def add_variant(repo):
     registry = repo / "fairseq_lnpos/variants.py"
     text, n = re.subn(r"\n}\n# The named groups", '\n    "toyln": Variant("Toy-LN", "transformer_toyln", True),\\g<0>',
                       registry.read_text())
-    text, m = re.subn(r'("rezero_postln", "normformer")\)', r'\1, "toyln")', text)
+    text, m = re.subn(r'("placements": \([^)]*)\)', r'\1, "toyln")', text)
     assert (n, m) == (1, 1), "variants.py changed: update the steps this test follows"
     registry.write_text(text)
 

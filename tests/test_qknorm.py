@@ -226,6 +226,7 @@ def test_every_variant_takes_the_option(toy_data, variant):
     ("postln", ("--lnpos-qk-norm", "layernorm", "--lnpos-qk-norm-length", 10),
      "--lnpos-qk-norm-length 10: only --lnpos-qk-norm l2 has a length"),
     ("postln", ("--lnpos-qk-norm", "l2", "--lnpos-qk-norm-length", 1), "--lnpos-qk-norm-length must be at least 2"),
+    ("olmo2", ("--lnpos-qk-norm", "none"), "--lnpos-qk-norm none: transformer_olmo2_tiny normalises q and k"),
 ])
 def test_an_option_that_changes_nothing_or_contradicts_the_arch_is_refused(toy_data, arch, extra, message):
     with pytest.raises(LnposError) as e:
@@ -234,12 +235,10 @@ def test_an_option_that_changes_nothing_or_contradicts_the_arch_is_refused(toy_d
 
 
 @pytest.mark.slow
-def test_fairseq_trains_post_ln_with_l2_qk_norm_and_generates(toy_data, tmp_path):
+def test_fairseq_trains_olmo2_and_post_ln_with_l2_qk_norm_and_generates(toy_data, tmp_path):
     """Training and validation (the paths fairseq would otherwise run fused) and beam search (the cache)."""
-    from fairseq_lnpos.models.variant import experiment
-
     common = ["--user-dir", USER_DIR, "--cpu"]
-    for arch, extra in (("transformer_postln_tiny", ["--lnpos-qk-norm", "l2"]),):
+    for arch, extra in (("transformer_olmo2_tiny", []), ("transformer_postln_tiny", ["--lnpos-qk-norm", "l2"])):
         save = tmp_path / arch
         train = run(fairseq_cmd(
             "fairseq-train", toy_data, *common, "--arch", arch, *extra, *SMALL, "--optimizer", "adam",
@@ -249,7 +248,7 @@ def test_fairseq_trains_post_ln_with_l2_qk_norm_and_generates(toy_data, tmp_path
         assert train.returncode == 0, log[-3000:]
         assert re.findall(r"num_updates=(\d+)", log)[:2] == ["1", "2"] and "valid on 'valid' subset" in log
     state = torch.load(save / "checkpoint_last.pt", weights_only=False)
-    assert experiment(state["cfg"]["model"])["lnpos_qk_norm"] == "l2"
+    assert state["cfg"]["model"].lnpos_qk_norm == "l2"  # fairseq's saved model options
     assert "encoder.layers.0.self_attn.qk_norm.scale" in state["model"]
     gen = run(fairseq_cmd("fairseq-generate", toy_data, *common, "--path", save / "checkpoint_last.pt",
                           "--beam", "2", "--max-len-a", "1", "--max-len-b", "3", "--batch-size", "64"))
