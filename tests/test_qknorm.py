@@ -227,6 +227,7 @@ def test_every_variant_takes_the_option(toy_data, variant):
      "--lnpos-qk-norm-length 10: only --lnpos-qk-norm l2 has a length"),
     ("postln", ("--lnpos-qk-norm", "l2", "--lnpos-qk-norm-length", 1), "--lnpos-qk-norm-length must be at least 2"),
     ("olmo2", ("--lnpos-qk-norm", "none"), "--lnpos-qk-norm none: transformer_olmo2_tiny normalises q and k"),
+    ("hybridnorm", ("--lnpos-qk-norm", "l2"), "--lnpos-qk-norm l2: this arch normalises the values as well"),
 ])
 def test_an_option_that_changes_nothing_or_contradicts_the_arch_is_refused(toy_data, arch, extra, message):
     with pytest.raises(LnposError) as e:
