@@ -45,6 +45,7 @@ VARIANTS = {
     "olmo2": Variant("OLMo-2", "transformer_olmo2", True, qk_norm=("layernorm", "width")),
     "hybridnorm": Variant("HybridNorm", "transformer_hybridnorm", True, qk_norm=("layernorm", "head")),
     "hybridnorm_star": Variant("HybridNorm*", "transformer_hybridnorm_star", True, qk_norm=("layernorm", "head")),
+    "siamesenorm": Variant("SiameseNorm", "transformer_siamesenorm", True),
 }
 # The named groups of variants, each in VARIANTS order; what reads each is said next to it. A group is
 # given here only, by its variants' names; a command's default list of variants is a group.
@@ -58,7 +59,7 @@ GROUPS = {
     # Multi30k row, a demo row and a throughput target of 0.95 (THROUGHPUT_TARGETS)
     "normalizations": ("preln_rmsnorm", "dyt", "derf", "scalenorm", "subln"),
     "placements": ("periln", "b2t", "residual", "mixln", "lnscaling", "rezero", "rezero_postln", "normformer",
-                   "olmo2", "hybridnorm", "hybridnorm_star"),
+                   "olmo2", "hybridnorm", "hybridnorm_star", "siamesenorm"),
     # the default --archs of the stability map and of the depth map (experiments/sweep.py)
     "stability_map": ("postln", "preln", "deepnorm", "keel"),
     "depth_map": ("postln", "preln", "deepnorm", "keel", "admin", "tfixup"),
