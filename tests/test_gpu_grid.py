@@ -73,6 +73,8 @@ def test_uuid_and_mig_entries_go_to_the_runs_as_given(gpus):
     gpus(1, f"GPU-8f3c2a10-1111-2222-3333-444455556666, {mig}")  # CUDA shows one MIG instance per process
     slots = plan.plan_slots(opts(gpus="0,1", runs_per_gpu=2), dry_run=False)
     assert sorted(slots) == sorted(["GPU-8f3c2a10-1111-2222-3333-444455556666", mig] * 2)
+    with pytest.raises(LnposError, match="one run cannot train on several: give --gpus-per-run 1"):
+        plan.plan_slots(opts(gpus="0,1", gpus_per_run=2), dry_run=False)
     gpus(1, "MIG-a,,MIG-b")  # CUDA reads the list up to its first empty entry
     with pytest.raises(LnposError, match=r"no GPU 1 here \(CUDA_VISIBLE_DEVICES=MIG-a shows 1"):
         plan.plan_slots(opts(gpus="0,1"), dry_run=False)

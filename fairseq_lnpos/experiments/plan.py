@@ -197,6 +197,10 @@ def plan_slots(opts, dry_run):
     what = f"--gpus {opts.gpus}" if opts.gpus else f"--gpus-per-run {opts.world}"
     if len(ids) % opts.world:
         raise LnposError(f"--gpus {opts.gpus}: {len(ids)} GPUs do not split into runs of --gpus-per-run {opts.world}")
+    shown = visible_entries() or []
+    if opts.world > 1 and any(g.isdigit() and int(g) < len(shown) and shown[int(g)].startswith("MIG-") for g in ids):
+        raise LnposError(f"{what} --gpus-per-run {opts.world}: a MIG instance is the only GPU CUDA shows a process, "
+                         f"so one run cannot train on several: give --gpus-per-run 1 (a run per MIG instance)")
     if not dry_run:
         need_cuda(opts.world, what)
     if dry_run and visible_entries() is None:
