@@ -37,7 +37,8 @@ CHECKPOINT_FLAGS = {
 # one run on several GPUs: fairseq's own all-reduce after the backward pass (``--ddp-backend legacy_ddp``,
 # also called no_c10d), which gives a parameter without a gradient in an update a zero one; PyTorch's
 # DDP (fairseq's default) stops at the next update when a parameter got no gradient, as some do under
-# upstream fairseq 0.12.2. Both distributions have the option; it changes no result.
+# upstream fairseq 0.12.2. Both distributions have the option; the gradient is the same average, and it is
+# not part of the config.
 DDP_FLAGS = ("--ddp-backend", "legacy_ddp")
 
 
