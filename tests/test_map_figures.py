@@ -85,3 +85,19 @@ def test_the_sensitivity_figure_draws_each_variant_in_its_colour(tmp_path, monke
     lines = {line.get_label(): line.get_color() for ax in drawn[0].axes for line in ax.get_lines()}
     assert lines == {VARIANTS[v].label: map_common.variant_color(v) for v in variants}
     assert len(set(lines.values())) == len(variants)
+
+
+def test_a_one_seed_map_says_in_its_figures_why_no_cell_is_judged(tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(map_figures, "save", lambda fig, path, title, *a, **kw: drawn.append(title))
+    one, three = tmp_path / "one", tmp_path / "three"
+    for lr in (1e-3, 3e-3):
+        write_run(one, "preln", lr, 0, 1, final=0.5 + lr)
+        for seed in (1, 2, 3):
+            write_run(three, "preln", lr, 0, seed, final=0.5 + lr + seed / 100)
+    for folder in (one, three):
+        cells = stability.make_cells(stability.gather([folder], {}, "a sweep")[0])
+        map_figures.plot_overview(cells, tmp_path / "o.png")
+        map_figures.plot_heatmaps(cells, tmp_path / "h.png")
+    assert all("Every cell has one seed, so none is judged good or poor" in t for t in drawn[:2])
+    assert not any("one seed, so" in t for t in drawn[2:])

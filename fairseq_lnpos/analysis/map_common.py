@@ -148,10 +148,16 @@ def wrap(text, width_in, fontsize=FONT):
 
 def save(fig, path, title=None, legend_from=None):
     """``path``, where a figure of the map is written (dpi 90, :func:`~fairseq_lnpos.common.write_figure`) titled
-    (each line of the title wrapped to the figure's width: :func:`wrap`), laid out and closed; with ``legend_from``
+    (each line of the title wrapped to the figure's width, :func:`wrap`, the figure taller by its lines), laid
+    out and closed; with ``legend_from``
     (axes) the legend of its lines right of all axes, in 2 inches."""
     if title:
-        fig.suptitle(wrap(title, fig.get_figwidth()), fontsize=FONT)
+        # the figure grows by the wrapped title's lines (tight_layout makes room for a suptitle), so that the
+        # axes keep the room they were given
+        text = wrap(title, fig.get_figwidth())
+        width, height = fig.get_size_inches()
+        fig.set_size_inches(width, height + (text.count("\n") + 1) * FONT * 1.35 / 72)
+        fig.suptitle(text, fontsize=FONT)
     right = 1 - 2.0 / fig.get_figwidth() if legend_from is not None else 1
     fig.tight_layout(rect=(0, 0, right, 1))
     if legend_from is not None:

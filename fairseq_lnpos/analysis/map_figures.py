@@ -16,6 +16,14 @@ KEY = ("The mark: G good against its architecture's cells (white frame), + not s
        "depth,\np poor, - does not train, · one seed, ? seeds disagree (orange), x diverged, s stopped early")
 
 
+def one_seed_note(cells):
+    """A line for a map whose every cell has one seed (none can be judged), else ''."""
+    if len(cells) and (cells["seeds"] <= 1).all():
+        return ("\nEvery cell has one seed, so none is judged good or poor: a verdict compares cells by their seeds' "
+                "spread, which one seed does not give (a sweep with --seeds 1,2,3 does)")
+    return ""
+
+
 def cell_mark(c, sep=" ", bleu=False):
     """A cell in short (the overview; with ``sep`` a newline and ``bleu``, the heatmaps): the mean NLL, test
     BLEU where scored, its verdict mark (+: good at its depth; ?: the seeds disagree) and n, then the seeds
@@ -70,7 +78,7 @@ def plot_heatmaps(cells, path):
         if not ax.images:
             ax.axis("off")
     return save(fig, path, "Final validation NLL (bits, mean over the seeds that finished; then test tok BLEU where "
-                           "scored; n seeds)\n" + KEY)
+                           "scored; n seeds)\n" + KEY + one_seed_note(cells))
 
 
 def plot_overview(cells, path):
@@ -83,7 +91,7 @@ def plot_overview(cells, path):
         _heatmap(fig, ax, panel, cells, lambda c: (RANK[c.variant], c.variant), lambda c: (c.warmup, c.lr), cell_mark,
                  lambda k: label(k[1]), lambda k: f"wu {warmup_label(k[0])}\nlr {k[1]:g}", col_size=7)
         ax.set_title(f"{d} layers", fontsize=FONT)
-    return save(fig, path, "Final validation NLL (bits), mean over seeds; n seeds\n" + KEY)
+    return save(fig, path, "Final validation NLL (bits), mean over seeds; n seeds\n" + KEY + one_seed_note(cells))
 
 
 def bleu_points(cells):
