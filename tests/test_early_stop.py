@@ -140,7 +140,7 @@ def test_a_short_sweep_trains_every_run_to_its_budget_and_says_so(tmp_path, monk
         code = G.main([*SWEEP, "--max-update", "60", "--data", str(data), "--out", str(out)])
     done = json.loads((out / "sweep-postln-L2-lr0.001-wu1" / "seed1" / "DONE.json").read_text())
     assert code == 0 and done["outcome"] == "finished" and done["stopped_at"] is None
-    assert "grid: early stopping is off for a budget of 60 updates" in caplog.text
+    assert "grid: note: early stopping is off for a budget of 60 updates" in caplog.text
 
 
 def test_no_early_stop_over_runs_stopped_early_is_refused_saying_how(tmp_path, monkeypatch, capsys):

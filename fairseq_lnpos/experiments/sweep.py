@@ -131,7 +131,7 @@ def sweep_runs(opts):
     if opts.early_stop:
         off = DEFAULT_RULE.off_reason(opts.max_update)
         if off:
-            LOG.warning("grid: %s", off)
+            LOG.warning("grid: note: %s", off)
     else:
         refuse_stopped(opts.out, runs)
     return runs
