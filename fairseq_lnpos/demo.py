@@ -229,10 +229,11 @@ def curves_plot(rows):
         for ax, (key, _) in zip(axes[0], METRICS):
             ax.plot([e.epoch for e in r["curve"]], [getattr(e, key) for e in r["curve"]], marker=marker[int(r["seed"])],
                     ms=5, mfc="white", lw=1.3, **style, label=f"_{r['run']} seed {r['seed']}")
+    epochs = sorted({e.epoch for r in rows for e in r["curve"]})
     for ax, (key, ylabel) in zip(axes[0], METRICS):
         ax.set_xlabel("epoch", fontsize=FONT)
         ax.set_ylabel(ylabel, fontsize=FONT)
-        integer_ticks(ax.xaxis)
+        ax.set_xticks(epochs)  # the epochs scored, whole numbers (one epoch: one tick)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylim(-2, 102)
     axes[0][1].set_ylim(bottom=0)
@@ -244,7 +245,8 @@ def curves_plot(rows):
     fig.legend(handles=handles, loc="center left", bbox_to_anchor=(0.79, 0.5), fontsize=FONT, frameon=False)
     data = sorted({r["dataset"] for r in rows})
     fig.suptitle(wrap_title(f"Test BLEU and validation NLL per epoch, a line per run and seed (data {', '.join(data)}; "
-                      f"seeds {', '.join(map(str, seeds))})", fig.get_figwidth(), FONT + 1), fontsize=FONT + 1)
+                      f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))})", fig.get_figwidth(), FONT + 1),
+                 fontsize=FONT + 1)
     return fig
 
 

@@ -548,3 +548,13 @@ def test_an_interrupted_grid_is_one_line_of_the_demo_and_exit_130(tmp_path, caps
     captured = capsys.readouterr()
     assert captured.err == "demo: interrupted; run the same command again to resume\n"
     assert "[grid 0:00:03] 0/8 runs done" in captured.out
+
+
+def test_the_demo_figure_ticks_the_epochs_it_scored():
+    from fairseq_lnpos.demo import curves_plot
+
+    one = [{**r, "curve": r["curve"][:1]} for r in curve_rows() if r["seed"] == 1]
+    fig = curves_plot(one)
+    assert [list(ax.get_xticks()) for ax in fig.axes[:2]] == [[1], [1]]
+    assert fig._suptitle.get_text().endswith("(data synthetic; seed 1)")
+    assert [list(ax.get_xticks()) for ax in curves_plot(curve_rows()).axes[:2]] == [[1, 2, 3], [1, 2, 3]]
