@@ -101,3 +101,14 @@ def test_a_one_seed_map_says_in_its_figures_why_no_cell_is_judged(tmp_path, monk
         map_figures.plot_heatmaps(cells, tmp_path / "h.png")
     assert all("Every cell has one seed, so none is judged good or poor" in t for t in drawn[:2])
     assert not any("one seed, so" in t for t in drawn[2:])
+
+
+def test_the_sensitivity_figure_draws_a_negative_value_rather_than_cutting_it_off(tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(map_figures, "save", lambda fig, *a, **kw: drawn.append(fig))
+    map_figures.plot_sensitivity({("postln", 6, 1): -0.093, ("postln", 12, 1): 0.2}, tmp_path / "s.png")
+    ax = drawn[0].axes[0]
+    assert ax.get_ylim()[0] <= -0.093 and list(ax.get_lines()[0].get_ydata()) == [-0.093, 0.2]
+    drawn.clear()
+    map_figures.plot_sensitivity({("postln", 6, 1): 0.1, ("postln", 12, 1): 0.2}, tmp_path / "s.png")
+    assert drawn[0].axes[0].get_ylim()[0] == 0

@@ -166,6 +166,6 @@ def plot_sensitivity(sens, path):
             ax.plot(line["layers"], line["bits"], marker="o", color=variant_color(v), label=label(v))
         axis(ax, f"warm-up {warmup_label(w)}", "layers (encoder = decoder)")
         ax.set_xticks(sorted(panel["layers"].unique()))
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(bottom=min(0.0, float(panel["bits"].min())))  # a negative value is drawn, not cut off
         ax.set_ylabel("LR sensitivity (bits per token)", fontsize=FONT)
     return save(fig, path, "Learning-rate sensitivity against depth, per architecture", legend_from=axes.flat)
