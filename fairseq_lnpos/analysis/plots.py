@@ -82,9 +82,10 @@ def fig3_figure(result, stat="mean_grad"):
         ax.tick_params(labelsize=FONT)
         ax.grid(alpha=0.3, which="major")
     s = result["settings"]
+    bars = "; bars: std over seeds" if stat == "mean_grad" else ""
     fig.suptitle(
         f"Gradient norm at initialization ({what}); {s['seeds']} seeds, K={s['batches']} batches of "
-        f"<= {s['tokens']} tokens, per architecture{'; bars: std over seeds' if stat == 'mean_grad' else ''}.\nRows: encoder / decoder (the paper "
+        f"<= {s['tokens']} tokens, per architecture{bars}.\nRows: encoder / decoder (the paper "
         f"does not say which stack its layers are). Data: {s['data_desc']}", fontsize=FONT)
     fig.subplots_adjust(left=0.07, bottom=0.09, top=0.85, wspace=0.12, hspace=0.45)
     legend_right(fig, axes.flat, 1 - 2.4 / fig.get_figwidth())
