@@ -40,7 +40,7 @@ def fig3_figure(result, stat="mean_grad"):
     architecture a line in each: (a) W1 and (b) W2 of the FFN per layer, (c) the last layer's W2 against the
     depth (the paper's (c) and (d), one bar chart per architecture there). One logarithmic gradient-norm
     scale for all six panels, so that panels compare at a glance and an architecture whose gradients are
-    40 times smaller than another's is still a line, not a flat bar."""
+    many times smaller than another's is still a line, not a flat bar."""
     plt = _plt()
     key, _, what = STATS[stat]
     per_layer, last = result["per_layer"], result["last_w2"]
