@@ -519,7 +519,7 @@ def command(argv=None):
         opts = grid_options(out, Path(args.bin) if args.bin else out / "data" / "bin", runs, args.seeds, args.jobs,
                             args.quick, dry_run=True, cpu_bf16=args.cpu_bf16)
         return grid.run_grid(opts, plan.select_runs(opts))
-    made = not out.exists()
+    made = next((p for p in reversed([out, *out.parents]) if not p.exists()), None)  # the first folder made here
     out.mkdir(parents=True, exist_ok=True)
     lock = out / ".demo.lock"
     fd = hold_lock(lock, f"--out {out} is in use by another demo (lock {lock}): wait for it to finish or stop it, "
@@ -531,15 +531,18 @@ def command(argv=None):
         return status
     finally:
         release_lock(fd, lock)
-        if made and not done:
-            remove_empty(out)
+        if made is not None and not done:
+            remove_empty(out, made)
 
 
-def remove_empty(folder):
-    """Remove ``folder`` and the folders under it that hold no file (a refused or interrupted demo's
-    folders, made before anything was written into them); any folder with a file stays, with its file."""
-    for path in sorted((p for p in Path(folder).rglob("*") if p.is_dir() and not p.is_symlink()),
-                       key=lambda p: len(p.parts), reverse=True) + [Path(folder)]:
+def remove_empty(folder, top):
+    """Remove ``folder``, the folders under it and those above it up to ``top`` that hold no file (a refused
+    or interrupted demo's folders, made before anything was written into them); any folder with a file
+    stays, with its file."""
+    folder = Path(folder)
+    above = [folder, *folder.parents]
+    for path in sorted((p for p in folder.rglob("*") if p.is_dir() and not p.is_symlink()),
+                       key=lambda p: len(p.parts), reverse=True) + above[:above.index(Path(top)) + 1]:
         try:
             path.rmdir()  # only an empty folder
         except OSError:

@@ -520,6 +520,9 @@ def test_a_refused_demo_real_leaves_no_folder_and_says_how_to_run_it_offline(tmp
                         "files of https://x/ yourself and pass their folder with --orig")
 
     monkeypatch.setattr(multi30k, "prepare", offline)
+    assert demo.main(["--data", "multi30k", "--out", str(tmp_path / "new" / "demo-real-out")]) == 2
+    assert not (tmp_path / "new").exists()  # the parent it made too
+    capsys.readouterr()
     out = tmp_path / "demo-real-out"
     assert demo.main(["--data", "multi30k", "--out", str(out)]) == 2
     err = capsys.readouterr().err
