@@ -35,12 +35,11 @@ Details from the official code, where the paper is silent:
   or ``--memory-efficient-fp16`` and 1 otherwise (``--amp`` included), as those configs.
 * Initialisation: fairseq's for every weight (the official code changes none).
 
-How the dual stream crosses layers with fairseq's own encoder and decoder: between layers the two
-streams travel side by side in one tensor, ``[x_post, x_dual]`` along the feature axis (width 2d).
-A layer given a tensor of width d (the embeddings: the stack's first layer, or a later one when
-``--*-layerdrop`` dropped those before it) starts ``x_dual = s * x``. The layer runs fairseq's
-Post-LN forward on ``x_post``; its ``residual_connection`` also adds ``s * F`` to ``x_dual``; it
-returns the two side by side. The stack's ``layer_norm`` slot, which fairseq applies after the last
+How the dual stream crosses layers with fairseq's own encoder and decoder: it is the layer's second
+stream (``sublayers.SecondStream``): between layers the two streams travel side by side in one tensor,
+``[x_post, x_dual]`` along the feature axis (width 2d), and a layer given the embeddings (width d)
+starts ``x_dual = s * x``. The layer runs fairseq's Post-LN forward on ``x_post``; its
+``residual_connection`` also adds ``s * F`` to ``x_dual``. The stack's ``layer_norm`` slot, which fairseq applies after the last
 layer, holds :class:`DualStreamOutput` (``x_post + LN_dual(x_dual)``, width d again). Hence
 fairseq's embeddings, loops, generation and ``--checkpoint-activations`` (a layer's input and output
 are plain tensors that carry the dual stream, so gradients flow through it when the layer is
