@@ -13,7 +13,9 @@ one row per run and recorded epoch. The columns (:data:`RUN_COLUMNS`):
 - the numbers: ``initial_loss`` (the first update's training loss, label-smoothed, bits),
   ``final_valid_loss`` (label-smoothed), ``final_valid_nll`` (the last validation NLL in bits, no
   smoothing: the quantity the verdicts are on), ``unigram_bits`` (what a trivial model reaches on this
-  corpus, :func:`~fairseq_lnpos.data.unigram.unigram_bits`), ``nll_ratio`` = final_valid_nll / unigram_bits, ``bleu_tok`` and
+  corpus, :func:`~fairseq_lnpos.data.unigram.unigram_bits`), ``nll_ratio`` = final_valid_nll / unigram_bits,
+  ``nll_permuted`` and ``source_gain`` (the validation NLL with the sources permuted across sentences, and
+  its excess over the true sources': :mod:`~fairseq_lnpos.experiments.source_use`; NaN where not measured), ``bleu_tok`` and
   ``sacrebleu`` of the last scored epoch, ``best_bleu_tok`` (best on the test set), ``epochs``;
 - the cost: ``train_seconds`` (wall), ``train_cpu_seconds``, ``peak_rss_mb``, ``cuda_peak_mb``;
 - ``grad_ratio_encoder`` / ``_decoder``: the first over the last layer's gradient norm in the first
@@ -34,6 +36,7 @@ from ..common import n_runs, write_text
 from ..data.unigram import unigram_bits
 from ..errors import LnposError, StateError
 from ..experiments.records import Outcome
+from ..experiments import source_use
 from ..experiments.rundir import grid_run_dirs
 from ..experiments.runs import warmup_updates
 from ..precision import precision_of
@@ -48,9 +51,10 @@ FINISHED, DIVERGED, STOPPED = Outcome.FINISHED.value, Outcome.DIVERGED.value, Ou
 COUNTED = (FINISHED, DIVERGED, STOPPED)  # what a cell counts
 RUN_COLUMNS = ["run", "variant", "arch", "layers", "warmup", "lr", "seed", "optimizer", "max_update", "precision", "outcome",
                "diverged_at", "stopped_at", "updates", "epochs", "initial_loss", "final_valid_loss", "final_valid_nll",
-               "unigram_bits", "nll_ratio", "bleu_tok", "sacrebleu", "best_bleu_tok", "train_seconds",
+               "unigram_bits", "nll_ratio", "nll_permuted", "source_gain", "bleu_tok", "sacrebleu", "best_bleu_tok", "train_seconds",
                "train_cpu_seconds", "peak_rss_mb", "cuda_peak_mb", "grad_ratio_encoder", "grad_ratio_decoder", "code", "model_code", "python", "torch", "fairseq",
                "cpu", "cores", "gpu", "load", "hash", "settings", "path"]
+LATER_COLUMNS = ("nll_permuted", "source_gain")  # absent from pages published before they were measured
 EPOCH_COLUMNS = ["run", "variant", "layers", "warmup", "lr", "seed", "epoch", "num_updates", "train_loss",
                  "valid_loss", "valid_nll_loss", "bleu_tok", "sacrebleu", "length_ratio", "repeat_4gram", "path"]
 
@@ -139,6 +143,8 @@ def run_row(rec):
         "settings": json.dumps(dict(settings(cfg)), sort_keys=True, default=str), "path": str(rec.dir.path),
     }
     row["nll_ratio"] = row["final_valid_nll"] / row["unigram_bits"] if row["unigram_bits"] else math.nan
+    use = source_use.read(rec.dir.path) if done is not None and done.outcome is Outcome.FINISHED else None
+    row["nll_permuted"], row["source_gain"] = (use["nll_permuted"], use["gain"]) if use else (math.nan, math.nan)
     ratios = grad_ratios(rec.dir.save_dir, row["layers"]) if done is not None else None
     row["grad_ratio_encoder"], row["grad_ratio_decoder"] = ratios or (math.nan, math.nan)
     return row
@@ -297,6 +303,9 @@ def read_runs_csv(path):
         runs = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=dict.fromkeys(text, str))
     except (OSError, ValueError) as e:
         raise LnposError(f"{path}: cannot read it as a runs.csv ({e}): give a runs.csv a results page published") from None
+    for c in LATER_COLUMNS:  # a page published before the column was measured: not measured
+        if c not in runs.columns:
+            runs[c] = math.nan
     missing = [c for c in RUN_COLUMNS if c not in runs.columns]
     if missing:
         raise LnposError(f"{path} is not a runs.csv of this version of the project (no column {missing[0]!r}): give "
