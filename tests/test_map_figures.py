@@ -99,7 +99,7 @@ def test_a_one_seed_map_says_in_its_figures_why_no_cell_is_judged(tmp_path, monk
         cells = stability.make_cells(stability.gather([folder], {}, "a sweep")[0])
         map_figures.plot_overview(cells, tmp_path / "o.png")
         map_figures.plot_heatmaps(cells, tmp_path / "h.png")
-    assert all("Every cell has one seed, so none is judged good or poor" in t for t in drawn[:2])
+    assert all("Every cell has one seed, so no cell is compared with its reference" in t for t in drawn[:2])
     assert not any("one seed, so" in t for t in drawn[2:])
 
 

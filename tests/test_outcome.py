@@ -2,62 +2,24 @@
 simulated on maps shaped like the published ones, with seeds that stall."""
 import json
 import math
+import re
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import REPO, tool
 from fairseq_lnpos.analysis import outcome as O
 from fairseq_lnpos.analysis.verdict import holm_rejects
 
-# a map's comparisons x seeds a cell, as the published maps have them (6 architectures x 3 seeds at one
-# setting; 19 cells x 3; 23 x 2; 23 x 3)
-SHAPES = [(6, 3), (19, 3), (23, 2), (23, 3)]
-# the spread of a cell's seeds that train: log-uniform over the all-archs page's 5th to 95th percentile
-SPREADS = (0.007, 1.3)
+CHECK = tool("verdict_check")  # scripts/tools/verdict_check.py: the simulation and its page
 MAPS = 3000
-
-
-def _moments(values, trains):
-    n = trains.sum(-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mean = np.where(trains, values, 0).sum(-1) / n
-        var = np.where(trains, (values - mean[..., None]) ** 2, 0).sum(-1) / (n - 1)
-    return mean, var, n
-
-
-def simulate(rng, comparisons, seeds, stall, shift, paired=False, maps=MAPS):
-    """One family of simulated maps: each comparison a cell and its reference, the cell's seeds that train
-    ``shift`` bits above the reference's; each seed stalls with probability ``stall``. Returns the p-values
-    (maps x comparisons) of worse, better and equivalent, and Fisher's p of the train rates."""
-    size = (maps, comparisons, seeds)
-    sd = np.exp(rng.uniform(*np.log(SPREADS), size[:2]))[..., None]
-    common = rng.normal(0, 1, size) if paired else 0.0  # a seed's initialization shared by both cells
-    x = (shift + (common + rng.normal(0, 1, size)) * sd)
-    r = (common + rng.normal(0, 1, size)) * sd
-    tx, tr = rng.random(size) >= stall, rng.random(size) >= stall
-    if paired:
-        both = tx & tr
-        mean, var, n = _moments(x - r, both)
-        diff, se, df = O.paired_parts(mean, var, n)
-        ok = n >= 2
-    else:
-        (mx, vx, nx), (mr, vr, nr) = _moments(x, tx), _moments(r, tr)
-        diff, se, df = O.welch_parts(mx, vx, nx, mr, vr, nr)
-        ok = (nx >= 2) & (nr >= 2)
-    worse, better, equivalent = (np.where(ok, p, np.nan) for p in O.sided_tests(diff, se, df))
-    table = {(k, k0): O.rate_p(k, seeds, k0, seeds) for k in range(seeds + 1) for k0 in range(seeds + 1)}
-    rate = np.vectorize(lambda k, k0: table[k, k0])(tx.sum(-1), tr.sum(-1))
-    return worse, better, equivalent, rate
-
-
-def map_rate(p, alpha=O.ALPHA):
-    """The fraction of maps in which Holm's procedure over the map's comparisons rejects anything."""
-    return float(np.mean([holm_rejects(row, alpha).any() for row in p]))
+simulate = lambda *a, **kw: CHECK.simulate(*a, maps=MAPS, **kw)  # noqa: E731
+map_rate = CHECK.map_rate
 
 
 @pytest.mark.parametrize("stall", [0.0, 0.15, 0.3])
-@pytest.mark.parametrize("comparisons,seeds", SHAPES)
+@pytest.mark.parametrize("comparisons,seeds", CHECK.SHAPES)
 def test_identical_cells_are_called_worse_better_or_to_train_differently_in_at_most_5_percent_of_maps(
         comparisons, seeds, stall):
     rng = np.random.default_rng(comparisons * 100 + seeds * 10 + int(stall * 100))
@@ -67,7 +29,7 @@ def test_identical_cells_are_called_worse_better_or_to_train_differently_in_at_m
 
 
 @pytest.mark.parametrize("stall", [0.0, 0.15, 0.3])
-@pytest.mark.parametrize("comparisons,seeds", SHAPES)
+@pytest.mark.parametrize("comparisons,seeds", CHECK.SHAPES)
 def test_cells_a_margin_apart_are_called_equivalent_in_at_most_5_percent_of_maps(comparisons, seeds, stall):
     rng = np.random.default_rng(7 + comparisons * 100 + seeds * 10 + int(stall * 100))
     for shift in (O.MARGIN, -O.MARGIN):
@@ -123,7 +85,7 @@ def test_a_paired_difference_by_hand():
     ref = pd.Series([0.5, 1.6, 2.4], index=[1, 2, 3])  # seed 4 did not train in the reference
     got = O.difference(x, ref, paired=True)
     half = 4.302652729911275 * 0.1 / math.sqrt(3)  # t(0.975, 2) x sd / sqrt(n) of the differences .5 .4 .6
-    assert got["n"] == "3 pairs"
+    assert got["compared"] == "3 pairs"
     assert (got["diff"], got["low"], got["high"]) == pytest.approx((0.5, 0.5 - half, 0.5 + half))
     assert got["p_worse"] < 0.05 < got["p_equivalent"]
 
@@ -148,7 +110,7 @@ def test_seeds_equal_to_the_logged_digits_give_a_known_difference():
 
 def test_a_side_with_one_seed_that_trains_is_not_compared():
     got = O.difference(pd.Series([1.0]), pd.Series([0.5, 0.6]))
-    assert math.isnan(got["p_worse"]) and got["n"] == "1 and 2"
+    assert math.isnan(got["p_worse"]) and got["compared"] == "1 and 2"
 
 
 def test_words_are_holm_corrected_over_the_page():
@@ -173,3 +135,35 @@ def test_a_run_trains_by_its_source_gain_where_measured_and_by_its_corpus_thresh
     gains = [0.2, 5.0, math.nan, 3.0]
     assert O.run_trains(_runs(source_gain=gains)).tolist() == [False, True, True, True]
     assert O.run_trains(_runs(outcome=["diverged"] * 4, source_gain=gains)).tolist() == [False] * 4
+
+
+def test_the_power_grows_with_the_seeds_and_falls_with_the_spread():
+    """The power table's simulation: the gap found 80 % of the time is smaller with 8 seeds than with 3, and
+    larger at a spread of 0.5 bit than of 0.05."""
+    assert CHECK.gap_found(8, 0.2, maps=200) < CHECK.gap_found(3, 0.2, maps=200)
+    assert CHECK.gap_found(5, 0.05, maps=200) < CHECK.gap_found(5, 0.5, maps=200)
+
+
+@pytest.mark.slow
+def test_the_verdict_check_page_is_what_the_tool_writes_now(tmp_path, capsys):
+    """docs/results/verdict-check: the simulation is seeded, so the tool run again with the page's command line
+    writes the same tables (the page's command, date and code lines aside)."""
+    from conftest import page_argv
+
+    page = REPO / "docs" / "results" / "verdict-check"
+    argv = page_argv(page)[2:]
+    argv[argv.index("--publish") + 1] = str(tmp_path / "page")
+    assert CHECK.main(argv) == 0
+    capsys.readouterr()
+    keep = lambda path: [line for line in path.read_text().splitlines()  # noqa: E731
+                         if not line.startswith(("- Command:", "- Written:", "- Code:", "- Machine:"))]
+    assert keep(tmp_path / "page" / "index.md") == keep(page / "index.md")
+
+
+def test_the_margin_is_above_what_a_rerun_on_another_machine_moves_a_cell_that_trains():
+    """The basis MARGIN states: the re-run page (same seeds, another machine) says how far 95 % of its cells,
+    and of the cells that train in both runs, moved; the margin lies above both."""
+    text = (REPO / "docs" / "results" / "all-archs-second-machine" / "index.md").read_text(encoding="utf-8")
+    (every,) = re.findall(r"\|B - A\| at most (\d+\.\d+) in 95 % of the cells", text)
+    (trained,) = re.findall(r"cells that train in both \([^)]*\), at most (\d+\.\d+) in 95 %", text)
+    assert 0 < float(every) < O.MARGIN and 0 < float(trained) < O.MARGIN

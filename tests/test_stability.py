@@ -141,48 +141,90 @@ def test_cells_by_hand(sweep):
     assert not cell(narrow, "postln", 6, 0, 1e-4).trains and cell(narrow, "postln", 12, 0, 1e-3).trains
 
 
-def test_verdicts_by_hand(sweep):
-    """Post-LN, 6 layers, the cells that train: lr 1e-4 (4.0, 4.05), 1e-3 (3.0, 3.05) and with warm-up 1e-3
-    (3.10, 3.12), 1e-2 (3.18, one seed: no variance, not compared). Welch's t of 1e-4 against 1e-3 with the
-    margin 0.1, each on its own variance 0.00125: (4.025 - 3.025 - 0.1) / sqrt(0.00125) = 25.5 on 2 df,
-    p = 0.0008 <= 0.05 / 6 (Holm's first step over the 6 ordered pairs of the cells tested): lr 1e-4 is
-    poor. The others differ by less than the margin."""
+def test_cells_keep_the_seeds_that_train_apart(sweep):
+    """A cell's train rate counts the seeds that train (each run's NLL at most 0.5 x 9.6 here: no source-use
+    measurement), its exact interval; its NLL over them with the t interval; ``nll`` stays every finished
+    seed's mean (the figures')."""
     cells = S.make_cells(runs_frame(sweep))
-    assert cell(cells, "postln", 6, 0, 1e-4).verdict == "poor"
-    assert cell(cells, "postln", 6, 0, 1e-3).verdict == "good" and cell(cells, "postln", 6, 1000, 1e-3).good_own
-    assert cell(cells, "postln", 6, 1000, 1e-2).verdict == "NA"  # one seed: not compared
-    assert cell(cells, "postln", 12, 0, 1e-3).verdict == "good"  # the only cell of its family that trains
-    assert cell(cells, "postln", 6, 0, 1e-2).verdict == "no-train"
-    # against every cell at depth 6, Pre-LN's 1.31 makes Post-LN's cells poor
-    assert cell(cells, "preln", 6, 0, 1e-3).good_depth and not cell(cells, "postln", 6, 0, 1e-3).good_depth
-    assert cell(cells, "postln", 6, 0, 1e-3).gap_depth == pytest.approx(3.025 - 1.31)
-    assert S.largest_lr(cells, "good_own") == {("postln", 6, 0): 1e-3, ("postln", 6, 1000): 1e-3,
-                                               ("postln", 12, 0): 1e-3, ("preln", 6, 0): 1e-3}  # 1e-2: one seed, NA
+    c = cell(cells, "postln", 6, 0, 1e-2)  # one seed diverged, one finished at 5.9 > 4.8
+    assert (c.seeds_train, c.trains, c.verdict, c.nll) == (0, False, "no-train", 5.9) and math.isnan(c.nll_trained)
+    assert (c.rate_low, c.rate_high) == pytest.approx((0.0, 1 - 0.025 ** 0.5))
+    c = cell(cells, "postln", 6, 0, 1e-3)  # 3.0 and 3.05: the t interval of two seeds
+    half = 12.706204736174698 * 0.05 / math.sqrt(2) / math.sqrt(2)
+    assert (c.seeds_train, c.nll_trained, c.nll_trained_low, c.nll_trained_high) == pytest.approx(
+        (2, 3.025, 3.025 - half, 3.025 + half))
+
+
+@pytest.fixture
+def compared(tmp_path):
+    """Three seeds a cell. Post-LN without warm-up ends 0.5 bit above Post-LN with it, seed for seed; Pre-LN
+    without warm-up is within 0.01 of Pre-LN with it; Post-LN with warm-up equals Pre-LN with it; Post-LN at
+    lr 1e-2 without warm-up stalls in every seed (6.0 > 0.5 x 9.6), with warm-up it trains."""
+    out = tmp_path / "compared"
+    for seed, e in zip((1, 2, 3), (0.0, 0.01, 0.02)):
+        write_run(out, "postln", 1e-3, 100, seed, final=3.0 + e)
+        write_run(out, "postln", 1e-3, 0, seed, final=3.5 + e + (0.01, -0.01, 0.0)[seed - 1])
+        write_run(out, "preln", 1e-3, 100, seed, final=3.005 + (0.0, 0.01, 0.005)[seed - 1])
+        write_run(out, "preln", 1e-3, 0, seed, final=3.0 + (0.0, 0.01, 0.02)[seed - 1])
+        write_run(out, "postln", 1e-2, 0, seed, final=6.0 + e)
+        write_run(out, "postln", 1e-2, 100, seed, final=3.2 + e)
+    return runs_frame(out)
+
+
+def test_differences_against_the_references_by_hand(compared):
+    cells, table = S.compare(S.make_cells(compared), compared)
+    rows = {(r.variant, r.warmup, r.lr, r.reference): r for r in table.itertuples()}
+    assert len(rows) == 5  # Post-LN: 2 x vs warm-up, 2 x vs Pre-LN (lr 1e-3); Pre-LN vs warm-up
+    worse = rows["postln", 0, 1e-3, "warm-up"]  # paired: differences 0.51, 0.49, 0.50
+    half = 4.302652729911275 * 0.01 / math.sqrt(3)
+    assert (worse.paired, worse.compared) == (True, "3 pairs")
+    assert (worse.diff, worse.low, worse.high) == pytest.approx((0.5, 0.5 - half, 0.5 + half))
+    assert worse.word == "worse" and rows["postln", 0, 1e-3, "Pre-LN"].word == "worse"
+    assert not rows["postln", 0, 1e-3, "Pre-LN"].paired  # another architecture: Welch
+    assert rows["preln", 0, 1e-3, "warm-up"].word == "equivalent"
+    assert rows["postln", 100, 1e-3, "Pre-LN"].word == "equivalent"
+    stall = rows["postln", 0, 1e-2, "warm-up"]  # 0/3 against 3/3: Fisher's p 0.1, no word at 3 seeds
+    assert (stall.k, stall.k_ref, stall.word, stall.rate_word) == (0, 3, "not compared", "")
+    assert stall.rate_p == pytest.approx(0.1)
+    verdict = {(c.variant, c.warmup, c.lr): c.verdict for c in cells.itertuples()}
+    assert verdict == {("postln", 0, 1e-3): "worse", ("postln", 0, 1e-2): "no-train", ("postln", 100, 1e-3): "equivalent",
+                       ("postln", 100, 1e-2): "reference", ("preln", 0, 1e-3): "equivalent",
+                       ("preln", 100, 1e-3): "reference"}
+
+
+def test_a_wider_margin_turns_worse_into_inconclusive(compared):
+    """The margin decides: Post-LN without warm-up is 0.5 bit worse, so at a 0.5-bit margin it is neither
+    worse nor shown equivalent, and at 0.6 bit it is equivalent."""
+    words = [S.compare(S.make_cells(compared), compared, margin=m)[1].set_index(
+        ["variant", "warmup", "lr", "reference"]).loc[("postln", 0, 1e-3, "warm-up"), "word"] for m in (0.5, 0.6)]
+    assert words == ["inconclusive", "equivalent"]
 
 
 def test_the_margin_keeps_noise_from_flipping_a_verdict(tmp_path):
-    """Two machines ran the same cells: one reached 3.04 bits, the other 3.12, against 3.0 of the best;
-    both within the margin of 0.1 bit, so both are good however small the seeds' spread."""
+    """Two machines ran the same cells: one's lr 3e-4 ended 0.04 bit above the warm-up cell, the other's 0.09
+    above; both within the margin, both equivalent however small the seeds' spread."""
     verdicts = []
     for machine, noisy in (("a", 3.04), ("b", 3.09)):
         out = tmp_path / machine
         for seed in (1, 2, 3):
             write_run(out, "postln", 3e-4, 0, seed, final=noisy + 0.001 * seed)
-            write_run(out, "postln", 1e-3, 100, seed, final=3.0 + 0.001 * seed)
+            write_run(out, "postln", 3e-4, 100, seed, final=3.0 + 0.001 * seed)
             write_run(out, "postln", 1e-3, 0, seed, final=5.5 + 0.001 * seed)
-        verdicts.append(S.make_cells(runs_frame(out))["verdict"].tolist())
-    assert verdicts[0] == verdicts[1] == ["good", "no-train", "good"]
+            write_run(out, "postln", 1e-3, 100, seed, final=3.0 + 0.001 * seed)
+        runs = runs_frame(out)
+        verdicts.append(S.compare(S.make_cells(runs), runs)[0]["verdict"].tolist())
+    assert verdicts[0] == verdicts[1] == ["equivalent", "no-train", "reference", "reference"]
 
 
 def test_seeds_that_disagree_on_trains_are_marked(tmp_path):
     write_run(tmp_path, "preln", 1e-2, 0, 1, final=2.0)
-    write_run(tmp_path, "preln", 1e-2, 0, 2, final=5.6)  # 5.6 > 0.5 x 9.6 alone; the mean 3.8 trains
+    write_run(tmp_path, "preln", 1e-2, 0, 2, final=5.6)  # 5.6 > 0.5 x 9.6: this seed does not train
     write_run(tmp_path, "preln", 1e-3, 0, 1, final=2.0)
     write_run(tmp_path, "preln", 1e-3, 0, 2, final=2.1)
     cells = S.make_cells(runs_frame(tmp_path))
     c = cell(cells, "preln", 6, 0, 1e-2)
-    assert c.trains and c.disagree and not cell(cells, "preln", 6, 0, 1e-3).disagree
-    assert S.cell_mark(c).endswith("?" + " n2")
+    assert not c.trains and c.disagree and c.seeds_train == 1 and not cell(cells, "preln", 6, 0, 1e-3).disagree
+    assert c.nll_trained == 2.0 and c.nll == pytest.approx(3.8)
 
 
 def test_lr_sensitivity_by_hand(sweep):
@@ -201,8 +243,10 @@ def test_main_writes_the_map_and_its_runs_csv_round_trips(sweep, tmp_path, capsy
     assert md == (sweep / "stability.md").read_text()
     assert "16 runs: 12 finished, 2 diverged, 1 failed, 1 unfinished" in md
     assert "Unigram bits of the corpus: 9.600" in md and "model code abc123 (14 runs)" in md
-    assert "Holm-corrected at 0.05" in md and "at most 0.5 x the corpus's unigram bits" in md
-    assert "| none | 4.025 [4.00 to 4.05] n2 poor | 3.025 [3.00 to 3.05] n2 BLEU 21.5 **good** | 5.900 n2 no-train, x 1/2 |" in md
+    assert "4 comparisons, Holm-corrected together" in md and "the corpus's unigram bits: multi30k 0.8, synthetic 0.5" in md
+    assert ("| none | 2/2 train [0.16, 1.00], NLL 4.025 [3.707, 4.343] | 2/2 train [0.16, 1.00], NLL 3.025 [2.707, 3.343], "
+            "BLEU 21.5; vs warm-up: inconclusive; vs Pre-LN: **worse** | 0/2 train [0.00, 0.84]; vs warm-up: not compared; "
+            "vs Pre-LN: not compared, x 1/2 |") in md
     assert f"- unfinished: {sweep / 'preln-L6-lr0.1-w0' / 'seed1'}" in md
     for png in ("stability_heatmaps.png", "stability_overview.png", "sensitivity_vs_depth.png", "loss_vs_lr.png"):
         assert (sweep / png).read_bytes()[:4] == b"\x89PNG"
@@ -241,7 +285,7 @@ def test_one_corpus_in_two_folders_is_one_map_and_two_corpora_are_refused(tmp_pa
         cfg = json.loads((d / "config.json").read_text())
         (d / "config.json").write_text(json.dumps({**cfg, "data": data}))
     assert S.main([str(tmp_path / "a"), str(tmp_path / "b"), "--no-figures", "--out-dir", str(tmp_path / "m")]) == 0
-    assert "| none | 1.350 [1.30 to 1.40] n2" in capsys.readouterr().out
+    assert "| none | 2/2 train [0.16, 1.00], NLL 1.350 [0.715, 1.985] |" in capsys.readouterr().out
     write_run(tmp_path / "c", "preln", 1e-3, 0, 3, final=1.2, unigram=8.1)
     assert S.main([str(tmp_path / "a"), str(tmp_path / "c"), "--no-figures", "--out-dir", str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err
@@ -257,7 +301,7 @@ def test_the_map_is_published_as_a_results_page(sweep, tmp_path, capsys):
     assert "- Machine: a CPU, 2 cores (14 runs). Load (1-minute average) when the runs ended: 1.00 to 1.00" in text
     assert "- Code: runs trained by code ffffffffff (14 runs); page written by code " in text
     assert (page / "runs.csv").read_text() == (sweep / "runs.csv").read_text()
-    assert "| none | 4.025 [4.00 to 4.05] n2 poor |" in text
+    assert "| none | 2/2 train [0.16, 1.00], NLL 4.025 [3.707, 4.343] |" in text
     assert text.split("\n")[1] == f"# Stability map: {sweep.name}"  # the default title names the sweep's folder
     assert S.main([str(sweep), "--no-figures", "--publish", str(page), "--title", "Every variant, one epoch"]) == 0
     assert (page / "index.md").read_text().split("\n")[1] == "# Every variant, one epoch"
@@ -325,17 +369,16 @@ def test_the_map_states_its_training_time_in_cpu_seconds_where_recorded(tmp_path
         "30 s, 30.0 s a run.")
 
 
-def test_the_overview_names_both_verdicts(sweep):
-    cells = S.make_cells(runs_frame(sweep))
+def test_the_overview_gives_the_seeds_that_train_and_the_word_against_the_first_reference(sweep):
+    runs = runs_frame(sweep)
+    cells, _ = S.compare(S.make_cells(runs), runs)
     table = S.overview_table(cells)
     assert table[2] == ("| architecture | wu none, lr 0.0001 | wu none, lr 0.001 | wu none, lr 0.01 | wu 1000, lr 0.001 "
                         "| wu 1000, lr 0.01 |")
-    # lr 1e-2 without warm-up: one seed finished near the unigram bits, the other diverged (said, not hidden)
-    assert table[4] == "| Post-LN | 4.03 p n2 | 3.02 G n2 | 5.90 - n2, x 1/2 | 3.11 G n2 | 3.18 · n1 |"
-    assert table[5] == "| Pre-LN |  | 1.31 G+ n2 | 1.35 · n1 |  |  |"
-    # the heatmaps' text: the same words, a line each, with the test BLEU where scored
-    heat = [S.cell_mark(c, "\n", True) for c in cells.itertuples()]
-    assert heat[1] == "3.02\n21.5\nG n2" and heat[2] == "5.90\n- n2\nx 1/2"
+    # lr 1e-4: no reference on this map; 1e-3 against its warm-up cell (2 pairs: inconclusive); 1e-2: no seed
+    # trains; the warm-up cells are references
+    assert table[4] == "| Post-LN | 2/2 | 2/2 ? | 0/2 - | 2/2 R | 1/1 R |"
+    assert table[5] == "| Pre-LN |  | 2/2 R | 1/1 R |  |  |"
 
 
 def test_unreadable_done_json_is_one_line_and_exit_2(sweep, capsys):
@@ -559,29 +602,42 @@ def test_the_results_table_names_the_model_code_and_refuses_a_mix_unless_asked(t
 MAP_PAGES = sorted(p.parent.name for p in (REPO_ROOT / "docs" / "results").glob("*/cells.csv"))
 
 
+def judged(page, **rules):
+    """A published map's runs.csv judged now, with the rules its command line gave and ``rules``."""
+    command = page_argv(page)
+    assert command[0].endswith("stability_map.sh")
+    for option, name, kind in (("--trains", "trains", float), ("--margin", "margin", float), ("--alpha", "alpha", float),
+                               ("--source-gain", "gain", float)):
+        if option in command and name not in rules:
+            rules[name] = kind(command[command.index(option) + 1])
+    runs = read_runs_csv(page / "runs.csv")
+    return S.compare(S.make_cells(runs, **rules), runs, **{k: v for k, v in rules.items()})
+
+
 @pytest.mark.parametrize("name", MAP_PAGES)
 def test_every_published_maps_verdicts_follow_from_its_own_runs_csv_under_the_current_rule(name):
     """A map page is a view of its per-seed data: its runs.csv judged now, with the rules its command
-    line gave (--trains, --margin, --alpha), gives the page's cells, their NLL and every verdict. A change
-    of the rule that would change a published claim fails here until the page is written again."""
+    line gave, gives the page's cells, their seeds that train, NLL and every word, and its comparisons. A
+    change of the rule that would change a published claim fails here until the page is written again."""
     import pandas as pd
 
     page = REPO_ROOT / "docs" / "results" / name
-    command = page_argv(page)
-    assert command[0].endswith("stability_map.sh")
-    given = lambda option, default: float(command[command.index(option) + 1]) if option in command else default  # noqa: E731
-    cells = S.make_cells(read_runs_csv(page / "runs.csv"), given("--trains", V.DEFAULT_TRAINS),
-                         given("--margin", V.DEFAULT_MARGIN), given("--alpha", V.DEFAULT_ALPHA))
-    published = pd.read_csv(page / "cells.csv")
-    keys = ["variant", "layers", "warmup", "lr", "seeds", "finished", "trains", "verdict", "good_own", "good_depth"]
+    cells, table = judged(page)
+    published = pd.read_csv(page / "cells.csv", keep_default_na=False)
+    keys = ["variant", "layers", "warmup", "lr", "seeds", "finished", "seeds_train", "trains", "verdict", "vs_warmup",
+            "vs_preln"]
     assert cells[keys].astype(str).values.tolist() == published[keys].astype(str).values.tolist()
-    assert cells["nll"].round(5).fillna(-1).tolist() == published["nll"].round(5).fillna(-1).tolist()
+    for column in ("nll", "nll_trained", "nll_trained_low", "nll_trained_high"):
+        assert cells[column].round(4).fillna(-1).tolist() == published[column].astype(float).round(4).fillna(-1).tolist()
+    comparisons = pd.read_csv(page / "comparisons.csv", keep_default_na=False)
+    assert table["word"].tolist() == comparisons["word"].tolist() and table["diff"].round(4).fillna(-1).tolist() == \
+        comparisons["diff"].replace("", "nan").astype(float).round(4).fillna(-1).tolist()
 
 
 def test_the_published_map_check_sees_a_rule_that_changes_a_verdict():
-    """Not a check that cannot fail: the width-96 page judged with a 0.3-bit margin is another map."""
+    """Not a check that cannot fail: the width-96 page judged with a 0.5-bit margin is another map."""
     import pandas as pd
 
     page = REPO_ROOT / "docs" / "results" / "all-archs"
-    cells = S.make_cells(read_runs_csv(page / "runs.csv"), margin=0.3)
-    assert cells["verdict"].tolist() != pd.read_csv(page / "cells.csv")["verdict"].tolist()
+    cells, _ = judged(page, margin=0.5)
+    assert cells["verdict"].tolist() != pd.read_csv(page / "cells.csv", keep_default_na=False)["verdict"].tolist()

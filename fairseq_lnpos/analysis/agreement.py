@@ -1,5 +1,6 @@
-"""Do two runs of one map reach the same verdicts? Each cell judged in both, by the map's rule
-(:mod:`.verdict`, on NLL) and by the earlier rule, side by side.
+"""Do two runs of one map reach the same verdicts? Each cell judged in both by the map's rule
+(:mod:`.outcome`: how many of its seeds train, and its word against its reference) and by the earlier rule,
+side by side.
 
     python -m fairseq_lnpos.analysis.agreement A B [--across SETTING] [--by-run] [--only NAME,...]
         [--seeds S,...] [--trains F] [--allow-mixed-code] [--out-dir D] [--publish DIR]
@@ -12,18 +13,20 @@ seeds (a re-run) or with other seeds (a replication: ``grid.sh sweep --seeds 4,5
 complete in both (every seed finished, diverged or stopped) are judged, over those cells, so a map
 still running can be compared on what it has. ``--only`` and ``--seeds`` select the runs of both (e.g. the
 seeds a re-run trained again). With ``--by-run`` a cell is a named run of a study whose rows differ in
-more than the map's axes (the warm-up study's ``why-*`` rows: :mod:`.why`), all of them one family, and
-the earlier rule is not applied. For each
-rule, a cell's verdict is one of good, poor, no-train (diverged and stopped count as no-train) or NA
-(not compared); the share of the cells judged in both (NA in neither) whose verdicts are equal is
-reported with its 95 % interval (Wilson's, treating the cells as independent, which neighbouring
-learning rates of one architecture are not: read it as a description of this map).
+more than the map's axes (the warm-up study's ``why-*`` rows: :mod:`.why`), only the seeds that train
+are compared, and the earlier rule is not applied. Compared per cell: whether its seeds train (every one,
+some, none: over every cell), the map's word against the cell's first reference (over the cells whose
+every seed trains in both runs: a cell that trains in neither agrees on nothing), and the earlier rule's
+good / poor / no-train. For each, the share of the cells judged in both whose verdicts are equal, with its
+95 % interval (Wilson's, treating the cells as independent, which neighbouring learning rates of one
+architecture are not: read it as a description of this map), and Cohen's kappa (the agreement beyond what
+the two runs' shares of each verdict give by chance).
 
 Per cell, also the difference of the final validation NLL, B minus A, with Welch's 95 % interval
 over the finished seeds, and whether it exceeds the seeds' noise: Welch's two-sided test, Holm over the
 cells compared, at 5 % (:func:`differences`); over the cells, its mean, median, largest, and the size
 |B - A| that 95 % of the cells stay within (for a re-run with the same seeds: how much training again
-alone moves a cell, the basis of the verdict's margin, :data:`.verdict.DEFAULT_MARGIN`).
+alone moves a cell, the basis of the verdict's margin, :data:`.outcome.MARGIN`).
 
 The earlier rule (:func:`earlier_verdicts`), kept here only to be compared: on the label-smoothed
 validation loss; trains = no seed diverged or stopped and the mean loss is at most 0.6 x the mean
@@ -46,18 +49,18 @@ import numpy as np
 from ..cli import CommandParser, comma_list, comma_list_type, fraction
 from ..common import n_runs, write_text
 from ..errors import LnposError, run_main
-from . import verdict as V
+from . import outcome as O
 from .frame import COUNTED, FINISHED, GATHERED, check_model_code, check_one_experiment, pandas, read_runs
 from .publish import argv_of, write_outputs
-from .stability import KEYS, make_cells, order
+from .stability import KEYS, compare as judge, make_cells, order
 
 EARLIER = dict(ratio=0.6, near=0.10, noise_k=2.0)
-NO_TRAIN = {"no-train", "diverged", "stopped"}
 BY_RUN = ["run"]  # the keys of a cell with --by-run; else the map's (KEYS)
-RULES = {"rule": "the map's rule (own architecture)", "rule_depth": "the map's rule (every cell at the depth)",
+RULES = {"trains": "seeds that train (every one, some, none)",
+         "rule": "the word against the first reference (cells whose every seed trains in both)",
          "earlier": "the earlier rule (own architecture)"}
-RULE_BY_RUN = {"rule": "the map's rule (every named run one family)"}
-SHORT = {"rule": "rule", "rule_depth": "depth", "earlier": "earlier"}  # a rule's columns in the page's tables
+RULE_BY_RUN = {"trains": "seeds that train (every one, some, none)"}
+SHORT = {"trains": "trains", "rule": "word", "earlier": "earlier"}  # a rule's columns in the page's tables
 
 
 def load(source, allow_mixed=False, keys=KEYS, keep=None):
@@ -130,15 +133,18 @@ def earlier_verdicts(runs, ratio=EARLIER["ratio"], near=EARLIER["near"], noise_k
     return verdict
 
 
-def verdicts(runs, keys=KEYS, trains=V.DEFAULT_TRAINS):
-    """The rules' verdicts (:data:`RULES`; with ``keys`` :data:`BY_RUN`, the map's rule with every named run one
-    family) and the mean NLL of every cell of ``runs`` (a DataFrame indexed by the keys)."""
-    cells = make_cells(runs, trains, keys=keys, families=V.FAMILIES if keys == KEYS else {"own": ()}).set_index(keys)
-    out = {"nll": cells["nll"], "loss": cells["loss"],
-           "rule": cells["verdict"].where(~cells["verdict"].isin(NO_TRAIN), "no-train")}
+def verdicts(runs, keys=KEYS, trains=None):
+    """Per cell of ``runs`` (a DataFrame indexed by the keys): its mean NLL and label-smoothed loss, whether its
+    seeds train (``trains``: every, some or none), and, for a map, the word against its first reference
+    (``rule``: :func:`.stability.compare`) and the earlier rule's verdict (``earlier``)."""
+    cells = make_cells(runs, trains, keys=keys, families={} if keys != KEYS else None)
     if keys == KEYS:
-        out["rule_depth"] = cells["good_depth"].map({True: "good", False: "poor"}).where(cells["trains"],
-                                                                                          "no-train").fillna("NA")
+        cells = judge(cells, runs, trains)[0]
+    cells = cells.set_index(keys)
+    state = np.select([cells["seeds_train"] == cells["seeds"], cells["seeds_train"] == 0], ["every", "none"], "some")
+    out = {"nll": cells["nll"], "loss": cells["loss"], "trains": pandas().Series(state, cells.index)}
+    if keys == KEYS:
+        out["rule"] = cells["verdict"]
         out["earlier"] = earlier_verdicts(runs)
     return pandas().DataFrame(out)
 
@@ -170,7 +176,7 @@ def setting_differences(runs_a, runs_b, keys=KEYS):
                    if s != "data" and a[c].get(s) != b[c].get(s)})
 
 
-def compare(runs_a, runs_b, across=None, keys=KEYS, trains=V.DEFAULT_TRAINS):
+def compare(runs_a, runs_b, across=None, keys=KEYS, trains=None):
     """One row per cell complete in both maps: each map's means and verdicts (suffixes _a, _b), both
     judged over the same cells (a map still running, or run in part, is compared on what both have),
     and the NLL difference (:func:`differences`); ``attrs["left_out"]``: how many cells only one map has
@@ -241,19 +247,36 @@ def cell_row(r):
                                  [r.variant, r.layers, r.warmup, f"{r.lr:g}"])) + " |"
 
 
+def kappa(a, b):
+    """Cohen's kappa of two raters' labels (Series): observed agreement beyond the chance agreement of their
+    marginal shares; NaN where chance alone agrees always."""
+    observed = float((a == b).mean())
+    pa, pb = a.value_counts(normalize=True), b.value_counts(normalize=True)
+    chance = float(sum(pa.get(k, 0.0) * pb.get(k, 0.0) for k in set(pa.index) | set(pb.index)))
+    return (observed - chance) / (1 - chance) if chance < 1 else math.nan
+
+
+def judged_cells(both, rule):
+    """The cells a rule's agreement is stated over: every cell for ``trains``; for the word against the
+    reference, the cells whose every seed trains in both runs; for the earlier rule, every cell."""
+    if rule == "rule":
+        return both[(both["trains_a"] == "every") & (both["trains_b"] == "every")]
+    return both
+
+
 def shares(both):
-    """Per rule: cells judged in both, how many agree, the share and its 95 % Wilson interval."""
+    """Per rule: cells judged in both, how many agree, the share and its 95 % Wilson interval, and kappa."""
     from scipy.stats import binomtest
 
     rows = []
     for rule in rules_of(both):
         words = (RULE_BY_RUN if by_run(both) else RULES)[rule]
-        judged = both[both[f"{rule}_a"].notna() & both[f"{rule}_b"].notna()
-                      & (both[f"{rule}_a"] != "NA") & (both[f"{rule}_b"] != "NA")]
+        judged = judged_cells(both, rule)
         agree = int((judged[f"{rule}_a"] == judged[f"{rule}_b"]).sum())
         ci = binomtest(agree, len(judged)).proportion_ci(method="wilson") if len(judged) else None
         rows.append(dict(rule=words, judged=len(judged), agree=agree, share=agree / len(judged) if len(judged) else math.nan,
-                         low=ci.low if ci else math.nan, high=ci.high if ci else math.nan))
+                         low=ci.low if ci else math.nan, high=ci.high if ci else math.nan,
+                         kappa=kappa(judged[f"{rule}_a"], judged[f"{rule}_b"]) if len(judged) else math.nan))
     return pandas().DataFrame(rows)
 
 
@@ -271,11 +294,11 @@ def noise_lines(both, across=None):
     big = d.loc[d["diff"].abs().idxmax()]
     name = big["run"] if by_run(d) else f"{big['variant']}, warm-up {big['warmup']}, lr {big['lr']:g}"
     within = lambda t: f"{t['diff'].abs().quantile(0.95, interpolation='higher'):.3f}"  # noqa: E731  (an observed value)
-    trained = d[(d["rule_a"] != "no-train") & (d["rule_b"] != "no-train")]
+    trained = d[(d["trains_a"] == "every") & (d["trains_b"] == "every")]
     lines = [f"Final validation NLL, B minus A{f' (across {across})' if across else ''}, over the {len(d)} cells with "
              f"finished seeds in both: mean {d['diff'].mean():+.3f} bits, median {d['diff'].median():+.3f}, |B - A| at "
              f"most {within(d)} in 95 % of the cells, largest {big['diff']:+.3f} ({name}); "
-             + (f"over the {len(trained)} cells that train in both (those the verdict's margin separates), at most "
+             + (f"over the {len(trained)} cells whose every seed trains in both (those the verdict's margin separates), at most "
                 f"{within(trained)} in 95 %; " if len(trained) else "no cell trains in both; ")
              + f"beyond the seeds' noise (Welch, two-sided, Holm over the {tested} cells with two seeds or more in "
              f"each, 5 %): {len(beyond)}.", ""]
@@ -302,27 +325,30 @@ def markdown(name_a, name_b, both, table, seeds=None, across=None):
              f"A: `{name_a}`; B: `{name_b}`" + (f", differing in {across}" if across else "")
              + f". {len(both)} cells complete in both, judged over those cells only"
              + (f" ({left} cells complete in one map only are left out)" if left else "") + f".{kind}", "",
-             "| rule | cells judged in both | agree | share | 95 % interval |", "|---|---:|---:|---:|---|"]
-    lines += [f"| {r.rule} | {r.judged} | {r.agree} | {r.share:.0%} | {r.low:.0%} to {r.high:.0%} |"
-              for r in table.itertuples()]
-    lines += ["", "Verdicts: good, poor, no-train (diverged or stopped count as no-train), NA (not compared). "
-              "The map's rule: final validation NLL, Welch per ordered pair, Holm (fairseq_lnpos/analysis/verdict.py). "
-              + ("The earlier rule: label-smoothed loss within max(10 % of the best, 2 pooled sd) of the "
-                 "architecture's best (fairseq_lnpos/analysis/agreement.py). " if "earlier" in rules else "")
-              + "The interval treats cells as independent.", ""]
+             "| compared | cells judged in both | agree | share | 95 % interval | kappa |", "|---|---:|---:|---:|---|---:|"]
+    lines += [f"| {r.rule} | {r.judged} | {r.agree} | {r.share:.0%} | "
+              + ("–" if math.isnan(r.low) else f"{r.low:.0%} to {r.high:.0%}") + " | "
+              + ("–" if math.isnan(r.kappa) else f"{r.kappa:.2f}") + " |" for r in table.itertuples()]
+    lines += ["", "Seeds that train: every one, some, none (fairseq_lnpos/analysis/outcome.py). "
+              + ("The word: the cell against its first reference (its architecture with the map's longest warm-up, "
+                 "else Pre-LN), as the map states it: worse, better, equivalent, inconclusive, not compared, "
+                 "reference, no-train, diverged, stopped. The earlier rule: label-smoothed loss within max(10 % of "
+                 "the best, 2 pooled sd) of the architecture's best (fairseq_lnpos/analysis/agreement.py): good, "
+                 "poor, no-train. " if "rule" in rules else "")
+              + "The interval treats cells as independent; kappa: Cohen's, the agreement beyond chance.", ""]
     lines += noise_lines(both, across)
     differ = both[np.logical_or.reduce([both[f"{rule}_a"] != both[f"{rule}_b"] for rule in rules])]
     if len(differ):
         head, rule_line = cell_head(both)
-        lines += ["Cells whose verdicts differ between the runs under either rule:", "",
+        lines += ["Cells whose verdicts differ between the runs in any comparison:", "",
                   head + " NLL A | NLL B | " + " | ".join(f"{SHORT[r]} A | {SHORT[r]} B" for r in rules) + " |",
                   rule_line + "---:|---:|" + "---|---|" * len(rules)]
         lines += [cell_row(r) + f" {r.nll_a:.3f} | {r.nll_b:.3f} | "
                   + " | ".join(f"{getattr(r, rule + '_a')} | {getattr(r, rule + '_b')}" for rule in rules) + " |"
                   for r in differ.itertuples()]
     else:
-        lines += ["Every cell has the same verdicts in both runs under " + ("both rules." if len(rules) > 1 else
-                                                                           "the rule.")]
+        lines += ["Every cell has the same verdicts in both runs, " + ("in each comparison above." if len(rules) > 1
+                                                                          else "in the comparison above.")]
     return "\n".join(lines) + "\n"
 
 
@@ -336,8 +362,10 @@ def _main(argv):
                    help="a cell is a named run of a study (e.g. the warm-up study's why-* rows), all one family")
     p.add_argument("--only", help="comma-separated run names or globs: compare these runs only (default: every run)")
     p.add_argument("--seeds", type=comma_list_type(int), help="comma-separated seeds: compare these seeds only")
-    p.add_argument("--trains", type=fraction("trains"), default=V.DEFAULT_TRAINS,
-                   help="the map's rule's 'trains': final NLL at most this times the unigram bits (default: %(default)s)")
+    p.add_argument("--trains", type=fraction("trains"),
+                   help="a run not measured for source use trains when its final NLL is at most this times the unigram "
+                        "bits (default: the corpus's calibrated fraction, "
+                        + ", ".join(f"{c} {t:g}" for c, t in sorted(O.TRAINS.items())) + ")")
     p.add_argument("--allow-mixed-code", action="store_true",
                    help="judge a map whose runs were trained by different versions of the model code")
     p.add_argument("--out-dir", default=".", help="where to write agreement.csv and agreement.md (default: here)")

@@ -1,6 +1,6 @@
 """The stability map along depth (``scripts/stability_map.sh``). For a map of several depths (``grid.sh
-sweep --depth-map``): the largest good depth per architecture, warm-up and learning rate (the deepest cell
-good against every cell at its depth, :mod:`.verdict`; and the deepest that trains) in largest_depth.csv
+sweep --depth-map``): the deepest depth at which every seed trains, per architecture, warm-up and learning
+rate (:mod:`.outcome`), in largest_depth.csv
 and the Markdown, and depth_loss.png (:func:`plot`). For any map whose runs recorded them: the first /
 last layer gradient-norm ratio over the first :data:`GRAD_UPDATES` updates (:func:`grad_ratios`; Keel's
 claim: Post-LN's falls with depth), peak memory and training time (DONE.json)."""
@@ -48,9 +48,9 @@ def along_depth(cells):
     return len(cells) > 0 and cells["layers"].nunique() > 1
 
 
-def largest_depth(cells, ok=lambda c: c.good_depth == True):  # noqa: E712  (None: unknown, not good)
-    """{(variant, warmup, lr): (the deepest depth whose cell is ``ok`` (default: good) or None, [shallower
-    depths that are not])}; {} for a map of one depth."""
+def largest_depth(cells, ok=TRAINS):
+    """{(variant, warmup, lr): (the deepest depth whose cell is ``ok`` (default: every seed trains) or None,
+    [shallower depths that are not])}; {} for a map of one depth."""
     if not along_depth(cells):
         return {}
     cells = cells.assign(ok=cells.apply(ok, axis=1).astype(bool))
@@ -70,13 +70,12 @@ def _fmt_depth(value, deepest):
 
 def write_csv(cells, path):
     """OUT/largest_depth.csv (its path), a row per architecture, warm-up and learning rate: its depths, the
-    largest good depth, the shallower ones not good, the largest that trains."""
-    trains = largest_depth(cells, TRAINS)
+    deepest at which every seed trains, the shallower ones at which some seed does not."""
     depths = cells.groupby(LINE, sort=False)["layers"].agg(lambda s: " ".join(map(str, sorted(s))))
-    t = type(cells)([(label(v), v, w, lr, depths[v, w, lr], top, " ".join(map(str, gaps)), trains[v, w, lr][0])
+    t = type(cells)([(label(v), v, w, lr, depths[v, w, lr], top, " ".join(map(str, gaps)))
                      for (v, w, lr), (top, gaps) in largest_depth(cells).items()],
-                    columns=["label", "variant", "warmup", "lr", "depths", "largest_good_depth", "not_good_below",
-                             "largest_trains_depth"], dtype=object)
+                    columns=["label", "variant", "warmup", "lr", "depths", "largest_trains_depth", "not_trains_below"],
+                    dtype=object)
     return write_text(path, t.to_csv(index=False, lineterminator="\n"))
 
 
@@ -86,8 +85,7 @@ def _cell_loss(c):
     if c.finished == 0:
         return all_lost(c)
     text = nll_text(c)
-    return (f"**{text}**" if c.good_depth else text if c.trains else f"({text})") + f" n{c.seeds}" + (
-        "?" if c.disagree else "") + lost(c)
+    return (text if c.trains else f"({text})") + f" {c.seeds_train}/{c.seeds} train" + lost(c)
 
 
 def _memory(m):
@@ -102,18 +100,17 @@ def markdown(cells):
     cells = cells.assign(label=cells["variant"].map(label))
     lines, by_depth = [], lambda t: pivot(t, "label", "layers", "text", "architecture \\ layers")  # noqa: E731
     if along_depth(cells):
-        deepest, trains = cells["layers"].max(), largest_depth(cells, TRAINS)
-        t = type(cells)([(f"{label(v)}, warm-up {warmup_label(w)}", lr, f"{_fmt_depth(top, deepest)} / "
-                          f"{_fmt_depth(trains[v, w, lr], deepest)}") for (v, w, lr), top in largest_depth(cells).items()],
-                        columns=["label", "lr", "text"])
-        lines += ["", "## Largest good depth", "",
-                  "The deepest model of the grid whose cell is good against every cell at its depth (the rules above); '(not N)': shallower depths "
-                  "that were not good; '-': none. Beside it, after '/', the deepest that trains (the lax rule alone).",
+        deepest = cells["layers"].max()
+        t = type(cells)([(f"{label(v)}, warm-up {warmup_label(w)}", lr, _fmt_depth(top, deepest))
+                         for (v, w, lr), top in largest_depth(cells).items()], columns=["label", "lr", "text"])
+        lines += ["", "## Deepest that trains", "",
+                  "The deepest model of the grid at which every seed trains (the rule above); '(not N)': shallower "
+                  "depths at which some seed did not; '-': none.",
                   ""] + pivot(t, "label", "lr", "text", "architecture", lambda lr: f"lr {lr:g}")
         for (w, lr), panel in cells.assign(text=cells.apply(_cell_loss, axis=1)).groupby(["warmup", "lr"]):
             lines += ["", f"### Final validation NLL along depth, warm-up {warmup_label(w)}, lr {lr:g} (bits)", "",
-                      "**NLL**: good at its depth; NLL: trains, not good; (NLL): does not train; [min to max] over "
-                      "the seeds; n seeds; ?: the seeds disagree; x: diverged; s: stopped early.", ""] + by_depth(panel)
+                      "NLL: mean over the seeds that finished, [min to max]; (NLL): some seed does not train; k/n "
+                      "seeds train; x: diverged; s: stopped early.", ""] + by_depth(panel)
     by = cells.groupby(["label", "layers"], sort=False)
     ratios = by[["grad_ratio_encoder", "grad_ratio_decoder"]].median().dropna(how="all").reset_index()
     if len(ratios):
@@ -145,7 +142,7 @@ def plot(cells, path):
         for v, line in panel.sort_values("layers").groupby("variant", sort=False):
             color, gone = variant_color(v), line["finished"] == 0
             ok = line[~gone & line["nll"].notna()]
-            good = (ok["good_depth"] == True).to_numpy(bool)  # noqa: E712
+            good = ok["trains"].to_numpy(bool)
             ax.plot(ok["layers"], ok["nll"], color=color, lw=1.2, label=label(v))
             ax.plot(ok["layers"][good], ok["nll"][good], "o", color=color)
             ax.plot(ok["layers"][~good], ok["nll"][~good], "o", color=color, mfc="none")
@@ -156,6 +153,6 @@ def plot(cells, path):
         axis(ax, f"warm-up {warmup_label(w)}, lr {lr:g}", "layers (encoder = decoder)", sorted(cells["layers"].unique()),
              base=2)
     axes[0][0].set_ylabel("final validation NLL (bits per token)", fontsize=FONT)
-    return save(fig, path, "Final validation NLL against depth, per architecture: filled = good at its depth, hollow = not "
-                           "good,\nx = diverged or stopped (at the unigram bits); bars = the seeds' min-max",
+    return save(fig, path, "Final validation NLL against depth, per architecture: filled = every seed trains, hollow = some "
+                           "does not,\nx = diverged or stopped (at the unigram bits); bars = the seeds' min-max",
                 legend_from=axes.flat)

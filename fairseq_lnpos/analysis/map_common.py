@@ -81,6 +81,16 @@ def nll_text(c, fmt=".2f"):
     return num(c.nll, fmt) + (f" [{c.nll_min:.2f} to {c.nll_max:.2f}]" if c.finished > 1 and not missing(c.nll) else "")
 
 
+# a cell's verdict in a letter (:func:`.stability.compare`): its word against its first reference, or what it is
+WORD_MARK = {"worse": "W", "better": "B", "equivalent": "E", "inconclusive": "?", "not compared": "·",
+             "reference": "R", "no-train": "-", "diverged": "x", "stopped": "s"}
+
+
+def outcome_mark(c):
+    """A cell in short: k/n seeds that train and its verdict's letter (:data:`WORD_MARK`)."""
+    return f"{c.seeds_train}/{c.seeds} {WORD_MARK.get(c.verdict, '')}".rstrip()
+
+
 def lost(c, sep=", "):
     """``, x d/n, s k/n``: the seeds of a cell that diverged (x) or were stopped early (s), each after ``sep``."""
     return "".join(f"{sep}{mark} {k}/{c.seeds}" for mark, k in (("x", c.diverged), ("s", c.stopped)) if k)

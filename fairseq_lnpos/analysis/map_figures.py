@@ -8,37 +8,37 @@ import numpy as np
 from ..common import FONT
 from ..experiments.runs import warmup_label
 from .frame import pandas
-from .map_common import (RANK, all_lost, axis, label, lost, missing, num, ordered, panels, pyplot, save,
+from .map_common import (RANK, all_lost, axis, label, lost, missing, num, ordered, outcome_mark, panels, pyplot, save,
                          variant_color)
 
-VERDICT_MARK = {"good": "G", "poor": "p", "no-train": "-", "NA": "·"}
-KEY = ("The mark: G good against its architecture's cells (white frame), + not shown worse than any cell at that "
-       "depth,\np poor, - does not train, · one seed, ? seeds disagree (orange), x diverged, s stopped early")
+KEY = ("k/n: seeds that train (white frame: every one; orange: some); against the cell's first reference (warm-up, "
+       "else Pre-LN): W worse, B better,\nE equivalent, ? inconclusive, · not compared, R the reference; - no seed "
+       "trains, x diverged, s stopped early")
 
 
 def one_seed_note(cells):
     """A line for a map whose every cell has one seed (none can be judged), else ''."""
     if len(cells) and (cells["seeds"] <= 1).all():
-        return ("\nEvery cell has one seed, so none is judged good or poor: a verdict compares cells by their seeds' "
+        return ("\nEvery cell has one seed, so no cell is compared with its reference: a difference needs its seeds' "
                 "spread, which one seed does not give (a sweep with --seeds 1,2,3 does)")
     return ""
 
 
 def cell_mark(c, sep=" ", bleu=False):
-    """A cell in short (the overview; with ``sep`` a newline and ``bleu``, the heatmaps): the mean NLL, test
-    BLEU where scored, its verdict mark (+: good at its depth; ?: the seeds disagree) and n, then the seeds
-    lost (x d/n diverged, s k/n stopped); x or s alone when every seed was."""
+    """A cell in short (the overview; with ``sep`` a newline and ``bleu``, the heatmaps): the mean NLL of the
+    seeds that finished, test BLEU where scored, the seeds that train and the verdict's letter
+    (:func:`~.map_common.outcome_mark`), then the seeds lost (x d/n diverged, s k/n stopped); x or s alone when
+    every seed was."""
     if c.finished == 0:
         return f"{all_lost(c)} n{c.seeds}"
     parts = [num(c.nll, ".2f")] + ([f"{c.bleu:.1f}"] if bleu and not missing(c.bleu) else [])
-    mark = f"{VERDICT_MARK.get(c.verdict, '')}{'+' if c.good_depth == True else ''}{'?' if c.disagree else ''}"  # noqa: E712
-    return sep.join(parts + [f"{mark} n{c.seeds}"]) + lost(c, ", " if sep == " " else sep)
+    return sep.join(parts + [outcome_mark(c)]) + lost(c, ", " if sep == " " else sep)
 
 
 def _heatmap(fig, ax, panel, cells, rows, cols, text, row_label, col_label, col_size=FONT):
     """One panel: the cells of ``panel`` on a grid of ``rows`` x ``cols`` (a cell's row and column; the ticks
     named by ``row_label`` and ``col_label``), the mean NLL as colour on the range of ``cells``, ``text`` of each
-    cell, framed white where good against its architecture, orange where its seeds disagree, hatched red where
+    cell, framed white where every seed trains, orange where its seeds disagree, hatched red where
     some seed diverged."""
     from matplotlib.patches import Rectangle
 
@@ -49,7 +49,7 @@ def _heatmap(fig, ax, panel, cells, rows, cols, text, row_label, col_label, col_
     for c in panel.itertuples():
         r, k = r_keys.index(rows(c)), c_keys.index(cols(c))
         loss[r, k] = c.nll
-        if c.good_own == True:  # noqa: E712
+        if c.trains:
             ax.add_patch(Rectangle((k - 0.47, r - 0.45), 0.94, 0.9, fill=False, color="white", lw=1.5))
         if c.disagree:
             ax.add_patch(Rectangle((k - 0.4, r - 0.38), 0.8, 0.76, fill=False, color="orange", lw=1.2, ls="--"))
@@ -78,7 +78,7 @@ def plot_heatmaps(cells, path):
         if not ax.images:
             ax.axis("off")
     return save(fig, path, "Final validation NLL (bits, mean over the seeds that finished; then test tok BLEU where "
-                           "scored; n seeds)\n" + KEY + one_seed_note(cells))
+                           "scored; then k/n and the verdict)\n" + KEY + one_seed_note(cells))
 
 
 def plot_overview(cells, path):
@@ -91,11 +91,11 @@ def plot_overview(cells, path):
         _heatmap(fig, ax, panel, cells, lambda c: (RANK[c.variant], c.variant), lambda c: (c.warmup, c.lr), cell_mark,
                  lambda k: label(k[1]), lambda k: f"wu {warmup_label(k[0])}\nlr {k[1]:g}", col_size=7)
         ax.set_title(f"{d} layers", fontsize=FONT)
-    return save(fig, path, "Final validation NLL (bits), mean over seeds; n seeds\n" + KEY + one_seed_note(cells))
+    return save(fig, path, "Final validation NLL (bits), mean over the seeds that finished\n" + KEY + one_seed_note(cells))
 
 
 def bleu_points(cells):
-    """{layers: {warmup: [(variant, mean, min, max, good)]}}: the test tok BLEU (last scored epoch) of
+    """{layers: {warmup: [(variant, mean, min, max, every seed trains)]}}: the test tok BLEU (last scored epoch) of
     the cells that have one, per depth and warm-up, architectures in registry order, the learning
     rate of each architecture's best-BLEU cell of that warm-up."""
     scored = cells[cells["bleu"].notna()]
@@ -103,14 +103,14 @@ def bleu_points(cells):
                    "variant")
     out = {}
     for c in best.assign(bleu_min=best["bleu_min"].fillna(best["bleu"]), bleu_max=best["bleu_max"].fillna(best["bleu"]),
-                         good=best["good_own"] == True).itertuples():  # noqa: E712
+                         good=best["trains"]).itertuples():
         out.setdefault(int(c.layers), {}).setdefault(int(c.warmup), []).append((c.variant, c.bleu, c.bleu_min, c.bleu_max, c.good))
     return out
 
 
 def plot_bleu(cells, path):
     """OUT/bleu.png (its path; None when no cell has a BLEU): tok BLEU per architecture (rows) of
-    :func:`bleu_points`, one marker per warm-up, filled where the cell is good; a panel per depth."""
+    :func:`bleu_points`, one marker per warm-up, filled where every seed of the cell trains; a panel per depth."""
     points = bleu_points(cells)
     if not points:
         return None
@@ -130,8 +130,8 @@ def plot_bleu(cells, path):
         ax.set_xlabel("test tok BLEU (last scored epoch)", fontsize=FONT)
         ax.set_title(f"{layers} layers", fontsize=FONT)
         ax.grid(alpha=0.3, axis="x")
-    return save(fig, path, "Test BLEU per architecture: mean over seeds, bars = min-max\nfilled: good against its "
-                           "architecture's cells", legend_from=axes.flat)
+    return save(fig, path, "Test BLEU per architecture: mean over seeds, bars = min-max\nfilled: every seed trains; hollow: "
+                           "some seed does not", legend_from=axes.flat)
 
 
 def plot_loss_vs_lr(cells, path):

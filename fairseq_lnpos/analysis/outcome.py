@@ -69,22 +69,30 @@ def describe(margin=MARGIN, alpha=ALPHA, gain=SOURCE_GAIN, trains=None):
 # ---------------------------------------------------------------- a run, a cell
 
 def corpus_of(settings):
-    """The corpus a run trained on, from its settings' JSON (``dataset``; '' where not recorded)."""
+    """The corpus a run trained on, from its settings' JSON: the run table's ``dataset`` up to a '_' (after
+    it, a size: ``multi30k_cpu`` is Multi30k on a CPU's settings); '' where not recorded."""
     import json
 
     try:
-        return str(json.loads(settings).get("dataset") or "")
-    except (TypeError, ValueError):
+        return str(json.loads(settings).get("dataset") or "").split("_")[0]
+    except (TypeError, ValueError, AttributeError):
         return ""
+
+
+def threshold(runs, trains=None):
+    """Each run's NLL-ratio threshold: ``trains`` where a number (one for every corpus), else its corpus's
+    in ``trains`` or :data:`TRAINS` (a corpus in neither: the generated corpus's)."""
+    if trains is not None and not isinstance(trains, dict):
+        return runs["outcome"].map(lambda _: float(trains))
+    trains = trains or TRAINS
+    return runs["settings"].map(corpus_of).map(lambda c: trains.get(c, TRAINS["synthetic"]))
 
 
 def run_trains(runs, gain=SOURCE_GAIN, trains=None):
     """Per run (a row of the table of every run): does it train? A boolean Series: finished and, where its
-    source gain was measured, gain above ``gain``; else its NLL ratio at most its corpus's threshold
-    (``trains``: {corpus: fraction}, default :data:`TRAINS`; a corpus not in it uses ``synthetic``'s)."""
-    trains = trains or TRAINS
+    source gain was measured, gain above ``gain``; else its NLL ratio at most its :func:`threshold`."""
     finished = runs["outcome"] == "finished"
-    at = runs["settings"].map(corpus_of).map(lambda c: trains.get(c, trains.get("synthetic", 0.5)))
+    at = threshold(runs, trains)
     by_ratio = runs["nll_ratio"] <= at
     measured = runs["source_gain"].notna() if "source_gain" in runs else finished & False
     by_gain = runs["source_gain"] > gain if "source_gain" in runs else by_ratio
@@ -148,7 +156,7 @@ def sided_tests(diff, se, df, margin=MARGIN):
 def difference(x, ref, paired=False, margin=MARGIN, level=LEVEL):
     """The difference of ``x`` from ``ref`` (NLLs of the seeds that train; with ``paired`` both Series by
     seed, the seeds in both compared) as a dict: ``diff``, its ``low`` and ``high`` (``level`` interval),
-    ``n`` (pairs, or the two counts) and the p-values of :func:`sided_tests`; NaN where a side has fewer than
+    ``compared`` (pairs, or the two counts) and the p-values of :func:`sided_tests`; NaN where a side has fewer than
     two values."""
     if paired:
         both = x.index.intersection(ref.index)
@@ -164,11 +172,11 @@ def difference(x, ref, paired=False, margin=MARGIN, level=LEVEL):
             else (math.nan,) * 3
     if not ok:
         return dict(diff=math.nan, low=math.nan, high=math.nan, p_worse=math.nan, p_better=math.nan,
-                    p_equivalent=math.nan, n=n)
+                    p_equivalent=math.nan, compared=n)
     half = float(stats.t.ppf(0.5 + level / 2, df) * se)
     worse, better, equivalent = (float(p) for p in sided_tests(diff, se, df, margin))
     return dict(diff=float(diff), low=float(diff) - half, high=float(diff) + half, p_worse=worse, p_better=better,
-                p_equivalent=equivalent, n=n)
+                p_equivalent=equivalent, compared=n)
 
 
 def rate_p(k, n, k_ref, n_ref):

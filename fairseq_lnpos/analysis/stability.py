@@ -23,11 +23,11 @@ from ..cli import CommandParser
 from ..errors import check, run_main
 from ..experiments.records import Outcome
 from ..experiments.runs import warmup_label
-from . import depth, verdict as V
+from . import depth, outcome as O, verdict as V
 from .frame import (COUNTED, DIVERGED, FINISHED, GATHERED, STOPPED, check_model_code, check_one_experiment, gather,
                     write_runs_csv)
-from .map_common import label, lost, missing, nll_text, num, ordered, pivot
-from .map_figures import cell_mark, plot_bleu, plot_heatmaps, plot_loss_vs_lr, plot_overview, plot_sensitivity
+from .map_common import label, lost, markdown_table, missing, num, ordered, outcome_mark, pivot
+from .map_figures import plot_bleu, plot_heatmaps, plot_loss_vs_lr, plot_overview, plot_sensitivity
 from .publish import argv_of, publish
 
 KEYS = ["variant", "layers", "warmup", "lr"]
@@ -52,35 +52,83 @@ def counted(runs):
     return runs[runs["outcome"].isin(COUNTED)]
 
 
-def make_cells(runs, trains=V.DEFAULT_TRAINS, margin=V.DEFAULT_MARGIN, alpha=V.DEFAULT_ALPHA, keys=KEYS,
-               families=V.FAMILIES):
-    """The cells of the counted runs (a DataFrame, a row per cell) with their seeds' statistics and
-    verdicts (:mod:`.verdict`); ``verdict`` in a word against its own architecture. A cell is a value of
-    ``keys`` (the map's axes; ``["run"]``: each named run of a study), judged within each of ``families``
-    ({name: the columns of a family}; no columns: every cell one family)."""
+def make_cells(runs, trains=None, margin=O.MARGIN, alpha=O.ALPHA, keys=KEYS, families=V.FAMILIES,
+               gain=O.SOURCE_GAIN):
+    """The cells of the counted runs (a DataFrame, a row per cell) with their outcome (:mod:`.outcome`):
+    ``seeds``, ``seeds_train`` (k of n seeds train) and its exact interval (``rate_low``, ``rate_high``), the
+    NLL of the seeds that train (``nll_trained`` and its interval), the mean, min and max NLL of every
+    finished seed (``nll``: the figures' and the LR sensitivity's), ``trains`` (every seed trains) and
+    ``disagree`` (some do, some not). ``keys`` are the cells (the map's axes; ``["run"]``: each named run of
+    a study). ``trains``: the NLL-ratio threshold of runs without a source-use measurement (None: each
+    corpus's, :data:`.outcome.TRAINS`). ``verdict`` and ``vs_*`` come from :func:`compare`; ``good_own`` and
+    ``good_depth`` (the earlier rule, :mod:`.verdict`, on every finished seed) from ``families``."""
     runs = counted(runs)
     runs = runs.assign(diverged=runs["outcome"] == DIVERGED, stopped=runs["outcome"] == STOPPED,
                        finished=runs["outcome"] == FINISHED)
-    runs = runs.assign(seeds_train=runs["finished"] & (runs["nll_ratio"] <= trains))
+    runs = runs.assign(seeds_train=O.run_trains(runs, gain, trains))
     cells = runs.groupby(keys).agg(seeds=("seed", "size"), **{c: (c, f) for c, f in OVER_SEEDS.items()})
     nll, bleu = "final_valid_nll", "bleu_tok"
     cells = cells.join(runs[runs["finished"]].groupby(keys).agg(
         nll=(nll, "mean"), nll_var=(nll, "var"), nll_min=(nll, "min"), nll_max=(nll, "max"),
-        loss=("final_valid_loss", "mean"), bleu=(bleu, "mean"), bleu_min=(bleu, "min"), bleu_max=(bleu, "max"))
-    ).reset_index()
+        loss=("final_valid_loss", "mean"), bleu=(bleu, "mean"), bleu_min=(bleu, "min"), bleu_max=(bleu, "max")))
+    trained = runs[runs["seeds_train"]].groupby(keys)[nll].agg(list).reindex(cells.index)
+    columns = lambda rows, names: type(cells)(list(rows), index=cells.index, columns=names, dtype=float)  # noqa: E731
+    cells = cells.join(columns((O.mean_interval(v if isinstance(v, list) else []) for v in trained),
+                               ["nll_trained", "nll_trained_low", "nll_trained_high"]))
+    cells = cells.join(columns((O.rate_interval(k, n) for k, n in zip(cells["seeds_train"], cells["seeds"])),
+                               ["rate_low", "rate_high"])).reset_index()
     cells["nll_sd"] = cells["nll_var"] ** 0.5
-    cells["trains"] = (cells["finished"] == cells["seeds"]) & (cells["nll"] <= trains * cells["unigram_bits"])
+    cells["trains"] = cells["seeds_train"] == cells["seeds"]
     cells["disagree"] = (cells["seeds_train"] > 0) & (cells["seeds_train"] < cells["seeds"])
-    trained = cells[cells["trains"]]
-    for family, by in families.items():
-        cells[f"good_{family}"] = V.good(trained, list(by), margin=margin, alpha=alpha, lone=True, index=cells.index,
+    earlier = cells[(cells["finished"] == cells["seeds"]) & cells["trains"]]
+    for family, by in (V.FAMILIES if families is None else families).items():
+        cells[f"good_{family}"] = V.good(earlier, list(by), margin=margin, alpha=alpha, lone=True, index=cells.index,
                                          other=False)
-        cells[f"gap_{family}"] = trained["nll"] - (trained.groupby(list(by))["nll"].transform("min") if by
-                                                   else trained["nll"].min())
-    own, lost_all = cells["good_own"], cells["diverged"] + cells["stopped"] == cells["seeds"]
-    cells["verdict"] = np.select([cells["diverged"] == cells["seeds"], lost_all, ~cells["trains"], own.isna(),
-                                  own == True], ["diverged", "stopped", "no-train", "NA", "good"], "poor")  # noqa: E712
-    return order(cells, keys)
+    cells = order(cells, keys)
+    lost_all = cells["diverged"] + cells["stopped"] == cells["seeds"]
+    cells["verdict"] = np.select([cells["diverged"] == cells["seeds"], lost_all, cells["seeds_train"] == 0],
+                                 ["diverged", "stopped", "no-train"], "")
+    return cells
+
+
+def references(cells):
+    """The comparisons a map states before its data: (cell, reference, name) for every cell with a
+    shorter warm-up than the map's longest at its architecture, depth and learning rate (against that
+    one: "warm-up"), and for every architecture's cell against Pre-LN's at the same depth, warm-up and
+    learning rate ("Pre-LN"), where the map has those cells."""
+    have = set(cells[KEYS].itertuples(index=False, name=None))
+    longest = cells.groupby(["variant", "layers", "lr"])["warmup"].max()
+    pairs = []
+    for v, layers, w, lr in cells[KEYS].itertuples(index=False, name=None):
+        top = longest[v, layers, lr]
+        if w < top:
+            pairs.append(((v, layers, w, lr), (v, layers, top, lr), "warm-up"))
+        if v != "preln" and ("preln", layers, w, lr) in have:
+            pairs.append(((v, layers, w, lr), ("preln", layers, w, lr), "Pre-LN"))
+    return pairs
+
+
+def pd_isin(cells, keys):
+    """Whether each cell's :data:`KEYS` are among ``keys`` (a set of tuples)."""
+    return cells[KEYS].apply(tuple, axis=1).isin(keys) if len(cells) else cells["variant"].astype(bool)
+
+
+def compare(cells, runs, trains=None, margin=O.MARGIN, alpha=O.ALPHA, gain=O.SOURCE_GAIN):
+    """(cells with ``vs_warmup`` and ``vs_preln``, the words of their comparisons, and ``verdict``: the word
+    against the warm-up reference, else Pre-LN's, else 'reference' for a cell others are compared with; the table of the map's comparisons,
+    :func:`.outcome.compare_cells`, every one Holm-corrected with the others)."""
+    runs = counted(runs)
+    runs = runs.assign(trains=O.run_trains(runs, gain, trains))
+    table = O.compare_cells(cells, runs, references(cells), KEYS, margin=margin, alpha=alpha)
+    cells = cells.copy()
+    for name, column in (("warm-up", "vs_warmup"), ("Pre-LN", "vs_preln")):
+        got = table[table["reference"] == name].set_index(KEYS)["word"] if len(table) else {}
+        cells[column] = [got.get(k, "") for k in cells[KEYS].itertuples(index=False, name=None)]
+    first = cells["vs_warmup"].where(cells["vs_warmup"] != "", cells["vs_preln"])
+    refs = {r for _, r, _ in references(cells)}
+    first = first.where((first != "") | ~pd_isin(cells, refs), "reference")
+    cells["verdict"] = cells["verdict"].where(cells["verdict"] != "", first)
+    return cells, table
 
 
 def lr_sensitivity(runs):
@@ -95,13 +143,28 @@ def lr_sensitivity(runs):
 
 # ---------------------------------------------------------------- Markdown
 
+REFERENCES = ("References, stated before the data: each cell against the same architecture, depth and learning "
+              "rate with the map's longest warm-up (vs warm-up), and against Pre-LN at the same depth, warm-up and "
+              "learning rate (vs Pre-LN).")
+
+
+def outcome_text(c, fmt=".3f"):
+    """``k/n train [rate interval]`` and the NLL of the seeds that train with its 95 % interval."""
+    text = f"{c.seeds_train}/{c.seeds} train [{c.rate_low:.2f}, {c.rate_high:.2f}]"
+    if c.seeds_train:
+        text += f", NLL {c.nll_trained:{fmt}}" + ("" if missing(c.nll_trained_low) else
+                                                  f" [{c.nll_trained_low:{fmt}}, {c.nll_trained_high:{fmt}}]")
+    return text
+
+
 def cell_text(c):
-    """A cell in the map's tables: NLL mean [min-max] n, BLEU, verdicts; x d/n diverged, s k/n stopped."""
+    """A cell in the map's tables: its outcome (:func:`outcome_text`), BLEU, the words against its
+    references (decided ones bold); x d/n diverged, s k/n stopped."""
     if c.finished == 0:
         return lost(c)[2:]
-    text = nll_text(c, ".3f") + f" n{c.seeds}" + ("" if missing(c.bleu) else f" BLEU {c.bleu:.1f}")
-    text += f" **{c.verdict}**" if c.verdict == "good" else f" {c.verdict}"
-    return text + (" +depth" if c.good_depth else "") + ("?" if c.disagree else "") + lost(c)
+    words = [f"vs {name}: " + (f"**{w}**" if w in ("worse", "better", "equivalent") else w)
+             for name, w in (("warm-up", c.vs_warmup), ("Pre-LN", c.vs_preln)) if w]
+    return "; ".join([outcome_text(c) + ("" if missing(c.bleu) else f", BLEU {c.bleu:.1f}")] + words) + lost(c)
 
 
 def _texts(cells, fmt):
@@ -113,12 +176,29 @@ def overview_table(cells):
     """Markdown lines, one table per depth: rows architecture, columns warm-up and learning rate."""
     lines, columns = [], sorted(set(zip(cells["warmup"], cells["lr"])))
     for d, at in cells.groupby("layers"):
-        at = _texts(at, cell_mark).assign(architecture=at["variant"].map(label),
-                                          column=[columns.index(k) for k in zip(at["warmup"], at["lr"])])
-        lines += [f"## Overview, {d} layers: final validation NLL (bits), mean n seeds, verdict", ""]
+        at = _texts(at, outcome_mark).assign(architecture=at["variant"].map(label),
+                                              column=[columns.index(k) for k in zip(at["warmup"], at["lr"])])
+        lines += [f"## Overview, {d} layers: seeds that train, and the verdict", ""]
         lines += pivot(at, "architecture", "column", "text", "architecture",
                        col_fmt=lambda i: f"wu {warmup_label(columns[i][0])}, lr {columns[i][1]:g}") + [""]
     return lines
+
+
+def comparison_lines(table):
+    """The map's comparisons as a Markdown table: a row per cell and reference."""
+    if table.empty:
+        return ["No cell has a reference on this map.", ""]
+    rows = table.assign(
+        cell=[f"{label(r.variant)}, {r.layers} layers, wu {warmup_label(r.warmup)}, lr {r.lr:g}" for r in table.itertuples()],
+        rates=[f"{r.k}/{r.n} vs {r.k_ref}/{r.n_ref} (p {r.rate_p:.2g})" + (f" **{r.rate_word}**" if r.rate_word else "")
+               for r in table.itertuples()],
+        difference=["–" if missing(r.diff) else f"{r.diff:+.3f}" + ("" if missing(r.low) else f" [{r.low:+.3f}, {r.high:+.3f}]")
+                    for r in table.itertuples()],
+        seeds=[("paired, " if r.paired else "Welch, ") + r.compared for r in table.itertuples()],
+        verdict=[f"**{w}**" if w in ("worse", "better", "equivalent") else w for w in table["word"]])
+    return markdown_table(rows[["cell", "reference", "rates", "difference", "seeds", "verdict"]].rename(columns={
+        "rates": "seeds that train (Fisher's p)", "difference": "NLL difference, bits [95 % interval]",
+        "seeds": "seeds compared"})) + [""]
 
 
 def largest_lr(cells, column):
@@ -131,8 +211,8 @@ def largest_lr(cells, column):
 def _arch_table(values, fmt, cells):
     """{(variant, layers, warmup): value} as a table: a row per architecture and depth, a column per
     warm-up, then the architecture's best NLL and the best at that depth (cells that train)."""
-    warmups, trained = sorted({w for _, _, w in values}), cells[cells["trains"]]
-    own, at_depth = trained.groupby(["variant", "layers"])["nll"].min(), trained.groupby("layers")["nll"].min()
+    warmups = sorted({w for _, _, w in values})
+    own, at_depth = cells.groupby(["variant", "layers"])["nll_trained"].min(), cells.groupby("layers")["nll_trained"].min()
     lines = ["| architecture | layers | " + " | ".join(f"warm-up {warmup_label(w)}" for w in warmups)
              + " | its best NLL | best at this depth |", "|---|---|" + "---|" * (len(warmups) + 2)]
     for v, layers in dict.fromkeys((v, l) for v, l, _ in values):
@@ -152,34 +232,50 @@ def cost_line(runs):
     return text + "."
 
 
-def markdown(title, runs, cells, rules, code_line):
-    """The map's Markdown; ``rules``: (trains, margin, alpha)."""
+def markdown(title, runs, cells, table, rules, code_line):
+    """The map's Markdown; ``table`` its comparisons (:func:`compare`); ``rules``: (trains, margin, alpha,
+    gain) as :func:`make_cells` takes them."""
+    trains, margin, alpha, gain = rules
     counts = runs["outcome"].value_counts()
     outcomes = [o.value for o in Outcome]
     uni = runs["unigram_bits"].dropna()
+    measured = int(counted(runs)["source_gain"].notna().sum())
     lines = [f"# Stability map of {title}", "",
              f"{len(runs)} runs: " + ", ".join(f"{int(counts.get(s, 0))} {s}" for s in outcomes if counts.get(s, 0))
              + ". Failed, unfinished and not started runs are not counted. "
              + (f"Unigram bits of the corpus: {uni.iloc[0]:.3f}. " if len(uni) and uni.nunique() == 1 else "")
-             + f"Seeds per cell: {', '.join(map(str, sorted(cells['seeds'].unique())))}. {code_line}.", "",
-             V.describe(*rules), "", cost_line(runs), ""]
+             + f"Seeds per cell: {', '.join(map(str, sorted(cells['seeds'].unique())))}. {code_line}. "
+             + f"Source use measured for {measured} of the {len(counted(runs))} counted runs.", "",
+             O.describe(margin, alpha, gain, trains if isinstance(trains, dict) else None)
+             + ("" if trains is None or isinstance(trains, dict) else
+                f" This map replaces the corpus's NLL fraction by {trains:g} (--trains)."), "",
+             REFERENCES + f" {len(table)} comparisons, Holm-corrected together.", "", cost_line(runs), ""]
     if cells.empty:
         return "\n".join(lines + ["No run finished, diverged or was stopped early: nothing to map.", ""])
     lines += overview_table(cells)
-    lines += ["Marks: G good, p poor, - does not train, · one seed (not compared) (against its own architecture's "
-              "cells at that depth); +: not shown worse than any cell at that depth (among many more cells: a "
-              "weaker test); ?: the seeds disagree on 'trains'; x diverged, s stopped early.", ""]
+    lines += ["Marks: k/n seeds that train; against the cell's first reference (warm-up, else Pre-LN): W worse, "
+              "B better, E equivalent, ? inconclusive, · not compared (fewer than two seeds train on a side), "
+              "R the reference itself; - no seed trains, x every seed diverged, s every seed stopped early.", ""]
     for (variant, layers), g in cells.groupby(["variant", "layers"], sort=False):
         g = _texts(g, cell_text).assign(wu=g["warmup"].map(warmup_label))
-        lines += [f"## {label(variant)}, {layers} layers: final validation NLL (bits)", ""]
+        lines += [f"## {label(variant)}, {layers} layers: seeds that train, their final validation NLL (bits)", ""]
         lines += pivot(g, "wu", "lr", "text", "warm-up \\ lr", col_fmt=lambda lr: f"{lr:g}") + [""]
-    lines += ["## Largest good learning rate per warm-up", "",
-              "The largest learning rate whose cell is good against its own architecture's cells at that depth; "
-              "'-': none; beside it the architecture's best NLL and the best of any architecture at that depth.", ""]
+    lines += ["## Comparisons", "", "Each cell against its references: the seeds that train in each (k/n; Fisher's "
+              "exact p, the word where Holm's correction over the map decides), and the NLL difference over the "
+              "seeds that train with its 95 % interval (paired by seed within an architecture and depth, else Welch) "
+              "and its word.", ""] + comparison_lines(table)
     lr_text = lambda lr: "-" if lr is None else f"{lr:g}"  # noqa: E731
-    lines += _arch_table(largest_lr(cells, "good_own"), lr_text, cells)
-    lines += ["", "## Largest learning rate that trains, per warm-up", ""]
+    lines += ["## Largest learning rate that trains, per warm-up", "",
+              "The largest learning rate at which every seed trains; '-': none; beside it the architecture's best NLL "
+              "(seeds that train) and the best of any architecture at that depth.", ""]
     lines += _arch_table(largest_lr(cells, "trains"), lr_text, cells)
+    no_need = cells.assign(no_need=cells["trains"] & cells["vs_warmup"].isin(["equivalent", "better"]))
+    lines += ["", "## Warm-up not needed: the largest learning rate", "",
+              "The largest learning rate at which the cell trains in every seed and is equivalent to or better than "
+              "the same architecture with the map's longest warm-up (the words above); '-': none.", ""]
+    lines += _arch_table({k: v for k, v in largest_lr(no_need, "no_need").items()
+                          if (k[0], k[1]) in set(zip(table["variant"], table["layers"]))
+                          and k[2] < cells["warmup"].max()} if len(table) else {}, lr_text, cells)
     lines += ["", "## LR sensitivity (bits)", "", SENSITIVITY, ""]
     lines += _arch_table(lr_sensitivity(runs), lambda s: f"{s:.3f}", cells)
     lines += depth.markdown(cells)
@@ -191,11 +287,13 @@ def markdown(title, runs, cells, rules, code_line):
 
 # ---------------------------------------------------------------- the command
 
-def write_map(out, runs, cells, md, figures=True):
-    """Write the map's files into ``out``; returns the paths written."""
+def write_map(out, runs, cells, md, figures=True, table=None):
+    """Write the map's files into ``out`` (with ``table``, the comparisons, comparisons.csv); returns the
+    paths written."""
     out = Path(out)
-    written = [write_runs_csv(runs, out / "runs.csv"),
-               write_text(out / "cells.csv", cells.to_csv(index=False, float_format="%.6g", lineterminator="\n")),
+    csv = lambda t, name: write_text(out / name, t.to_csv(index=False, float_format="%.6g", lineterminator="\n"))  # noqa: E731
+    written = [write_runs_csv(runs, out / "runs.csv"), csv(cells, "cells.csv"),
+               *([] if table is None else [csv(table, "comparisons.csv")]),
                write_text(out / "stability.md", md)]
     deep, sens = depth.along_depth(cells), lr_sensitivity(runs)
     if deep:
@@ -222,19 +320,26 @@ def _main(argv):
     p.add_argument("--runs-csv", action="append", default=[],
                    help="a published runs.csv to judge (the same as giving it as OUT; may be repeated)")
     p.add_argument("--out-dir", help="where to write the map's files (default: OUT when it is the one source given)")
-    p.add_argument("--trains", type=float, default=V.DEFAULT_TRAINS,
-                   help="trains: the final validation NLL at most this times the corpus's unigram bits (default: %(default)s)")
-    p.add_argument("--margin", type=float, default=V.DEFAULT_MARGIN,
-                   help="poor: worse than another cell of its family by more than this many bits (default: %(default)s)")
-    p.add_argument("--alpha", type=float, default=V.DEFAULT_ALPHA,
-                   help="the rate at which identical cells are called poor, at most (default: %(default)s)")
+    p.add_argument("--trains", type=float,
+                   help="a run not measured for source use trains when its final validation NLL is at most this times "
+                        "the corpus's unigram bits (default: the corpus's calibrated fraction, "
+                        + ", ".join(f"{c} {t:g}" for c, t in sorted(O.TRAINS.items())) + ")")
+    p.add_argument("--source-gain", type=float, default=O.SOURCE_GAIN,
+                   help="a run trains when permuting its sources raises its NLL by more than this many bits "
+                        "(default: %(default)s)")
+    p.add_argument("--margin", type=float, default=O.MARGIN,
+                   help="worse / better: by more than this many bits; equivalent: within it (default: %(default)s)")
+    p.add_argument("--alpha", type=float, default=O.ALPHA,
+                   help="each word's error rate over the map's comparisons, at most (default: %(default)s)")
     p.add_argument("--allow-mixed-code", action="store_true",
                    help="map runs trained by different versions of the model code (listed in the output)")
     p.add_argument("--no-figures", action="store_true", help="write the CSV and Markdown only")
     p.add_argument("--publish", metavar="DIR", help="also write the map as a results page into DIR (docs/results/NAME)")
     p.add_argument("--title", help="the page's title (default: 'Stability map: ' and the sources' names)")
     args = p.parse_args(argv)
-    for name, value, ok, want in (("--trains", args.trains, 0 < args.trains <= 1, "a number in (0, 1]"),
+    for name, value, ok, want in (("--trains", 0.5 if args.trains is None else args.trains,
+                                   args.trains is None or 0 < args.trains <= 1, "a number in (0, 1]"),
+                                  ("--source-gain", args.source_gain, args.source_gain >= 0, "a number of bits of at least 0"),
                                   ("--margin", args.margin, args.margin >= 0, "a number of bits of at least 0"),
                                   ("--alpha", args.alpha, 0 < args.alpha < 1, "a number in (0, 1)")):
         check(math.isfinite(value) and ok, f"{name} {value}: give {want}")
@@ -249,9 +354,10 @@ def _main(argv):
     out.mkdir(parents=True, exist_ok=True)
     check_one_experiment(title, runs)
     code_line, rules = check_model_code(runs, args.allow_mixed_code), (args.trains, args.margin, args.alpha)
-    cells = make_cells(runs, *rules)
-    md = markdown(title, runs, cells, rules, code_line)
-    written = write_map(out, runs, cells, md, not args.no_figures)
+    cells = make_cells(runs, *rules, gain=args.source_gain)
+    cells, table = compare(cells, runs, *rules, gain=args.source_gain)
+    md = markdown(title, runs, cells, table, (*rules, args.source_gain), code_line)
+    written = write_map(out, runs, cells, md, not args.no_figures, table)
     if args.publish:
         page_title = args.title or "Stability map: " + " + ".join(map(_source_name, sources))
         written.append(publish(args.publish, page_title, md, runs, written, argv_of("stability_map.sh", argv)))

@@ -1,81 +1,140 @@
-"""The maps' verdict rule (:mod:`fairseq_lnpos.analysis.verdict`) checked by simulation: its false "poor"
-rate on identical cells of the maps' shapes, and its power to call a cell that is worse by a gap poor.
+"""The maps' outcome rule (:mod:`fairseq_lnpos.analysis.outcome`) checked by simulation on maps shaped like
+the published ones, with seeds that stall: its false *worse*, *better*, *trains less / more often* and
+*equivalent* rates, and the gap it finds 80 % of the time at 3, 5 and 8 seeds.
 
     python scripts/tools/verdict_check.py [--sims N] [--publish DIR]
 
-tests/test_verdict.py runs the same simulation (:func:`poor_rate`) and asserts the rate at most 5 %.
+tests/test_outcome.py runs the same simulation (:func:`simulate`, :func:`map_rate`) and asserts each rate at
+most 5 %.
 """
 import sys
 
 import numpy as np
 
-from fairseq_lnpos.analysis import verdict as V
+from fairseq_lnpos.analysis import outcome as O
 from fairseq_lnpos.analysis.frame import pandas
 from fairseq_lnpos.analysis.map_common import markdown_table
 from fairseq_lnpos.analysis.publish import argv_of, publish
+from fairseq_lnpos.analysis.verdict import holm_rejects
 from fairseq_lnpos.cli import CommandParser
 from fairseq_lnpos.errors import check, run_main
 
-
-def poor_rate(cells, seeds, gap=0.0, sims=2000, margin=0.0, alpha=V.DEFAULT_ALPHA, sd=0.1, sd_spread=0.0, seed=0):
-    """The share of ``sims`` simulated families of ``cells`` cells of ``seeds`` seeds each (normal, standard
-    deviation ``sd``; each cell's own sd drawn log-normally with ``sd_spread`` in log units) in which, the
-    cells identical (``gap`` 0), some cell is called poor: the false "poor" rate; or, the first cell worse
-    than the others by ``gap`` bits, that cell is: the power."""
-    rng, hits = np.random.default_rng(seed), 0
-    for _ in range(sims):
-        sds = sd * np.exp(sd_spread * rng.standard_normal(cells))
-        x = rng.standard_normal((cells, seeds)) * sds[:, None]
-        x[0] += gap
-        var = x.var(axis=1, ddof=1) if seeds > 1 else np.full(cells, np.nan)
-        bad = V.poor(x.mean(axis=1), var, [seeds] * cells, margin, alpha)[0]
-        hits += bool(bad[0] if gap else bad.any())
-    return hits / sims
+# a map's comparisons x seeds a cell, as the published maps have them (6 architectures at one setting x 3
+# seeds; 19 x 3; 23 x 2; 23 x 3)
+SHAPES = ((6, 3), (19, 3), (23, 2), (23, 3))
+STALLS = (0.0, 0.15, 0.3)  # the chance that a seed stalls
+# the spread (sd, bits) of a cell's seeds that train: log-uniform over the all-archs page's 5th to 95th percentile
+SPREADS = (0.007, 1.3)
 
 
-SHAPES = ((6, 3), (19, 3), (23, 2), (6, 2))
-# the power's families: one architecture's learning-rate map, one setting of every architecture, and every
-# cell of an all-architecture map at one depth (its "good (depth)"), with 3 seeds and with 5
-POWER_SHAPES, GAPS = ((6, 3), (19, 3), (114, 3), (6, 5), (114, 5)), (0.3, 0.5, 1.0, 2.0)
+def _moments(values, trains):
+    n = trains.sum(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = np.where(trains, values, 0).sum(-1) / n
+        var = np.where(trains, (values - mean[..., None]) ** 2, 0).sum(-1) / (n - 1)
+    return mean, var, n
+
+
+def simulate(rng, comparisons, seeds, stall, shift, paired=False, maps=2000, spreads=SPREADS):
+    """Simulated maps (``maps`` x ``comparisons``): each comparison a cell and its reference, the cell's seeds
+    that train ``shift`` bits above the reference's (a number, or an array over the comparisons), each seed
+    stalling with probability ``stall``, each comparison's spread log-uniform in ``spreads`` (a number: that
+    spread). Returns the p-values of worse, better and equivalent (:func:`~.outcome.sided_tests`, NaN where a
+    side has fewer than two seeds that train) and Fisher's p of the train rates."""
+    size = (maps, comparisons, seeds)
+    sd = (np.exp(rng.uniform(*np.log(spreads), size[:2])) if np.ndim(spreads) else np.full(size[:2], spreads))[..., None]
+    common = rng.normal(0, 1, size) if paired else 0.0  # a seed's initialization shared by both cells
+    x = np.reshape(shift, (1, -1, 1)) + (common + rng.normal(0, 1, size)) * sd
+    r = (common + rng.normal(0, 1, size)) * sd
+    tx, tr = rng.random(size) >= stall, rng.random(size) >= stall
+    if paired:
+        mean, var, n = _moments(x - r, tx & tr)
+        diff, se, df = O.paired_parts(mean, var, n)
+        ok = n >= 2
+    else:
+        (mx, vx, nx), (mr, vr, nr) = _moments(x, tx), _moments(r, tr)
+        diff, se, df = O.welch_parts(mx, vx, nx, mr, vr, nr)
+        ok = (nx >= 2) & (nr >= 2)
+    worse, better, equivalent = (np.where(ok, p, np.nan) for p in O.sided_tests(diff, se, df))
+    table = {(k, k0): O.rate_p(k, seeds, k0, seeds) for k in range(seeds + 1) for k0 in range(seeds + 1)}
+    rate = np.vectorize(lambda k, k0: table[k, k0])(tx.sum(-1), tr.sum(-1))
+    return worse, better, equivalent, rate
+
+
+def map_rate(p, alpha=O.ALPHA, which=None):
+    """The share of maps in which Holm's procedure over a map's comparisons rejects anything (``which``: the
+    comparison whose rejection counts, e.g. 0 for the power)."""
+    hits = [holm_rejects(row, alpha) for row in p]
+    return float(np.mean([h.any() if which is None else h[which] for h in hits]))
 
 
 def _table(rows, columns):
-    return markdown_table(pandas().DataFrame(rows, columns=["cells x seeds"] + columns))
+    return markdown_table(pandas().DataFrame(rows, columns=columns))
 
 
-def check_table(sims=4000, spreads=(0.0, 0.5, 1.0)):
-    """The false "poor" rates of :func:`poor_rate` at margin 0 for the maps' shapes, as Markdown."""
-    return _table([[f"{c} x {n}"] + [f"{poor_rate(c, n, sims=sims, sd_spread=s):.1%}" for s in spreads]
-                   for c, n in SHAPES], [f"sd spread {s:g}" for s in spreads])
+def check_table(maps=2000, seed=0):
+    """The false rates of each word on identical cells (and equivalent on cells a margin apart), as Markdown."""
+    rng, rows = np.random.default_rng(seed), []
+    for comparisons, seeds in SHAPES:
+        for stall in STALLS:
+            worse, better, _, rate = simulate(rng, comparisons, seeds, stall, 0.0, maps=maps)
+            apart = simulate(rng, comparisons, seeds, stall, O.MARGIN, maps=maps)[2]
+            rows.append([f"{comparisons} x {seeds}", f"{stall:g}"] + [f"{map_rate(p):.1%}" for p in (worse, better, rate, apart)])
+    return _table(rows, ["comparisons x seeds", "P(seed stalls)", "false worse", "false better",
+                         "false 'trains less / more often'", "false equivalent (a margin apart)"])
 
 
-def power_table(sims=1000, spread=1.0):
-    """The power of :func:`poor_rate` (margin ``DEFAULT_MARGIN`` of the rule) for :data:`POWER_SHAPES` and
-    :data:`GAPS`, as Markdown."""
-    return _table([[f"{c} x {n}"] + [f"{poor_rate(c, n, g, sims, V.DEFAULT_MARGIN, sd_spread=spread):.0%}" for g in GAPS]
-                   for c, n in POWER_SHAPES], [f"gap {g:g} bit" for g in GAPS])
+POWER_SEEDS, POWER_SDS, POWER_COMPARISONS = (3, 5, 8), (0.05, 0.2, 0.5), 23
+GAPS = np.round(np.arange(0.2, 6.01, 0.05), 2)
+
+
+def gap_found(seeds, sd, stall=0.0, maps=400, comparisons=POWER_COMPARISONS, seed=0, power=0.8):
+    """The smallest gap (bits, on :data:`GAPS`) at which one cell worse than its reference by it is called
+    worse in at least ``power`` of simulated maps of ``comparisons`` comparisons (the others identical),
+    Welch, each comparison's spread ``sd``; None beyond the grid."""
+    rng = np.random.default_rng(seed)
+    lo, hi = 0, len(GAPS) - 1
+    found = lambda g: map_rate(simulate(rng, comparisons, seeds, stall, np.r_[g, np.zeros(comparisons - 1)], maps=maps,  # noqa: E731
+                                        spreads=sd)[0], which=0) >= power
+    if not found(GAPS[hi]):
+        return None
+    while lo < hi:  # the rate grows with the gap: bisect the grid
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if found(GAPS[mid]) else (mid + 1, hi)
+    return float(GAPS[lo])
+
+
+def power_table(maps=400, stall=0.0):
+    rows = [[seeds] + [("> 6" if g is None else f"{g:g}") for g in (gap_found(seeds, sd, stall, maps) for sd in POWER_SDS)]
+            for seeds in POWER_SEEDS]
+    return _table(rows, ["seeds a cell"] + [f"sd {sd:g} bit" for sd in POWER_SDS])
 
 
 def _main(argv):
     p = CommandParser(prog="python scripts/tools/verdict_check.py",
-                      description="The verdict's false 'poor' rate, simulated on identical cells.")
-    p.add_argument("--sims", type=int, default=4000, help="maps simulated per shape (default: %(default)s)")
-    p.add_argument("--publish", metavar="DIR", help="also write the table as a results page into DIR")
+                      description="The outcome rule's error rates and power, simulated on maps shaped like ours.")
+    p.add_argument("--sims", type=int, default=2000, help="maps simulated per entry (default: %(default)s)")
+    p.add_argument("--publish", metavar="DIR", help="also write the tables as a results page into DIR")
     args = p.parse_args(argv)
     check(args.sims >= 100, f"--sims {args.sims}: give at least 100")
-    power_sims = max(args.sims // 4, 100)
-    md = "\n".join(["# The verdict's error rate, simulated", "",
-                     f"Identical cells (the same mean), each cell's standard deviation 0.1 bit times exp(spread x N(0, 1)); "
-                     f"margin 0, alpha {V.DEFAULT_ALPHA:g}; {args.sims} simulated maps per entry; the share of maps in which "
-                     "some cell is called poor (at most alpha is the claim).", ""] + check_table(args.sims) + [
-                     "", "## Power", "", f"One cell worse than the others by a gap (bits); every cell's standard deviation "
-                     f"0.1 bit times exp(N(0, 1)) (the maps' cells differ about that much), margin {V.DEFAULT_MARGIN:g}, alpha "
-                     f"{V.DEFAULT_ALPHA:g}; {power_sims} simulated maps per entry; the share of maps in which that cell "
-                     "is called poor. 114 cells are an all-architecture map's family at one depth (its 'good (depth)').",
-                     ""] + power_table(power_sims)) + "\n"
+    power_maps = max(args.sims // 5, 100)
+    md = "\n".join([
+        "# The outcome rule's error rates, simulated", "",
+        f"Maps of comparisons, each a cell against its reference, with the cells' seeds that train drawn from "
+        f"normal distributions whose spread is log-uniform from {SPREADS[0]:g} to {SPREADS[1]:g} bit (the all-archs "
+        f"page's cells, 5th to 95th percentile), and each seed stalling with the probability given (a stalled seed "
+        f"counts in the train rate, not in the NLL). Margin {O.MARGIN:g} bit, alpha {O.ALPHA:g}, Holm over each map's "
+        f"comparisons; {args.sims} maps per entry. Identical cells: the share of maps with any comparison called "
+        f"worse, better or training less / more often; cells exactly a margin apart: the share called equivalent. "
+        f"At most {O.ALPHA:.0%} each is the claim.", ""] + check_table(args.sims) + [
+        "", "## Power: the gap found", "",
+        f"One cell worse than its reference by a gap, in a map of {POWER_COMPARISONS} comparisons whose other cells "
+        f"equal their references, no seed stalling; Welch; every comparison's spread the sd given. The smallest gap "
+        f"(bits, in steps of 0.05) at which that cell is called worse in at least 80 % of {power_maps} simulated maps. "
+        f"With stalling seeds the seeds that train are fewer: read the row of that many seeds.", ""] + power_table(power_maps)) + "\n"
     print(md, end="")
     if args.publish:
-        publish(args.publish, "The verdict's error rate, simulated", md, None, [],
+        publish(args.publish, "The outcome rule's error rates, simulated", md, None, [],
                 argv_of("python scripts/tools/verdict_check.py", argv))
     return 0
 
