@@ -171,7 +171,7 @@ def warmup_need(cells):
     (:data:`NEEDS`), ``verdict`` in words, ``gap`` (:data:`GAP`) and the best cell of each kind (its
     counted NLL and learning rate)."""
     pd = pandas()
-    value = cells["nll"].where(cells["trains"].astype(bool), cells["unigram_bits"])
+    value = cells["nll"].where(cells["trains_mean"].astype(bool), cells["unigram_bits"])
     cells = cells.assign(value=value, with_warmup=cells["warmup"] > 0, good=cells["good_own"] == True)  # noqa: E712
     rows = []
     for variant, g in cells.groupby("variant", sort=False):

@@ -65,8 +65,9 @@ def make_cells(runs, trains=None, margin=O.MARGIN, alpha=O.ALPHA, keys=KEYS, fam
     runs = counted(runs)
     runs = runs.assign(diverged=runs["outcome"] == DIVERGED, stopped=runs["outcome"] == STOPPED,
                        finished=runs["outcome"] == FINISHED)
-    runs = runs.assign(seeds_train=O.run_trains(runs, gain, trains))
-    cells = runs.groupby(keys).agg(seeds=("seed", "size"), **{c: (c, f) for c, f in OVER_SEEDS.items()})
+    runs = runs.assign(seeds_train=O.run_trains(runs, gain, trains), threshold=O.threshold(runs, trains))
+    cells = runs.groupby(keys).agg(seeds=("seed", "size"), threshold=("threshold", "first"),
+                                   **{c: (c, f) for c, f in OVER_SEEDS.items()})
     nll, bleu = "final_valid_nll", "bleu_tok"
     cells = cells.join(runs[runs["finished"]].groupby(keys).agg(
         nll=(nll, "mean"), nll_var=(nll, "var"), nll_min=(nll, "min"), nll_max=(nll, "max"),
@@ -80,7 +81,10 @@ def make_cells(runs, trains=None, margin=O.MARGIN, alpha=O.ALPHA, keys=KEYS, fam
     cells["nll_sd"] = cells["nll_var"] ** 0.5
     cells["trains"] = cells["seeds_train"] == cells["seeds"]
     cells["disagree"] = (cells["seeds_train"] > 0) & (cells["seeds_train"] < cells["seeds"])
-    earlier = cells[(cells["finished"] == cells["seeds"]) & cells["trains"]]
+    # the earlier rule (:mod:`.verdict`), which the studies of named runs and the predictor still read: a cell
+    # trains when every seed finished and their mean NLL is at most the threshold; good: not shown worse
+    cells["trains_mean"] = (cells["finished"] == cells["seeds"]) & (cells["nll"] <= cells["threshold"] * cells["unigram_bits"])
+    earlier = cells[cells["trains_mean"]]
     for family, by in (V.FAMILIES if families is None else families).items():
         cells[f"good_{family}"] = V.good(earlier, list(by), margin=margin, alpha=alpha, lone=True, index=cells.index,
                                          other=False)
