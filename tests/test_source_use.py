@@ -78,3 +78,29 @@ def test_a_damaged_record_is_one_line_that_says_what_to_do(tmp_path):
     with pytest.raises(StateError, match="delete it and measure the run again"):
         U.read(tmp_path)
     assert U.read(tmp_path / "absent") is None
+
+
+def _measured(rows):
+    """A table of every run of measured runs: (corpus, NLL fraction, source gain) a row."""
+    import pandas as pd
+
+    return pd.DataFrame([{"run": f"r{i}", "variant": "postln", "seed": 1, "updates": 100, "outcome": "finished",
+                          "settings": json.dumps({"dataset": corpus}), "nll_ratio": ratio, "final_valid_nll": ratio * 6,
+                          "nll_permuted": ratio * 6 + gain, "source_gain": gain}
+                         for i, (corpus, ratio, gain) in enumerate(rows)])
+
+
+def test_the_basis_table_by_hand():
+    from fairseq_lnpos.analysis import source_basis as B
+
+    runs = _measured([("synthetic", 0.60, 0.8), ("synthetic", 0.61, 1.0), ("synthetic", 0.02, 8.5),
+                      ("synthetic", 0.14, 6.5), ("multi30k_cpu", 0.62, 0.9), ("multi30k_cpu", 0.66, 2.5)])
+    t = B.corpus_table(runs, gain=1.5, trains={"synthetic": 0.5, "multi30k": 0.8}).set_index("corpus")
+    syn = t.loc["synthetic"]
+    assert (syn["runs"], syn["use the source"]) == (4, 2)
+    assert (syn["largest gain not using"], syn["smallest gain using"]) == (1.0, 6.5)
+    assert syn["thresholds that agree"] == (0.14, 0.60) and syn["runs the rule's threshold misjudges"] == 0
+    # Multi30k: the run that uses its source ends above the one that does not: no NLL threshold agrees, and
+    # the rule's 0.8 calls both trained
+    m30k = t.loc["multi30k"]
+    assert m30k["thresholds that agree"] is None and m30k["runs the rule's threshold misjudges"] == 1
