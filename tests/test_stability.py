@@ -237,6 +237,13 @@ def test_lr_sensitivity_by_hand(sweep):
     assert ("keel", 6, 0) not in sens
 
 
+def test_lr_sensitivity_is_never_negative(tmp_path):
+    """Every learning rate ending above the unigram bits (9.6) clips to it: nothing reached, nothing lost."""
+    for lr, final in ((1e-3, 9.9), (3e-3, 10.4)):
+        write_run(tmp_path, "postln", lr, 0, 1, final=final)
+    assert S.lr_sensitivity(runs_frame(tmp_path)) == {("postln", 6, 0): 0.0}
+
+
 def test_main_writes_the_map_and_its_runs_csv_round_trips(sweep, tmp_path, capsys):
     assert S.main([str(sweep)]) == 0
     md = capsys.readouterr().out

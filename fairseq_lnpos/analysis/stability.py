@@ -33,7 +33,8 @@ from .publish import argv_of, publish
 KEYS = ["variant", "layers", "warmup", "lr"]
 SENSITIVITY = ("LR sensitivity (after Wortsman et al. 2023, \"Small-scale proxies for large-scale Transformer "
                "training instabilities\"): the mean over the learning-rate grid of min(final NLL, unigram bits) minus "
-               "the best final NLL on the grid, per architecture, depth and warm-up; a run that diverged or was "
+               "the least of those on the grid, per architecture, depth and warm-up (never below 0); a run that "
+               "diverged or was "
                "stopped counts as the unigram bits; seeds are averaged per learning rate. 0: every learning rate "
                "of the grid reached the best.")
 # how a cell sums up its seeds' runs, in the order of cells.csv (after ``seeds``, before the finished seeds' NLL)
@@ -142,7 +143,7 @@ def lr_sensitivity(runs):
     by_lr = runs.assign(final=final, clipped=final.clip(upper=runs["unigram_bits"])).groupby(KEYS)[
         ["final", "clipped"]].mean()
     per = by_lr.groupby(["variant", "layers", "warmup"])
-    return {k: float(v) for k, v in (per["clipped"].mean() - per["final"].min()).dropna().items()}
+    return {k: float(v) for k, v in (per["clipped"].mean() - per["clipped"].min()).dropna().items()}
 
 
 # ---------------------------------------------------------------- Markdown
