@@ -64,6 +64,7 @@ class LogState:
         # training losses as (update, loss), and the rule's (update, why) once it fires
         self.stop_rule, self.budget, self.losses, self.stopped = stop_rule, budget, [], None
         self.updates, self.loss, self.first_loss = 0, "", None
+        self.epochs_done = None  # fractional epochs at the last logged update (fairseq's train_inner "update")
         self.nonfinite_at, self.fatal_fp = None, False
         self.patience, self.above, self.above_since = patience, 0, None
         self.train_seconds = 0.0  # wall time of the launches of fairseq-train that ended
@@ -150,6 +151,7 @@ class LogState:
 
     def _train_inner(self, rec):
         self.updates = int(rec.get("num_updates", self.updates))
+        self.epochs_done = number(rec.get("update")) or self.epochs_done
         self.loss = rec.get("loss", "")
         free = number(rec.get("gb_free"))
         if free is not None:

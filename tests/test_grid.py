@@ -382,8 +382,12 @@ def test_eta_from_the_training_pace(tmp_path):
     middle.log_state = NS(saved={1: 30, 2: 60})
     grid.progress = [middle]  # 30 updates an epoch, not 80 / 2: 10 updates left at 2 s each on 2 slots
     assert grid.eta() == fmt_time(10)
-    grid.progress = [job("running", 30, 0, (60.0, 30), max_epoch=3)]  # no epoch ended yet: unknown
+    grid.progress = [job("running", 30, 0, (60.0, 30), max_epoch=3)]  # no epoch ended, none logged: unknown
     assert grid.eta() == "?"
+    first = job("running", 30, 0, (60.0, 30), max_epoch=3)
+    first.log_state = NS(saved={}, updates=30, epochs_done=0.75)  # 30 updates are 3/4 of the first epoch
+    grid.progress = [first]  # 40 updates an epoch: 90 updates left at 2 s each on 2 slots
+    assert grid.eta() == fmt_time(90)
     grid.progress = [job("running", 0, 0, (12.0, 0), max_update=200)]  # fairseq still starting: unknown
     assert grid.eta() == "?"
     for e in grid.evaluators.values():

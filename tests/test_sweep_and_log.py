@@ -28,6 +28,7 @@ def feed(state, lines):
 def test_a_whole_log_at_once():
     st = LogState.of("\n".join([T % ("6.431", 1), VALID % (1, "5.056", 8), TRAIN, "other"]))
     assert (st.updates, st.first_loss, st.final_valid_loss, list(st.train)) == (1, 6.431, 5.056, [1])
+    assert st.epochs_done == 0.125  # train_inner's "update": the fraction of the epochs done
 
 
 def test_bleu_of_fairseq_generate_and_fairseq_score():

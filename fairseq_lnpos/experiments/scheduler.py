@@ -232,7 +232,8 @@ class Grid:
     def eta(self):
         """Time left from the training pace seen so far (seconds per update over every launch of
         fairseq-train, its start included), the updates left and the slots; "?" until a run has
-        made updates (and, for budgets in epochs, finished an epoch)."""
+        made updates. For budgets in epochs, the updates an epoch: at the saved epochs' ends, else from the
+        fraction of its first epoch a running run has logged (fairseq's train_inner ``update``)."""
         paces = [p.pace for p in self.progress if p.pace and p.pace[1] > 0]
         if not paces:
             return "?"
@@ -241,6 +242,9 @@ class Grid:
         seen = [(p.log_state.saved.get(p.epoch, p.updates) if p.log_state else p.updates, p.epoch)
                 for p in self.progress if p.epoch]
         per_epoch = sum(u for u, _ in seen) / sum(e for _, e in seen) if seen else None
+        part = [(p.log_state.updates, p.log_state.epochs_done) for p in self.progress
+                if per_epoch is None and p.log_state and getattr(p.log_state, "epochs_done", None)]
+        per_epoch = sum(u for u, _ in part) / sum(e for _, e in part) if part else per_epoch
         left = 0.0
         for p in self.progress:
             if p.phase in (Phase.PENDING, Phase.RUNNING):
