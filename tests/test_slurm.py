@@ -153,8 +153,9 @@ def test_gpu_runs_take_the_allocated_gpus(tmp_path, capsys):
     text = script.read_text()
     assert "#SBATCH --gres=gpu:2\n" in text and "#SBATCH --cpus-per-task=8\n" in text
     task = slurm.Task(["--only", A, "--fp16"], 2)
-    unit = unit_options(task, "4,5")
-    assert (unit.gpus, unit.gpus_per_run, unit.fp16) == ("4,5", 2, True)
+    unit = unit_options(task, "4,5")  # the task's CUDA_VISIBLE_DEVICES: the unit names its places in it
+    assert (unit.gpus, unit.gpus_per_run, unit.fp16) == ("0,1", 2, True)
+    assert unit_options(task, "GPU-8a1b,MIG-3c4d").gpus == "0,1"
     with pytest.raises(LnposError, match="no GPU in the task's allocation"):
         task.unit_argv(None)
 

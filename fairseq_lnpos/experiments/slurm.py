@@ -101,19 +101,22 @@ class Task(Checkpointable):
     unit: subprocess.Popen = field(default=None, init=False, repr=False, compare=False)
 
     def unit_argv(self, visible_gpus=None):
-        """The unit's command; on GPUs it places its run on the allocated ones by id."""
+        """The unit's command; on GPUs it places its run on the allocated ones (``visible_gpus``: the task's
+        CUDA_VISIBLE_DEVICES, which the unit keeps) by their places in that list, as ``--gpus`` takes them,
+        so UUID and MIG entries work as numbers do."""
         argv = [sys.executable, "-m", "fairseq_lnpos.experiments.grid", "run", *self.argv]
         if self.gpus_per_run:
             if not visible_gpus:
                 raise LnposError("no GPU in the task's allocation (CUDA_VISIBLE_DEVICES is unset): check --gres")
-            argv += ["--gpus", visible_gpus, "--gpus-per-run", str(self.gpus_per_run)]
+            places = ",".join(str(i) for i in range(len(visible_gpus.split(","))))
+            argv += ["--gpus", places, "--gpus-per-run", str(self.gpus_per_run)]
         return argv
 
     def __call__(self):
         if submitit.JobEnvironment().global_rank > 0:
             return self.worker()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-        visible = env.pop("CUDA_VISIBLE_DEVICES", None)  # the grid sets it per run
+        visible = env.get("CUDA_VISIBLE_DEVICES")  # kept: the grid gives each run its entries of it
         self.unit = subprocess.Popen(self.unit_argv(visible), env=env, preexec_fn=ignore_preempt_signal)
         rc = self.unit.wait()
         if rc:
