@@ -252,7 +252,8 @@ def test_main_writes_the_map_and_its_runs_csv_round_trips(sweep, tmp_path, capsy
     assert "Unigram bits of the corpus: 9.600" in md and "model code abc123 (14 runs)" in md
     assert "4 comparisons, Holm-corrected together" in md and "the corpus's unigram bits: multi30k 0.8, synthetic 0.5" in md
     assert ("| none | 2/2 train [0.16, 1.00], NLL 4.025 [3.707, 4.343] | 2/2 train [0.16, 1.00], NLL 3.025 [2.707, 3.343], "
-            "BLEU 21.5; vs warm-up: inconclusive; vs Pre-LN: **worse** | 0/2 train [0.00, 0.84]; vs warm-up: not compared; "
+            "BLEU 21.5; vs warm-up: inconclusive; vs Pre-LN: **worse** | 0/2 train [0.00, 0.84], stall at 5.900; "
+            "vs warm-up: not compared; "
             "vs Pre-LN: not compared, x 1/2 |") in md
     assert f"- unfinished: {sweep / 'preln-L6-lr0.1-w0' / 'seed1'}" in md
     for png in ("stability_heatmaps.png", "stability_overview.png", "sensitivity_vs_depth.png", "loss_vs_lr.png"):

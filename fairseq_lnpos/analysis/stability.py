@@ -73,6 +73,8 @@ def make_cells(runs, trains=None, margin=O.MARGIN, alpha=O.ALPHA, keys=KEYS, fam
     cells = cells.join(runs[runs["finished"]].groupby(keys).agg(
         nll=(nll, "mean"), nll_var=(nll, "var"), nll_min=(nll, "min"), nll_max=(nll, "max"),
         loss=("final_valid_loss", "mean"), bleu=(bleu, "mean"), bleu_min=(bleu, "min"), bleu_max=(bleu, "max")))
+    stalled = runs[runs["finished"] & ~runs["seeds_train"]].groupby(keys)[nll]
+    cells = cells.join(stalled.agg(nll_stalled_min="min", nll_stalled_max="max"))
     trained = runs[runs["seeds_train"]].groupby(keys)[nll].agg(list).reindex(cells.index)
     columns = lambda rows, names: type(cells)(list(rows), index=cells.index, columns=names, dtype=float)  # noqa: E731
     cells = cells.join(columns((O.mean_interval(v if isinstance(v, list) else []) for v in trained),
@@ -154,11 +156,15 @@ REFERENCES = ("References, stated before the data: each cell against the same ar
 
 
 def outcome_text(c, fmt=".3f"):
-    """``k/n train [rate interval]`` and the NLL of the seeds that train with its 95 % interval."""
+    """``k/n train [rate interval]``, the NLL of the seeds that train with its 95 % interval, and where the
+    finished seeds that do not train end (``stall at`` their NLL, or its range)."""
     text = f"{c.seeds_train}/{c.seeds} train [{c.rate_low:.2f}, {c.rate_high:.2f}]"
     if c.seeds_train:
         text += f", NLL {c.nll_trained:{fmt}}" + ("" if missing(c.nll_trained_low) else
                                                   f" [{c.nll_trained_low:{fmt}}, {c.nll_trained_high:{fmt}}]")
+    if not missing(c.nll_stalled_min):
+        text += f", stall at {c.nll_stalled_min:{fmt}}" + (
+            "" if c.nll_stalled_max == c.nll_stalled_min else f" to {c.nll_stalled_max:{fmt}}")
     return text
 
 
