@@ -104,3 +104,19 @@ def test_the_basis_table_by_hand():
     # the rule's 0.8 calls both trained
     m30k = t.loc["multi30k"]
     assert m30k["thresholds that agree"] is None and m30k["runs the rule's threshold misjudges"] == 1
+
+
+def test_the_rules_numbers_lie_where_the_published_basis_puts_them():
+    """outcome.SOURCE_GAIN lies between the gains of the runs that do not use their source and of those that do,
+    on every corpus of docs/results/source-use, and each corpus's NLL fraction among the fractions that agree
+    with the gain on every run there (test_docs rebuilds that page from its runs.csv)."""
+    import pandas as pd
+
+    from conftest import REPO
+    from fairseq_lnpos.analysis import outcome as O
+
+    corpora = pd.read_csv(REPO / "docs" / "results" / "source-use" / "corpora.csv").set_index("corpus")
+    assert {"synthetic", "multi30k"} <= set(corpora.index)
+    for corpus, row in corpora.iterrows():
+        assert row["largest gain not using"] < O.SOURCE_GAIN < row["smallest gain using"]
+        assert row["NLL fraction, users (max)"] < O.TRAINS[corpus] < row["NLL fraction, others (min)"]

@@ -250,7 +250,7 @@ def test_main_writes_the_map_and_its_runs_csv_round_trips(sweep, tmp_path, capsy
     assert md == (sweep / "stability.md").read_text()
     assert "16 runs: 12 finished, 2 diverged, 1 failed, 1 unfinished" in md
     assert "Unigram bits of the corpus: 9.600" in md and "model code abc123 (14 runs)" in md
-    assert "4 comparisons, Holm-corrected together" in md and "the corpus's unigram bits: multi30k 0.8, synthetic 0.5" in md
+    assert "4 comparisons, Holm-corrected together" in md and "the corpus's unigram bits: multi30k 0.64, synthetic 0.5" in md
     assert ("| none | 2/2 train [0.16, 1.00], NLL 4.025 [3.707, 4.343] | 2/2 train [0.16, 1.00], NLL 3.025 [2.707, 3.343], "
             "BLEU 21.5; vs warm-up: inconclusive; vs Pre-LN: **worse** | 0/2 train [0.00, 0.84], stall at 5.900; "
             "vs warm-up: not compared; "

@@ -41,7 +41,8 @@ def corpus_table(runs, gain=O.SOURCE_GAIN, trains=None):
         low, high = use["nll_ratio"].max(), not_use["nll_ratio"].min()
         rule = O.threshold(g.head(1), trains).iloc[0]
         agrees = (low if len(use) else 0.0), (high if len(not_use) else 1.0)
-        rows.append({"corpus": corpus, "runs": len(g), "use the source": len(use),
+        rows.append({"corpus": corpus, "runs": len(g), "updates": f"{g['updates'].min():g} to {g['updates'].max():g}",
+                     "use the source": len(use),
                      "largest gain not using": not_use["source_gain"].max(), "smallest gain using": use["source_gain"].min(),
                      "NLL fraction, users (max)": low, "NLL fraction, others (min)": high,
                      "thresholds that agree": agrees if agrees[0] < agrees[1] else None, "rule's threshold": rule,
