@@ -167,6 +167,7 @@ def page_command(page, out, module):
 
 
 REPORT_PAGES = {"why-warmup": ("fairseq_lnpos.analysis.why", "why.md"),
+                "source-use": ("fairseq_lnpos.analysis.source_basis", "basis.md"),
                 "real-text-epochs": ("fairseq_lnpos.analysis.curves", "curves.md"),
                 "warmup-control": ("fairseq_lnpos.analysis.curves", "curves.md")}
 

@@ -58,7 +58,9 @@ def markdown(runs, table, gain=O.SOURCE_GAIN):
     shown["rule's threshold"] = table["rule's threshold"].map(lambda t: f"{t:g}")
     runs = runs[(runs["outcome"] == FINISHED) & runs["source_gain"].notna()].sort_values("source_gain")
     per_run = runs.assign(corpus=runs["settings"].map(O.corpus_of), architecture=runs["variant"].map(label),
-                          **{"NLL": runs["final_valid_nll"].map(fmt), "sources permuted": runs["nll_permuted"].map(fmt),
+                          **{"NLL (fairseq's log)": runs["final_valid_nll"].map(fmt),
+                             "true sources": (runs["nll_permuted"] - runs["source_gain"]).map(fmt),
+                             "sources permuted": runs["nll_permuted"].map(fmt),
                              "gain": runs["source_gain"].map(fmt), "NLL fraction": runs["nll_ratio"].map(fmt)})
     lines = ["# Which runs use their source", "",
              f"A run uses its source when permuting the validation sources across sentences raises its NLL by more "
@@ -66,8 +68,12 @@ def markdown(runs, table, gain=O.SOURCE_GAIN):
              f"of it, the final NLL as a fraction of the unigram bits in each group, the NLL thresholds that agree "
              f"with the gain on every run, and the rule's threshold for runs without the measurement.", ""]
     lines += markdown_table(shown) + ["", "## Every run measured", ""]
-    lines += markdown_table(per_run[["corpus", "run", "architecture", "seed", "updates", "NLL", "sources permuted",
-                                     "gain", "NLL fraction"]]) + [""]
+    lines += ["The final NLL as fairseq's log gave it (the NLL fraction's), and the measurement's pass over every "
+              "validation sentence with the true and the permuted sources (bits a token; fairseq's validation may "
+              "leave out a few sentences, fairseq_lnpos/experiments/source_use.py); the gain is the last two's "
+              "difference.", ""]
+    lines += markdown_table(per_run[["corpus", "run", "architecture", "seed", "updates", "NLL (fairseq's log)",
+                                     "true sources", "sources permuted", "gain", "NLL fraction"]]) + [""]
     return "\n".join(lines)
 
 
