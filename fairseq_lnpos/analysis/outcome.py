@@ -23,7 +23,8 @@ no longer reads its source ends. So a cell has two parts, never one mean over bo
   is *not compared*. A train rate that differs is *trains less often* / *more often* (Fisher, Holm).
 - **the margin**: above what training the same runs again on another machine moves a cell that trains
   (docs/results/all-archs-second-machine: 95 % of the cells whose every seed trains in both runs by at most
-  0.071 bit; why-warmup-second-machine on real text: at most 0.024), so a difference called worse or better
+  0.071 bit; why-warmup-second-machine on real text: the 2 rows whose every seed trains in both, at most
+  0.004), so a difference called worse or better
   is not one a re-run makes.
 
 Error rates, simulated on maps shaped like ours (tests/test_outcome.py, ``scripts/tools/verdict_check.py``):
