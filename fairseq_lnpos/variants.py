@@ -104,25 +104,3 @@ def arch_name(variant, size="base"):
 def arch_names():
     """Every registered arch name -> (variant, size)."""
     return {arch_name(v, s): (v, s) for v in VARIANTS for s in SIZES}
-
-
-# Figures draw a variant in one colour everywhere: the variant's place in VARIANTS picks it from
-# matplotlib's 20-colour qualitative map, the ten dark colours first (the first ten variants), then
-# the ten light ones, and beyond those analysis.map_common.color's further colours; a curve that is no
-# variant (a trained checkpoint) is black.
-COLOR_MAP = "tab20"
-OTHER_COLOR = "#000000"
-
-
-def variant_color(variant):
-    """The colour (``#rrggbb``) figures draw ``variant`` (a key of :data:`VARIANTS`) in."""
-    from .analysis.map_common import color
-
-    return color(list(VARIANTS).index(variant))
-
-
-def label_color(label):
-    """The colour of the variant that figures name ``label`` (``"Post-LN"``); :data:`OTHER_COLOR`
-    for a label that is no variant's."""
-    variant = next((v for v, spec in VARIANTS.items() if spec.label == label), None)
-    return OTHER_COLOR if variant is None else variant_color(variant)

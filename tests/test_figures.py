@@ -1,4 +1,4 @@
-"""The figures read together: a variant has one colour in every figure (variants.variant_color),
+"""The figures read together: a variant has one colour in every figure (analysis.map_common.variant_color),
 the legend sits right of the axes, layer axes are ticked at whole numbers, no text under 9 pt."""
 import matplotlib
 
@@ -9,7 +9,8 @@ from matplotlib.text import Text  # noqa: E402
 
 from fairseq_lnpos.analysis import map_figures, plots  # noqa: E402
 from fairseq_lnpos.common import FONT  # noqa: E402
-from fairseq_lnpos.variants import OTHER_COLOR, VARIANTS, label_color, variant_color  # noqa: E402
+from fairseq_lnpos.analysis.map_common import OTHER_COLOR, label_color, variant_color  # noqa: E402
+from fairseq_lnpos.variants import VARIANTS  # noqa: E402
 
 
 def fig3_result(labels=("Post-LN", "Pre-LN"), layers=6):

@@ -4,7 +4,7 @@ import math
 from functools import lru_cache
 
 from ..common import FONT, legend_right, write_figure
-from ..variants import COLOR_MAP, OTHER_COLOR, VARIANTS
+from ..variants import VARIANTS
 
 RANK = {v: i for i, v in enumerate(VARIANTS)}  # architectures in the registry's order (Post-LN, Pre-LN, ...)
 
@@ -21,12 +21,17 @@ def label(variant):
 # beyond the 20 colours of COLOR_MAP (the first 20 variants), the 40 of these maps, then hues spread by the
 # golden ratio: every index has a colour of its own, whatever the number of variants
 MORE_COLOR_MAPS = ("tab20b", "tab20c")
+# Figures draw a variant in one colour everywhere (:func:`variant_color`): its place in the registry picks it
+# from matplotlib's 20-colour qualitative map, the ten dark colours first, then the ten light ones, and
+# beyond those :func:`color`'s further colours; a curve that is no variant (a trained checkpoint) is black.
+COLOR_MAP = "tab20"
+OTHER_COLOR = "#000000"
 
 
 @lru_cache(maxsize=None)
 def color(i):
     """The colour (``#rrggbb``) of the ``i``-th variant of the registry: for i < 20 the one
-    :func:`~fairseq_lnpos.variants.variant_color` gives (the dark colours of tab20, then the light ones);
+    :func:`variant_color` gives (the dark colours of tab20, then the light ones);
     then the colours of :data:`MORE_COLOR_MAPS`, in the same order; then hues spread by the golden ratio at
     two lightnesses, none of them equal to an earlier one."""
     from colorsys import hls_to_rgb
@@ -61,7 +66,7 @@ def variant_color(variant):
 
 
 def label_color(label):
-    """The colour of the variant that figures name ``label`` (``"Post-LN"``); :data:`~fairseq_lnpos.variants.OTHER_COLOR`
+    """The colour of the variant that figures name ``label`` (``"Post-LN"``); :data:`OTHER_COLOR`
     (black) for a label that is no variant's."""
     variant = next((v for v, spec in VARIANTS.items() if spec.label == label), None)
     return OTHER_COLOR if variant is None else variant_color(variant)

@@ -30,7 +30,8 @@ from ..cli import CommandParser
 from ..common import FONT, read_json, write_text
 from ..errors import LnposError, StateError, run_main
 from ..experiments.runs import warmup_label
-from ..variants import TINY, VARIANTS, arch_names, variant_color
+from ..variants import TINY, VARIANTS, arch_names
+from .map_common import variant_color
 from . import verdict as V
 from .frame import check_model_code, check_one_experiment, pandas, read_runs
 from .map_common import num, pyplot, save

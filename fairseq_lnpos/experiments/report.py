@@ -17,13 +17,13 @@ from itertools import product
 from pathlib import Path
 
 from ..analysis.frame import RUN_COLUMNS, check_model_code, pandas, run_row, scores, write_runs_csv
-from ..analysis.map_common import markdown_table, missing, pyplot
+from ..analysis.map_common import markdown_table, missing, pyplot, variant_color
 from ..analysis.seeds import ESTIMATOR, Spread, over_seeds as seeds_over_seeds
 from ..cli import CommandParser
 from ..common import FONT, integer_ticks, legend_right, plain_name, refuse_folder, write_figure, write_text
 from ..errors import StateError, check, run_main
 from . import runs as R
-from ..variants import VARIANTS, arch_names, variant_color
+from ..variants import VARIANTS, arch_names
 from .migrate import EARLIER_CSV_HEADERS
 from .rundir import grid_run_dirs, run_dirs
 
