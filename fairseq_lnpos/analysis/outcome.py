@@ -216,15 +216,15 @@ def compare_cells(cells, runs, pairs, keys, paired_by=("variant", "layers"), mar
     the two train rates, Fisher's p, the difference and its interval, and the words (:func:`words`)."""
     import pandas as pd
 
-    by = runs.set_index(list(keys)).sort_index()
+    keys = list(keys)
+    by = runs.set_index(keys).sort_index()
     trained = by[by["trains"]]
-    cell = cells.set_index(list(keys))
+    cell = cells.set_index(keys)
     rows = []
     for key, ref, name in pairs:
         x = trained.loc[[key]].set_index("seed")["final_valid_nll"] if key in trained.index else pd.Series(dtype=float)
         r = trained.loc[[ref]].set_index("seed")["final_valid_nll"] if ref in trained.index else pd.Series(dtype=float)
-        paired = all(cell.loc[[key]].reset_index()[k].iloc[0] == cell.loc[[ref]].reset_index()[k].iloc[0]
-                     for k in paired_by)
+        paired = all(key[keys.index(k)] == ref[keys.index(k)] for k in paired_by)
         k, n = int(cell.at[key, "seeds_train"]), int(cell.at[key, "seeds"])
         k0, n0 = int(cell.at[ref, "seeds_train"]), int(cell.at[ref, "seeds"])
         rows.append({**dict(zip(keys, key)), "reference": name, "k": k, "n": n, "k_ref": k0, "n_ref": n0,
