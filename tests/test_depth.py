@@ -283,6 +283,6 @@ def test_an_interrupted_depth_sweep_resumes(tmp_path):
     smap = subprocess.run([str(REPO / "scripts" / "stability_map.sh"), str(out), "--no-figures"],
                           capture_output=True, text=True, env=env)
     assert smap.returncode == 0, smap.stderr
-    assert "2 runs: 2 finished" in smap.stdout and "## Largest good depth" in smap.stdout
+    assert "2 runs: 2 finished" in smap.stdout and "## Deepest that trains" in smap.stdout
     ratios = {c.layers: (c.grad_ratio_encoder, c.peak_rss_mb) for c in read_cells(out / "cells.csv").itertuples()}
     assert ratios[1][0] == pytest.approx(1.0) and ratios[2][0] > 0 and all(m > 100 for _, m in ratios.values())

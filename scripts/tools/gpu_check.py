@@ -19,7 +19,7 @@
     GPU 0 (12 epochs), and the aggregate words/s of step 5 against it (target >= 2.5);
  7. with MULTI30K_ORIG=DIR: the depth map's GPU preset (``grid.sh sweep --depth-map --real``: six
     archs x depths 6, 18, 36, 60, 100 x lr 5e-4, 1e-3, 600 updates, fp16; 60 runs, $RUNS_PER_GPU
-    side by side) and its map: wall time, largest good depth, gradient ratios, CUDA peaks.
+    side by side) and its map: wall time, the deepest that trains, gradient ratios, CUDA peaks.
     Estimated 1.5-3.5 hours on an H200 (docs/grid.md), not measured: run it alone, resumable.
 
     [MULTI30K_ORIG=DIR] [SEEDS=S,S] [RUNS_PER_GPU=K] [EVALUATORS=N] [EVAL_EVERY=E] scripts/gpu_check.sh OUT STEP [STEP ...]
@@ -221,7 +221,7 @@ def plan(out, steps, m30k_orig=None, runs_per_gpu=7, evaluators=1, seeds="1,2", 
             Command(module("fairseq_lnpos.experiments.grid", "sweep", "--depth-map", "--real", "--data", m30k,
                            "--out", depth, "--gpus", 0, "--runs-per-gpu", k), show=("tail", 3), timed=depth),
             Call(wall_time, (depth, "(estimate: 1.5-3.5 hours)")),
-            Command(module("fairseq_lnpos.analysis.stability", depth), show=("from", "## Largest good depth"))]))
+            Command(module("fairseq_lnpos.analysis.stability", depth), show=("from", "## Deepest that trains"))]))
     return todo
 
 
