@@ -24,8 +24,7 @@ no longer reads its source ends. So a cell has two parts, never one mean over bo
 - **the margin**: above what training the same runs again on another machine moves a cell that trains
   (docs/results/all-archs-second-machine: 95 % of the cells whose every seed trains in both runs by at most
   0.071 bit; why-warmup-second-machine on real text: the 2 rows whose every seed trains in both, at most
-  0.004), so a difference called worse or better
-  is not one a re-run makes.
+  0.004), so a difference called worse or better is not one a re-run makes.
 
 Error rates, simulated on maps shaped like ours (tests/test_outcome.py, ``scripts/tools/verdict_check.py``):
 identical cells, with Gaussian seeds of the maps' spreads and with seeds that stall with probability 0.15
