@@ -85,8 +85,6 @@ class HybridNormStarTransformerModel(VariantTransformerModel):
 
     @classmethod
     def same_as_another(cls, args):
-        for side in ("encoder", "decoder"):
-            if getattr(args, f"{side}_layers") == 1:
-                return (f"a {side} of one layer is that Pre-Norm layer only, with no HybridNorm layer after it: "
-                        f"give --{side}-layers 2 or more, or use transformer_hybridnorm")
-        return None
+        side = cls.one_layer_stack(args)
+        return None if side is None else (f"a {side} of one layer is that Pre-Norm layer only, with no HybridNorm "
+                                          f"layer after it: give --{side}-layers 2 or more, or use transformer_hybridnorm")

@@ -56,8 +56,6 @@ class LNScalingTransformerModel(VariantTransformerModel):
 
     @classmethod
     def same_as_another(cls, args):
-        for side in ("encoder", "decoder"):
-            if getattr(args, f"{side}_layers") == 1:
-                return (f"one {side} layer is scaled by 1/sqrt(1) = 1, so that stack is Pre-LN, not LN-Scaling: "
-                        f"give at least 2 layers, or use a Pre-LN arch")
-        return None
+        side = cls.one_layer_stack(args)
+        return None if side is None else (f"one {side} layer is scaled by 1/sqrt(1) = 1, so that stack is Pre-LN, "
+                                          f"not LN-Scaling: give at least 2 layers, or use a Pre-LN arch")

@@ -186,6 +186,12 @@ class VariantTransformerModel(TransformerModel):
         """One line for the training log with the variant's depth-dependent constants, or None."""
         return None
 
+    @staticmethod
+    def one_layer_stack(args):
+        """The first stack of ``args`` ("encoder" or "decoder") that has a single layer, or None: where a
+        variant differs from another only from its second layer on, such a stack is that other variant."""
+        return next((side for side in ("encoder", "decoder") if getattr(args, f"{side}_layers") == 1), None)
+
     @classmethod
     def same_as_another(cls, args):
         """Why ``args`` make this variant another one (a Mix-LN stack without Post-LN layers is Pre-LN),
